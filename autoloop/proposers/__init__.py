@@ -1,0 +1,1 @@
+"""Proposers: where the next change to the target comes from."""

@@ -1,0 +1,54 @@
+"""The proposer interface: one request in, one edit of the target in the work tree out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass
+class FixContext:
+    """What went wrong with the previous attempt, for a fix request."""
+
+    crash: str          # crash class: "trivial"
+    reason: str         # one-line evidence, e.g. "NameError: name 'lr' is not defined"
+    log_tail: str       # the last lines of the failed run's log
+    description: str    # what the failed attempt was trying to do
+
+
+@dataclass
+class ProposalRequest:
+    workspace: Path                 # the git work tree; the proposer edits the target in place
+    target: str                     # path of the file to edit, relative to the workspace
+    program_text: str               # program.md: the research instructions
+    metric_name: str
+    direction: str                  # "min" or "max"
+    best_metric: float | None       # the best so far (None before the baseline)
+    best_commit: str | None
+    trial: int
+    attempt: int
+    seed: int
+    ledger_tail: list[dict] = field(default_factory=list)  # recent ledger records (audit fields stripped)
+    fix: FixContext | None = None   # set for a fix request
+    results_dir: Path | None = None
+
+
+@dataclass
+class Proposal:
+    description: str                # one line: what this change tries
+    source: str | None = None       # where it came from (patch file, agent log), for the ledger
+
+
+class ProposalFailed(Exception):
+    """The proposer could not produce a usable change this time (recorded, loop goes on)."""
+
+
+class Proposer(Protocol):
+    name: str
+    can_fix: bool                   # whether it can answer fix requests
+
+    def propose(self, request: ProposalRequest) -> Proposal | None:
+        """Edit the target in the work tree and describe it; None when out of ideas
+        (the loop stops); raise ProposalFailed for a failed attempt."""
+        ...
