@@ -1,0 +1,62 @@
+"""Shared fixtures: real git repositories in temporary folders and a small prepared dataset."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TRAIN_PY = REPO_ROOT / "train.py"
+# Small slices keep evaluation to a fraction of a second in tests.
+TEST_VAL_BYTES = 16 * 1024
+TEST_AUDIT_BYTES = 4 * 1024
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def init_repo(path: Path, files: dict[str, str] | None = None) -> Path:
+    """A real git repo with an identity of its own, one commit, and results/ ignored."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "config", "user.email", "test@autoloop.invalid")
+    git(path, "config", "user.name", "autoloop test")
+    git(path, "config", "commit.gpgsign", "false")
+    files = {".gitignore": "results/*\n__pycache__/\n", **(files or {})}
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+@pytest.fixture
+def git_repo(tmp_path) -> Path:
+    """A fresh repo holding a copy of the real train.py."""
+    return init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory) -> Path:
+    """The stdlib corpus prepared once per test session with small validation and audit slices."""
+    from autoloop.data import CorpusSpec, prepare
+
+    target = tmp_path_factory.mktemp("data") / "stdlib-small"
+    prepare(CorpusSpec(val_bytes=TEST_VAL_BYTES, audit_bytes=TEST_AUDIT_BYTES), target)
+    return target
+
+
+@pytest.fixture
+def trial_env(tiny_data_dir, monkeypatch) -> dict[str, str]:
+    """Environment for a real train.py run in tests: small data, CPU, short budget."""
+    env = {"AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu", "AUTOLOOP_BUDGET_S": "3"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
