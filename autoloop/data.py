@@ -245,7 +245,10 @@ def _build(spec: CorpusSpec) -> tuple[dict, dict[str, bytes]]:
         "fingerprint": fp.hexdigest()[:16],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return meta, blobs
+    manifest_lines = [f"{split}\t{len(data)}\t{key}" for split in ("train", "val", "audit")
+                      for _, key, data in buckets[split]]
+    blobs_and_manifest = dict(blobs, manifest="\n".join(["split\tbytes\tunit", *manifest_lines]) + "\n")
+    return meta, blobs_and_manifest
 
 
 def read_meta(data_dir: Path) -> dict | None:
@@ -274,6 +277,7 @@ def prepare(spec: CorpusSpec | None = None, data_dir: str | Path | None = None) 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(data_dir) + ".lock"):
         meta, blobs = _build(spec)
+        manifest = blobs.pop("manifest")
         existing = read_meta(data_dir) if data_dir.exists() else None
         if data_dir.exists() and existing is None and any(data_dir.iterdir()):
             # Never delete a folder we did not build: it may be the user's own files.
@@ -285,6 +289,8 @@ def prepare(spec: CorpusSpec | None = None, data_dir: str | Path | None = None) 
         try:
             for split, blob in blobs.items():
                 (tmp / f"{split}.bin").write_bytes(blob)
+            # Which unit went where, for people: the split is auditable without rerunning it.
+            (tmp / "manifest.tsv").write_text(manifest, encoding="utf-8", errors="surrogateescape")
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
             if data_dir.exists():
                 shutil.rmtree(data_dir)
