@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from autoloop import __version__
 
@@ -30,6 +31,92 @@ def cmd_prepare(args) -> int:
     if args.data_dir is None and not spec.is_stdlib:
         print(f"use it with: export AUTOLOOP_DATA_DIR={info.data_dir}")
     return 0
+
+
+# Flags shared by `run` and `trial`, each mapping to the Settings field of the same name.
+def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget", metavar="DURATION", help="training time per trial: 300, 300s, 5m, 1h30m (default 5m)")
+    p.add_argument("--timeout", metavar="DURATION",
+                   help="hard limit per trial, start-up and evaluation included (default max(2 x budget, budget + 2m))")
+    p.add_argument("--target", metavar="FILE", help="the one file a proposer may edit (default train.py)")
+    p.add_argument("--command", metavar="CMD",
+                   help="trial command (default: this Python on the target; e.g. 'uv run train.py')")
+    p.add_argument("--metric", metavar="NAME", help="metric name the trial prints as 'NAME: value' (default val_bpb)")
+    p.add_argument("--direction", choices=["min", "max"], help="whether lower or higher is better (default min)")
+    p.add_argument("--tag", metavar="TAG", help="work on branch autoloop/TAG (default: today, e.g. nov29)")
+    p.add_argument("--min-delta", type=float, metavar="X", help="a keep must beat the best by more than X (default 0)")
+    p.add_argument("--seed", type=int, metavar="N", help="seed handed to every trial (default 42)")
+    p.add_argument("--max-rss-gb", type=float, metavar="GB", help="kill a trial whose processes use more memory than this")
+    p.add_argument("--corpus", metavar="SOURCE", help="'stdlib' (default) or a directory, file or glob of text")
+    p.add_argument("--data-dir", metavar="DIR", help="prepared data folder (default: per-user cache)")
+    p.add_argument("--device", metavar="DEV", help="cpu, cuda, cuda:N or mps (default: auto-detect)")
+
+
+_SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction", "tag", "min_delta", "seed",
+                  "max_rss_gb", "corpus", "data_dir", "device", "hours", "max_trials", "proposer", "queue_dir",
+                  "max_proposer_failures", "resume"]
+
+
+def _settings(args):
+    from autoloop.config import load_settings
+
+    overrides = {k: getattr(args, k) for k in _SETTING_FLAGS if getattr(args, k, None) not in (None, False)}
+    return load_settings(Path(args.directory).resolve(), overrides)
+
+
+def cmd_run(args) -> int:
+    from autoloop.console import Console
+    from autoloop.loop import Loop
+    from autoloop.proposers import make_proposer
+
+    settings = _settings(args)
+    console = Console()
+    root = _repo_root(args.directory)
+    proposer, why = make_proposer(settings, root)
+    console.line(why)
+    Loop(settings, root, proposer, console).run()
+    return 0
+
+
+def cmd_trial(args) -> int:
+    from autoloop.console import Console
+    from autoloop.loop import run_single_trial
+
+    settings = _settings(args)
+    record = run_single_trial(settings, _repo_root(args.directory), args.message, Console())
+    # The last line is for the agent that called us: verdict and metric, easy to parse.
+    metric = "-" if record.metric is None else f"{record.metric:.6f}"
+    crash = f" {record.crash}" if record.crash else ""
+    print(f"verdict: {record.status}{crash} {settings.metric}: {metric} reason: {record.reason}")
+    return 0 if record.status != "crash" else 3
+
+
+def cmd_status(args) -> int:
+    from autoloop.report import status_data, status_json, status_text
+
+    results = _repo_root(args.directory) / "results"
+    data = status_data(results)
+    print(status_json(data) if args.json else status_text(data))
+    return 0
+
+
+def cmd_init(args) -> int:
+    from autoloop.scaffold import init_experiment
+
+    path = init_experiment(Path(args.path))
+    print(f"created an experiment repository in {path}")
+    print(f"next: cd {path} && autoloop run --budget 5m --hours 8")
+    return 0
+
+
+def _repo_root(directory: str) -> Path:
+    """The git work tree containing ``directory`` (the directory itself when none: the
+    workspace then reports the problem in one line)."""
+    path = Path(directory).resolve()
+    for candidate in (path, *path.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,11 +147,64 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--audit-bytes", type=_positive_int, default=DEFAULT_AUDIT_BYTES, metavar="N",
                    help=f"size of the held-out audit slice (default {DEFAULT_AUDIT_BYTES:,})")
     p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser(
+        "run", help="run the experiment loop (the main job)",
+        description="Ask the proposer for one change to the target, commit it, train for the budget, keep "
+                    "the commit if the metric improved, else reset; record every attempt in "
+                    "results/ledger.jsonl and results/results.tsv. The first trial is the baseline of the "
+                    "unmodified target. Ctrl-C stops cleanly; after a crash or kill, --resume continues.",
+        epilog="example: autoloop run --budget 5m --hours 8",
+    )
+    _add_experiment_flags(p)
+    p.add_argument("--hours", type=float, metavar="H", help="stop starting trials that could not finish within H hours")
+    p.add_argument("--max-trials", type=_positive_int, metavar="N", help="stop after N trials in this run")
+    p.add_argument("--proposer", choices=["auto", "queue", "mutate", "agent"],
+                   help="where changes come from (default auto: queue when patches are waiting)")
+    p.add_argument("--queue-dir", metavar="DIR", help="folder of *.patch / *.py changes for the queue proposer "
+                                                      "(default results/queue)")
+    p.add_argument("--max-proposer-failures", type=_positive_int, metavar="N",
+                   help="stop after N failed proposals in a row (default 5)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the existing branch, recovering an interrupted trial first")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "trial", help="judge the current edit of the target as one trial (for agents that drive themselves)",
+        description="Commit the current edit of the target, train it, keep or reset it, record it, and print "
+                    "the verdict as the last line: 'verdict: keep|discard|crash [class] val_bpb: X reason: ...'. "
+                    "Exit code 0 for keep/discard, 3 for a crash. The first call on a branch runs the baseline "
+                    "of the unmodified target first.",
+    )
+    p.add_argument("-m", "--message", required=True, help="one line: what this change tries")
+    _add_experiment_flags(p)
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_trial)
+
+    p = sub.add_parser("status", help="where the loop stands (safe while it runs)",
+                       description="Current trial and phase, best and baseline metric, counts by status and "
+                                   "crash class, pace and time left. Reads results/ only.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("init", help="create a fresh experiment repository",
+                       description="Create DIR with train.py, program.md, .gitignore and a first commit, "
+                                   "ready for autoloop run.")
+    p.add_argument("path", metavar="DIR", help="folder to create (must not exist or be empty)")
+    p.set_defaults(func=cmd_init)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from autoloop.config import ConfigError
     from autoloop.data import DataError
+    from autoloop.ledger import LedgerError
+    from autoloop.loop import LoopError
+    from autoloop.proposers import ProposerError
+    from autoloop.scaffold import ScaffoldError
+    from autoloop.workspace import WorkspaceError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -73,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except DataError as e:
+    except (ConfigError, DataError, LedgerError, LoopError, ProposerError, ScaffoldError, WorkspaceError) as e:
         print(f"autoloop: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

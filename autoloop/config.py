@@ -1,22 +1,432 @@
 """Settings: pydantic models, loaded from [tool.autoloop] / autoloop.toml, then CLI overrides.
 
-INTERFACE STUB - to be implemented (issue 4).
+Where settings come from, lowest priority first:
+
+1. the defaults in :class:`Settings`;
+2. ONE config file in the workspace root: either ``autoloop.toml`` (settings as
+   top-level keys) or the ``[tool.autoloop]`` table of ``pyproject.toml``. When both
+   define settings, loading fails with a ConfigError asking to keep one: silently
+   preferring one file would leave the user editing the one that is ignored. An
+   empty ``autoloop.toml`` or a pyproject.toml without ``[tool.autoloop]`` counts as
+   not defining settings.
+3. CLI overrides: a dict of setting name -> value where None means "flag not given".
+
+Keys are the field names of :class:`Settings`; in TOML ``-`` may be written for
+``_`` (``max-trials = 20``). Durations (budget, timeout, agent_timeout) accept a number
+of seconds or a string: ``300``, ``"300s"``, ``"5m"``, ``"1h30m"``.
+
+Every problem is a :class:`ConfigError` with one line that names where the bad value
+came from, ``<file>: <key>: <problem>`` or ``--<flag>: <problem>``, e.g.::
+
+    pyproject.toml [tool.autoloop]: unknown setting 'bugdet' (did you mean 'budget'?)
+    --budget: cannot read '5 minutes' as a duration (use 300, 300s, 5m or 1h30m)
+    autoloop.toml: budget: must be positive
+    autoloop.toml: invalid TOML: Expected '=' after a key in a key/value pair (at line 2, column 8)
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import difflib
+import math
+import re
+import shlex
+import sys
+import time
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 class ConfigError(Exception):
     """A bad setting; the message is one line for the user."""
 
 
+# ---------------------------------------------------------------------------------------------
+# durations
+
+DURATION_HINT = "use 300, 300s, 5m or 1h30m"
+# h, m, s components in that order, each optional but at least one present; spaces between allowed.
+_DURATION = re.compile(
+    r"^(?:(?P<h>\d+(?:\.\d+)?)\s*h)?\s*(?:(?P<m>\d+(?:\.\d+)?)\s*m)?\s*(?:(?P<s>\d+(?:\.\d+)?)\s*s)?$"
+)
+
+
 def parse_duration(text) -> float:
-    """'300', '300s', '5m', '1h30m', 90 -> seconds."""
-    raise NotImplementedError
+    """'300', '300s', '5m', '1h30m', 90 -> seconds.
+
+    Rejects zero, negative, non-finite and unreadable values with a ConfigError whose
+    message has no location (the loader adds it).
+    """
+    if isinstance(text, bool) or not isinstance(text, (int, float, str)):
+        raise ConfigError(f"cannot read {_show(text)} as a duration ({DURATION_HINT})")
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        s = text.strip().lower()
+        seconds = None
+        if re.fullmatch(r"[+-]?\d+(?:\.\d*)?|[+-]?\.\d+", s):   # a bare number of seconds
+            seconds = float(s)
+        else:
+            m = _DURATION.match(s)
+            if s and m and any(m.group(k) for k in "hms"):
+                seconds = sum(float(m.group(k) or 0) * f for k, f in (("h", 3600), ("m", 60), ("s", 1)))
+        if seconds is None:
+            raise ConfigError(f"cannot read {_show(text)} as a duration ({DURATION_HINT})")
+    if not math.isfinite(seconds):
+        raise ConfigError(f"cannot read {_show(text)} as a duration ({DURATION_HINT})")
+    if seconds <= 0:
+        raise ConfigError(f"must be positive, got {_show(text)}")
+    return seconds
 
 
-def load_settings(workdir: Path, overrides: dict | None = None):
+def format_duration(seconds: float) -> str:
+    """Seconds -> the shortest readable form: 300 -> '5m', 5400 -> '1h30m', 45 -> '45s'.
+
+    Whole seconds from a minute up (sub-second detail is noise at that scale);
+    below a minute fractions are kept: 0.5 -> '0.5s'.
+    """
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if seconds < 60:
+        return f"{round(seconds, 3):g}s"
+    total = int(round(seconds))
+    h, rest = divmod(total, 3600)
+    m, s = divmod(rest, 60)
+    parts = [f"{h}h" if h else "", f"{m}m" if m else "", f"{s}s" if s else ""]
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# the settings model
+
+_METRIC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TAG = re.compile(r"^[A-Za-z0-9._-]+$")
+_DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|mps)$")
+_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+
+
+def date_tag(now: float | None = None) -> str:
+    """Today's tag, e.g. 'nov29' (month names fixed, not locale-dependent)."""
+    t = time.localtime(now)
+    return f"{_MONTHS[t.tm_mon - 1]}{t.tm_mday}"
+
+
+# Fields that take numbers; a TOML true/false there is a mistake, not 1/0.
+_NUMERIC_FIELDS = {"budget", "timeout", "hours", "max_trials", "min_delta", "seed", "max_rss_gb",
+                   "agent_timeout", "max_proposer_failures", "max_fix_attempts", "max_agent_failures"}
+
+
+class Settings(BaseModel):
+    """Every autoloop setting. Field names are the TOML keys and, with '-', the CLI flags."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # -- the experiment ------------------------------------------------------------------------
+    budget: float = 300.0                      # training seconds per trial
+    timeout: float | None = None               # hard limit per trial; None -> see timeout_s
+    hours: float | None = Field(default=None, gt=0)        # stop starting trials after this long
+    max_trials: int | None = Field(default=None, ge=1)     # stop after this many trials
+    target: str = "train.py"                   # the one file a proposer may edit
+    command: str | None = None                 # trial command; None -> python <target>
+    metric: str = "val_bpb"
+    direction: Literal["min", "max"] = "min"
+    min_delta: float = Field(default=0.0, ge=0)            # a keep must beat best by more than this
+    seed: int = 42
+    max_rss_gb: float | None = Field(default=None, gt=0)   # kill a trial whose tree grows past this
+    # -- data ----------------------------------------------------------------------------------
+    corpus: str = "stdlib"
+    data_dir: str | None = None
+    device: str | None = None                  # cpu | cuda | cuda:N | mps; None -> auto-detect
+    # -- git / session -------------------------------------------------------------------------
+    tag: str | None = None                     # branch autoloop/<tag>; None -> date (run_tag)
+    resume: bool = False
+    # -- proposers -----------------------------------------------------------------------------
+    proposer: Literal["auto", "queue", "mutate", "agent"] = "auto"
+    queue_dir: str = "results/queue"
+    agent_cmd: str | None = None
+    agent: str | None = None                   # preset name of a known coding agent
+    agent_timeout: float = 900.0
+    max_proposer_failures: int = Field(default=5, ge=1)    # in a row, then the loop stops
+    max_fix_attempts: int = Field(default=2, ge=0)         # fix requests per trivially-crashed trial
+    max_agent_failures: int = Field(default=5, ge=1)
+
+    # Where the file settings came from (for messages); not a setting itself.
+    _source: str | None = PrivateAttr(default=None)
+
+    # -- validators ----------------------------------------------------------------------------
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, data: Any) -> Any:
+        # bool is an int subclass: without this, `budget = true` would mean 1 second.
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if isinstance(value, bool) and key in _NUMERIC_FIELDS:
+                    raise ValueError(f"{key}: must be a number, got {_show(value)}")
+        return data
+
+    @field_validator("budget", "agent_timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        try:
+            return parse_duration(v)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _optional_duration(cls, v: Any) -> float | None:
+        return None if v is None else cls._duration(v)
+
+    @field_validator("target")
+    @classmethod
+    def _relative_target(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a file")
+        if PurePosixPath(v).is_absolute() or PureWindowsPath(v).is_absolute() or PureWindowsPath(v).drive:
+            raise ValueError(f"must be a path relative to the repository, got {v!r}")
+        parts = PurePosixPath(v.replace("\\", "/")).parts
+        if ".." in parts:
+            raise ValueError(f"must stay inside the repository (no '..'), got {v!r}")
+        return PurePosixPath(*parts).as_posix()   # './train.py' -> 'train.py'
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, v: Any) -> Any:
+        if isinstance(v, list):   # TOML: command = ["python", "train.py"] is natural too
+            if not v or not all(isinstance(a, str) for a in v):
+                raise ValueError("must be a string or a list of strings")
+            return shlex.join(v)
+        if isinstance(v, str):
+            try:
+                argv = shlex.split(v)
+            except ValueError as e:
+                raise ValueError(f"cannot split {v!r} into arguments ({e})") from None
+            if not argv:
+                raise ValueError("must not be empty")
+        return v
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        if not _METRIC.match(v):
+            raise ValueError(f"must be a name of letters, digits and _ (like val_bpb), got {v!r}")
+        return v
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        # It becomes a git ref component: keep to what git check-ref-format accepts, simply.
+        if (not _TAG.match(v) or ".." in v or v.startswith((".", "-"))
+                or v.endswith((".", ".lock"))):
+            raise ValueError(f"must be letters, digits, '.', '_' or '-' usable in a git branch "
+                             f"name (no '..', not starting with '.' or '-'), got {v!r}")
+        return v
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip().lower()
+            if v == "auto":
+                return None
+            if not _DEVICE.match(v):
+                raise ValueError(f"must be cpu, cuda, cuda:N, mps or auto, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _timeout_after_budget(self) -> "Settings":
+        # The hard limit also covers start-up and evaluation, so at or under the budget
+        # it would kill every trial.
+        if self.timeout is not None and self.timeout <= self.budget:
+            raise ValueError(f"timeout: must be longer than the budget ({format_duration(self.budget)}), "
+                             f"got {format_duration(self.timeout)}")
+        return self
+
+    # -- derived values ------------------------------------------------------------------------
+
+    @property
+    def timeout_s(self) -> float:
+        """The hard limit per trial: the configured timeout, else max(2 x budget, budget + 120 s)."""
+        if self.timeout is not None:
+            return self.timeout
+        return max(2 * self.budget, self.budget + 120)
+
+    @property
+    def command_argv(self) -> list[str]:
+        """The trial command as argv: shlex-split ``command``, else [this python, target]."""
+        if self.command is None:
+            return [sys.executable, self.target]
+        return shlex.split(self.command)
+
+    @property
+    def run_tag(self) -> str:
+        """The tag in force: the configured one, else today's date ('nov29')."""
+        return self.tag or date_tag()
+
+    @property
+    def branch(self) -> str:
+        return f"autoloop/{self.run_tag}"
+
+    @property
+    def source(self) -> str | None:
+        """The config file the settings came from ('autoloop.toml', 'pyproject.toml
+        [tool.autoloop]'), or None when only defaults and overrides apply."""
+        return self._source
+
+
+SETTING_NAMES = tuple(Settings.model_fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+PYPROJECT = "pyproject.toml"
+AUTOLOOP_TOML = "autoloop.toml"
+PYPROJECT_LABEL = "pyproject.toml [tool.autoloop]"
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path.name}: invalid TOML: {_one_line(str(e))}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path.name}: invalid TOML: not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"{path.name}: cannot read: {e.strerror or e}") from None
+
+
+def read_config_file(workdir: Path) -> tuple[str | None, dict]:
+    """(label of the file, its settings table) from the workspace root; (None, {}) when none."""
+    workdir = Path(workdir)
+    found: list[tuple[str, dict]] = []
+    own = workdir / AUTOLOOP_TOML
+    if own.is_file():
+        table = _read_toml(own)
+        if table:
+            found.append((AUTOLOOP_TOML, table))
+    pyproject = workdir / PYPROJECT
+    if pyproject.is_file():
+        tool = _read_toml(pyproject).get("tool", {})
+        table = tool.get("autoloop") if isinstance(tool, dict) else None
+        if table is not None:
+            if not isinstance(table, dict):
+                raise ConfigError(f"{PYPROJECT}: tool.autoloop must be a table ([tool.autoloop])")
+            if table:
+                found.append((PYPROJECT_LABEL, table))
+    if len(found) > 1:
+        raise ConfigError(f"settings in both {AUTOLOOP_TOML} and {PYPROJECT_LABEL}; keep them in one")
+    return found[0] if found else (None, {})
+
+
+def _normalise(table: dict, where: str, flag_style: bool) -> dict[str, tuple[Any, str]]:
+    """key -> (value, location label). '-' accepted for '_'; unknown keys rejected with a hint."""
+    out: dict[str, tuple[Any, str]] = {}
+    for raw_key, value in table.items():
+        key = str(raw_key).replace("-", "_")
+        label = f"--{key.replace('_', '-')}" if flag_style else f"{where}: {raw_key}"
+        if key not in SETTING_NAMES:
+            hint = difflib.get_close_matches(key, SETTING_NAMES, n=1, cutoff=0.6)
+            suggestion = ""
+            if hint:
+                name = hint[0]
+                if flag_style:
+                    name = f"--{name.replace('_', '-')}"
+                elif "-" in str(raw_key):
+                    name = name.replace("_", "-")
+                suggestion = f" (did you mean '{name}'?)"
+            if flag_style:
+                raise ConfigError(f"--{raw_key}: unknown setting{suggestion}")
+            raise ConfigError(f"{where}: unknown setting {str(raw_key)!r}{suggestion}")
+        if key in out:
+            raise ConfigError(f"{label}: given twice (as '{key}' and with '-')")
+        out[key] = (value, label)
+    return out
+
+
+def load_settings(workdir: Path, overrides: dict | None = None) -> Settings:
     """Settings from the workspace's config files, with non-None overrides applied on top."""
-    raise NotImplementedError
+    source, table = read_config_file(workdir)
+    merged = _normalise(table, source or "", flag_style=False)
+    cli = {k: v for k, v in (overrides or {}).items() if v is not None}
+    merged.update(_normalise(cli, "", flag_style=True))   # CLI wins
+    settings = build_settings({k: v for k, (v, _) in merged.items()},
+                              {k: label for k, (_, label) in merged.items()})
+    settings._source = source
+    return settings
+
+
+def build_settings(values: dict, labels: dict[str, str] | None = None) -> Settings:
+    """Validate values into Settings; a failure becomes ONE ConfigError line naming the
+    key's origin from labels (key -> 'autoloop.toml: budget' or '--budget')."""
+    labels = labels or {}
+    try:
+        return Settings(**values)
+    except ValidationError as e:
+        raise ConfigError(_explain(e, labels)) from None
+
+
+def _explain(e: ValidationError, labels: dict[str, str]) -> str:
+    err = e.errors()[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    key = loc[0] if loc else None
+    message = _message(err)
+    if key is None:
+        # A whole-model rule (timeout vs budget, bools): name the origin of the key it is about.
+        m = re.match(r"(\w+): (.*)", message)
+        if m and m.group(1) in SETTING_NAMES:
+            key, message = m.group(1), m.group(2)
+    label = labels.get(key, key) if key else "settings"
+    return f"{label}: {message}"
+
+
+def _message(err: dict) -> str:
+    """A pydantic error as a short predicate ('must be positive')."""
+    kind = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    value = err.get("input")
+    if kind == "value_error":
+        return str(ctx.get("error", err.get("msg", "invalid")))
+    if kind == "greater_than":
+        bound = "must be positive" if ctx.get("gt") == 0 else f"must be greater than {_show(ctx.get('gt'))}"
+        return f"{bound}, got {_show(value)}"
+    if kind == "greater_than_equal":
+        return f"must be at least {_show(ctx.get('ge'))}, got {_show(value)}"
+    if kind in ("int_parsing", "int_from_float", "int_type"):
+        return f"must be a whole number, got {_show(value)}"
+    if kind in ("float_parsing", "float_type", "finite_number"):
+        return f"must be a number, got {_show(value)}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"must be true or false, got {_show(value)}"
+    if kind == "string_type":
+        return f"must be a string, got {_show(value)}"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')}, got {_show(value)}"
+    return _one_line(str(err.get("msg", "invalid"))).lower()
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it: strings quoted, TOML booleans lower-case."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (dict, list)):
+        return "a table" if isinstance(value, dict) else "a list"
+    if isinstance(value, float):
+        return f"{value:g}"   # 0.0 -> '0', as a person would write the bound
+    return str(value)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -1,16 +1,67 @@
 """Run one trial process: budget, hard timeout, whole-tree kill, peak memory, streamed log.
 
-INTERFACE STUB - to be implemented (issue 3). Signatures below are the contract the
-orchestrator (loop.py) codes against; keep them.
+A trial is one command (``python train.py`` by default) started in a session of its own.
+While it runs, a reader thread streams its merged stdout/stderr to the log file and keeps
+only a bounded tail in memory; the calling thread samples the process tree every
+``sample_interval_s`` for memory and enforces the hard timeout, the memory cap and the
+orchestrator's stop request. Ending a trial means ending everything it started: the
+process group, every descendant ever seen (by pid and start time, so a reused pid is never
+hit), and any process that still carries the trial's private token in its environment,
+which finds daemons that double-forked and left the session before any sample saw them.
+``run_trial`` returns only when none of them is alive.
+
+Decisions where DESIGN.md is silent:
+  * The child's ``AUTOLOOP_RESULT`` is always the file the runner reads (``result_path``,
+    else the spec's own ``AUTOLOOP_RESULT``); an inherited value is dropped, so a trial
+    can never write a result somewhere nobody looks.
+  * Relative ``result_path`` is taken relative to ``cwd``, as the child sees it.
+  * ``PYTHONFAULTHANDLER=1`` (unless set) makes a segfaulting Python print its stack into
+    the log, which is the only evidence a proposer gets for a crash in native code.
+  * On Linux the runner is the child subreaper while a trial runs, so orphans of the trial
+    are re-parented to it (not to init), stay visible to sampling, and are reaped after
+    they are killed: in containers whose init never reaps, they would stay zombies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
+import logging
+import math
+import os
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
 import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Callable
 
-from pydantic import BaseModel, Field
+import psutil
+from pydantic import BaseModel, Field, field_validator
+
+logger = logging.getLogger(__name__)
+
+TAIL_BYTES = 64 * 1024        # log tail kept in memory: enough for any traceback + summary block
+TAIL_LINES = 200
+READ_CHUNK = 1 << 20          # big reads: a trial flooding stdout costs few system calls
+MAX_LINE = 4096               # longer lines cannot be progress or metric lines; not carried over
+KILL_WAIT_S = 10.0            # after SIGKILL, how long to wait for the kernel to finish the job
+TOKEN_VAR = "AUTOLOOP_TRIAL_TOKEN"  # inherited by every descendant that keeps its environment
+PROGRESS_PREFIX = b"step "    # train.py (and autoresearch) progress lines
+
+# A line starts after \n or \r: autoresearch redraws its progress line with \r.
+_LINE_START = rb"(?:^|(?<=[\r\n]))"
+_NUMBER = rb"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
+_PROGRESS_RE = re.compile(_LINE_START + re.escape(PROGRESS_PREFIX) + rb"[^\r\n]*")
+_EOL_RE = re.compile(rb"[\r\n]")
+_SUMMARY_LINE_RE = re.compile(r"^(\w+):\s*(" + _NUMBER.decode() + r")\s*$", re.IGNORECASE)
 
 
 def default_timeout(budget_s: float) -> float:
@@ -18,8 +69,14 @@ def default_timeout(budget_s: float) -> float:
     return max(2 * budget_s, budget_s + 120)
 
 
+def default_command() -> list[str]:
+    """The interpreter running the harness, on the workspace's train.py."""
+    return [sys.executable, "train.py"]
+
+
 class TrialSpec(BaseModel):
-    command: list[str]                 # argv, e.g. [sys.executable, "train.py"]
+    # argv, e.g. [sys.executable, "train.py"]; a string such as "uv run train.py" is split like a shell would
+    command: list[str] = Field(default_factory=default_command, min_length=1)
     cwd: Path                          # the workspace (git work tree)
     env: dict[str, str] = Field(default_factory=dict)  # merged over os.environ (AUTOLOOP_* contract)
     log_path: Path                     # results/runs/<trial>-<attempt>.log, streamed as it comes
@@ -27,9 +84,17 @@ class TrialSpec(BaseModel):
     budget_s: float = 300.0
     timeout_s: float | None = None     # None -> default_timeout(budget_s)
     metric: str = "val_bpb"
-    max_rss_gb: float | None = None    # kill the tree when its total RSS crosses this
+    max_rss_gb: float | None = None    # kill the tree when its total RSS crosses this (GiB)
     grace_s: float = 5.0               # SIGTERM -> SIGKILL grace period
     sample_interval_s: float = 0.25    # psutil sampling period
+    # True for train.py under the harness: a metric only on stdout (the result file of
+    # autoloop.evaluate missing) is then refused, since stdout is whatever train.py prints.
+    require_result: bool = False
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: object) -> object:
+        return shlex.split(value) if isinstance(value, str) else value
 
 
 class TrialOutcome(BaseModel):
@@ -49,16 +114,518 @@ class TrialOutcome(BaseModel):
     log_tail: str = ""                 # last lines of the log (for classification and fix requests)
     started_at: float = 0.0
     ended_at: float = 0.0
+    timeout_s: float | None = None     # the hard limit that was in force (for the reason text)
+    launch_error: str | None = None    # the command could not start ("command not found: uv")
+    last_progress: str | None = None   # the last "step ..." line seen
+    leftover_processes: int = 0        # descendants still alive after the main process ended, killed
+
+
+def _format_seconds(seconds: float) -> str:
+    # train.py parses it with float(); keep integers integral ("300", not "300.0").
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
 
 
 def build_env(budget_s: float, seed: int, result_path: Path | None, data_dir: Path | None = None,
               device: str | None = None, nonce: str | None = None) -> dict[str, str]:
-    """The AUTOLOOP_* environment of the harness -> train.py contract."""
-    raise NotImplementedError
+    """The AUTOLOOP_* environment of the harness -> train.py contract.
+
+    Unset optional values are left out, so train.py's own defaults (or the caller's
+    environment) apply. PYTHONUNBUFFERED makes the log stream as the trial runs.
+    """
+    if budget_s <= 0:
+        raise ValueError(f"budget must be positive, got {budget_s} s")
+    env = {"AUTOLOOP_BUDGET_S": _format_seconds(budget_s), "AUTOLOOP_SEED": str(int(seed)),
+           "PYTHONUNBUFFERED": "1"}
+    optional = {"AUTOLOOP_RESULT": result_path, "AUTOLOOP_DATA_DIR": data_dir,
+                "AUTOLOOP_DEVICE": device, "AUTOLOOP_NONCE": nonce}
+    env.update({key: str(value) for key, value in optional.items() if value})
+    return env
+
+
+# ---------------------------------------------------------------------------------
+# The log: one file written by the reader thread (and by the runner for its own notes).
+
+
+class _Log:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "wb", buffering=0)  # unbuffered: the file grows as the trial prints
+        self._lock = threading.Lock()
+        self.notes: list[str] = []
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[self._file.write(view):]
+            except OSError as exc:  # disk full: keep draining the pipe, or the trial would block
+                self._file.close()
+                self.notes.append(f"[autoloop] log writing stopped: {exc}")
+
+    def note(self, text: str) -> None:
+        """A line of the runner's own, marked so that nobody takes it for trial output."""
+        line = f"[autoloop] {text}"
+        self.notes.append(line)
+        self.write(line.encode() + b"\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class _Reader(threading.Thread):
+    """Drains the trial's merged output into the log, keeping a bounded tail and the latest
+    progress and metric lines. Never blocks the runner: a flood only costs this thread."""
+
+    def __init__(self, fd: int, log: _Log, metric: str, on_progress: Callable[[str], None] | None):
+        super().__init__(name="autoloop-trial-reader", daemon=True)
+        self._fd = fd
+        self._log = log
+        self._on_progress = on_progress
+        self._progress_failed = False
+        self._metric_key = metric.encode() + b":"
+        self._metric_re = re.compile(_LINE_START + re.escape(self._metric_key) + rb"[ \t]*(" + _NUMBER + rb")",
+                                     re.IGNORECASE)
+        self._tail = bytearray()
+        self._carry = b""          # an incomplete last line, joined with the next read
+        self._skipping = False     # inside a line longer than MAX_LINE: ignore until its end
+        self.metric_text: str | None = None   # the number on the last "<metric>: <number>" line
+        self.last_progress: str | None = None
+        # Set by the runner when a process outside its reach keeps the pipe open.
+        self.give_up_at: float | None = None
+
+    def run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN | select.POLLHUP)
+        while self.give_up_at is None or time.monotonic() < self.give_up_at:
+            if not poller.poll(250):
+                continue
+            data = os.read(self._fd, READ_CHUNK)
+            if not data:
+                break
+            self._log.write(data)
+            self._tail += data
+            if len(self._tail) > 2 * TAIL_BYTES:  # trim in batches: amortised O(1) per byte
+                del self._tail[:-TAIL_BYTES]
+            self._scan(data)
+        if self._carry:  # a last line without a newline still counts
+            self._scan(b"\n")
+
+    def _scan(self, data: bytes) -> None:
+        if self._skipping:
+            eol = _EOL_RE.search(data)
+            if eol is None:
+                return
+            data, self._skipping = data[eol.end():], False
+        buf = self._carry + data
+        end = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
+        lines, self._carry = buf[:end], buf[end:]
+        if len(self._carry) > MAX_LINE:
+            self._carry, self._skipping = b"", True
+        if PROGRESS_PREFIX in lines:
+            progress = _last_match(_PROGRESS_RE, lines)
+            if progress is not None:
+                self._report_progress(progress.group().decode(errors="replace").strip())
+        if self._metric_key in lines:
+            found = _last_match(self._metric_re, lines)
+            if found is not None:
+                self.metric_text = found.group(1).decode()
+
+    def _report_progress(self, line: str) -> None:
+        self.last_progress = line
+        if self._on_progress is None:
+            return
+        try:
+            self._on_progress(line)
+        except Exception:  # noqa: BLE001 - a display bug must not end the night's run
+            if not self._progress_failed:
+                logger.exception("on_progress callback failed; further failures are not logged")
+            self._progress_failed = True
+
+    def tail(self) -> str:
+        data = bytes(self._tail[-TAIL_BYTES:])
+        if len(self._tail) > TAIL_BYTES:  # the first line was cut: drop the fragment
+            data = data[data.find(b"\n") + 1:]
+        text = data.decode("utf-8", errors="replace").replace("\r\n", "\n")
+        return "\n".join(text.splitlines()[-TAIL_LINES:])
+
+
+def _last_match(pattern: re.Pattern[bytes], data: bytes) -> re.Match[bytes] | None:
+    found = None
+    for found in pattern.finditer(data):
+        pass
+    return found
+
+
+# ---------------------------------------------------------------------------------
+# The process tree: everything the trial started, and how to end it.
+
+_subreaper_lock = threading.Lock()
+_subreaper_users = 0
+
+
+def _set_subreaper(on: bool) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_child_subreaper = 36
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, int(on), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: orphans go to init, the final sweep still finds them
+        pass
+
+
+@contextlib.contextmanager
+def _adopting_orphans() -> Iterator[None]:
+    """This process is the child subreaper while any trial runs (a process-wide flag, so counted)."""
+    global _subreaper_users
+    with _subreaper_lock:
+        _subreaper_users += 1
+        if _subreaper_users == 1:
+            _set_subreaper(True)
+    try:
+        yield
+    finally:
+        with _subreaper_lock:
+            _subreaper_users -= 1
+            if _subreaper_users == 0:
+                _set_subreaper(False)
+
+
+class _Tree:
+    """Every process of one trial, remembered by (pid, start time) until it is gone."""
+
+    def __init__(self, root: subprocess.Popen, token: str):
+        self._root = root
+        self._token = token
+        self._me = psutil.Process()
+        self._known: dict[tuple[int, float], psutil.Process] = {}
+        self._foreign: set[tuple[int, float]] = set()  # our other children (another thread's git)
+        with contextlib.suppress(psutil.Error):
+            self._remember(psutil.Process(root.pid))
+
+    def _remember(self, proc: psutil.Process) -> None:
+        self._known[(proc.pid, proc.create_time())] = proc
+
+    def _is_ours(self, proc: psutil.Process) -> bool:
+        try:
+            if proc.ppid() in {pid for pid, _ in self._known}:
+                return True
+            return proc.environ().get(TOKEN_VAR) == self._token
+        except psutil.Error:
+            return False
+
+    def alive(self) -> list[psutil.Process]:
+        """Known processes still running; zombies count as dead (no code, no memory) and the
+        dead are forgotten, so a trial spawning thousands of short jobs stays cheap."""
+        living = []
+        for key, proc in list(self._known.items()):
+            try:
+                if not proc.is_running():  # gone, or its pid now belongs to someone else
+                    raise psutil.NoSuchProcess(proc.pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    living.append(proc)
+                    continue
+                if proc.pid != self._root.pid and proc.ppid() == self._me.pid:
+                    os.waitpid(proc.pid, os.WNOHANG)  # an orphan re-parented to us: reap it
+                    continue
+                if proc.pid == self._root.pid:
+                    continue  # Popen reaps the main process, keeping its exit status
+            except (psutil.NoSuchProcess, ChildProcessError):
+                pass
+            except psutil.Error:
+                continue
+            del self._known[key]
+        return living
+
+    def refresh(self) -> list[psutil.Process]:
+        """Take in new descendants, then return the living members. As subreaper, orphans of
+        the trial are re-parented to us, so our own descendants hold the whole tree."""
+        try:
+            descendants = self._me.children(recursive=True)  # parents come before their children
+        except psutil.Error:
+            descendants = []
+        for proc in descendants:
+            try:
+                key = (proc.pid, proc.create_time())
+            except psutil.Error:
+                continue
+            if key in self._known or key in self._foreign:
+                continue
+            if self._is_ours(proc):
+                self._known[key] = proc
+            else:
+                self._foreign.add(key)
+        return self.alive()
+
+    def sweep(self) -> list[psutil.Process]:
+        """refresh() plus a scan of every process for the trial's session or token: finds a
+        daemon that left the tree before any sample saw it (where there is no subreaper)."""
+        session = self._root.pid  # start_new_session: the session id is the main process's pid
+        for proc in psutil.process_iter():
+            if proc.pid == self._me.pid:
+                continue
+            try:
+                if os.getsid(proc.pid) == session or proc.environ().get(TOKEN_VAR) == self._token:
+                    self._remember(proc)
+            except (psutil.Error, OSError):
+                continue
+        return self.refresh()
+
+    def members(self) -> list[tuple[int, float]]:
+        return list(self._known)
+
+    def rss_bytes(self, procs: list[psutil.Process]) -> int:
+        total = 0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        return total
+
+    def _signal(self, procs: list[psutil.Process], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._root.pid, sig)  # the group first: members we have not seen yet
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)  # psutil checks the start time: a reused pid is left alone
+
+    def end(self, grace_s: float) -> int:
+        """SIGTERM every member, SIGKILL what is left after the grace period, and wait until
+        all are gone. Returns how many were alive at the start."""
+        living = self.sweep()
+        count = len(living)
+        if not living:
+            return 0
+        self._signal(living, signal.SIGTERM)
+        self._signal(living, signal.SIGCONT)  # a stopped process only acts on SIGTERM once continued
+        terminated = {proc.pid for proc in living}
+        deadline = time.monotonic() + grace_s
+        while living and time.monotonic() < deadline:
+            time.sleep(0.02)
+            self._root.poll()
+            living = self.refresh()
+            late = [proc for proc in living if proc.pid not in terminated]  # born during the grace
+            self._signal(late, signal.SIGTERM)
+            terminated.update(proc.pid for proc in late)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while living and time.monotonic() < deadline:
+            self._signal(living, signal.SIGKILL)
+            time.sleep(0.02)
+            self._root.poll()
+            living = self.sweep()
+        if living:
+            logger.error("trial processes survived SIGKILL: %s", [proc.pid for proc in living])
+        return count
+
+
+class _ExitWatch:
+    """Sleeps until the main process exits or a timeout passes. A pidfd (Linux) wakes at the
+    exit itself; elsewhere Popen.wait polls, up to 50 ms late."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self._proc = proc
+        self._fd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):
+            self._fd = os.pidfd_open(proc.pid)
+            self._poller = select.poll()
+            self._poller.register(self._fd, select.POLLIN)
+
+    def wait(self, timeout_s: float) -> None:
+        if self._fd is not None:
+            self._poller.poll(timeout_s * 1000)
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=timeout_s)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+
+# ---------------------------------------------------------------------------------
+# Reading the metric and the summary block.
+
+
+def _parse_summary(tail: str) -> dict[str, float]:
+    """The ``key: number`` lines after the last ``---`` line (other lines there are skipped)."""
+    lines = tail.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == "---"]
+    if not starts:
+        return {}
+    summary = {}
+    for line in lines[starts[-1] + 1:]:
+        found = _SUMMARY_LINE_RE.match(line.strip())
+        if found:
+            summary[found.group(1)] = float(found.group(2))
+    return summary
+
+
+def _print_tolerance(text: str) -> float:
+    """Half a unit in the last printed digit: how far a correctly printed number may be off."""
+    try:
+        exponent = Decimal(text).as_tuple().exponent
+    except InvalidOperation:
+        return 0.0
+    return 0.5 * 10.0 ** exponent if isinstance(exponent, int) else 0.0
+
+
+def _read_metric(spec: TrialSpec, result_path: Path | None, nonce: str | None,
+                 stdout_text: str | None) -> tuple[float | None, str | None, dict | None]:
+    """(metric, metric_error, result record): the result file first, stdout as the fallback,
+    and a number only when it is finite and both sources agree."""
+    name = spec.metric
+    stdout_value = float(stdout_text) if stdout_text is not None else None
+    if result_path is None or not result_path.exists():
+        if spec.require_result:
+            return None, f"no result file from autoloop.evaluate ({result_path})", None
+        if stdout_value is None:
+            return None, None, None
+        if not math.isfinite(stdout_value):
+            return None, f"{name} is {stdout_value}", None
+        return stdout_value, None, None
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"result file unreadable: {exc}", None
+    if not isinstance(result, dict):
+        return None, "result file unreadable: not a JSON object", None
+    if nonce and result.get("nonce") != nonce:
+        return None, "result nonce mismatch", result
+    value = result.get(name, result.get("value") if result.get("metric") == name else None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None, f"result file has no numeric {name}", result
+    value = float(value)
+    if not math.isfinite(value):
+        return None, f"{name} is {value}", result
+    if stdout_value is not None:
+        tolerance = _print_tolerance(stdout_text) + 1e-9 * abs(value)
+        if not abs(stdout_value - value) <= tolerance:  # also true for a nan on stdout
+            return None, f"result file {name} {value:.6f} disagrees with stdout {stdout_text}", result
+    return value, None, result
+
+
+# ---------------------------------------------------------------------------------
+# One trial.
+
+
+def _child_env(spec: TrialSpec, result_path: Path | None, token: str) -> dict[str, str]:
+    env = {**os.environ, **spec.env, TOKEN_VAR: token, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    if result_path is None:
+        env.pop("AUTOLOOP_RESULT", None)
+    else:
+        env["AUTOLOOP_RESULT"] = str(result_path)
+    return env
+
+
+def _launch_failure(spec: TrialSpec, log: _Log, timeout_s: float, exit_code: int, error: str) -> TrialOutcome:
+    log.note(error)
+    log.close()
+    now = time.time()
+    return TrialOutcome(exit_code=exit_code, launch_error=error, metric_name=spec.metric,
+                        max_rss_gb=spec.max_rss_gb, timeout_s=timeout_s, log_path=spec.log_path,
+                        log_tail=log.notes[-1], started_at=now, ended_at=now)
+
+
+def _supervise(proc: subprocess.Popen, tree: _Tree, log: _Log, spec: TrialSpec, deadline: float,
+               stop_event: threading.Event | None) -> tuple[str | None, int]:
+    """Sample the tree until the main process exits or a limit ends it:
+    (killed_reason, peak RSS of the tree in bytes)."""
+    cap_bytes = spec.max_rss_gb * 2**30 if spec.max_rss_gb else None
+    peak = 0
+    exit_watch = _ExitWatch(proc)
+    try:
+        while proc.poll() is None:
+            # RSS counts pages shared by forked workers once per process: an overestimate,
+            # which is the safe side for a cap.
+            rss = tree.rss_bytes(tree.refresh())
+            peak = max(peak, rss)
+            if stop_event is not None and stop_event.is_set():
+                stop = ("stopped", "stop requested")
+            elif time.monotonic() >= deadline:
+                stop = ("timeout", f"hard timeout of {spec.timeout_s:g} s exceeded")
+            elif cap_bytes is not None and rss > cap_bytes:
+                stop = ("max_rss", f"memory {rss / 2**30:.2f} GiB over the cap of {spec.max_rss_gb:g} GiB")
+            else:
+                exit_watch.wait(max(0.0, min(spec.sample_interval_s, deadline - time.monotonic())))
+                continue
+            log.note(f"{stop[1]}: ending the process tree")
+            tree.end(spec.grace_s)
+            proc.wait()
+            return stop[0], peak
+        return None, peak
+    finally:
+        exit_watch.close()
 
 
 def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
-              stop_event: threading.Event | None = None) -> TrialOutcome:
+              stop_event: threading.Event | None = None,
+              on_start: Callable[[list[tuple[int, float]]], None] | None = None) -> TrialOutcome:
     """Run the trial to completion, timeout, memory cap or stop_event; return only when
-    nothing it started is alive."""
-    raise NotImplementedError
+    nothing it started is alive.
+
+    on_progress gets the latest "step ..." line, called from the reader thread. on_start gets
+    [(pid, create_time)] of the main process once it is launched (the leader of its own
+    process group and session), for recovery after the orchestrator itself dies. An exception
+    in either callback is logged and otherwise ignored: the trial is already running.
+    """
+    spec = spec.model_copy(update={"timeout_s": spec.timeout_s if spec.timeout_s is not None
+                                   else default_timeout(spec.budget_s)})
+    result_path = spec.result_path or (Path(spec.env["AUTOLOOP_RESULT"]) if spec.env.get("AUTOLOOP_RESULT") else None)
+    if result_path is not None:
+        result_path = Path(spec.cwd, result_path).absolute()
+        result_path.unlink(missing_ok=True)  # a stale result must never be read as this trial's
+    token = uuid.uuid4().hex
+    env = _child_env(spec, result_path, token)
+    program = spec.command[0]
+    log = _Log(spec.log_path)
+    if not Path(spec.cwd).is_dir():
+        return _launch_failure(spec, log, spec.timeout_s, 127, f"workspace not found: {spec.cwd}")
+
+    with _adopting_orphans():
+        started_at, t0 = time.time(), time.monotonic()
+        try:
+            proc = subprocess.Popen(spec.command, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        except FileNotFoundError:
+            return _launch_failure(spec, log, spec.timeout_s, 127, f"command not found: {program}")
+        except PermissionError:
+            return _launch_failure(spec, log, spec.timeout_s, 126, f"command not executable: {program}")
+        except OSError as exc:
+            return _launch_failure(spec, log, spec.timeout_s, 126, f"cannot start {program}: {exc.strerror or exc}")
+
+        reader = _Reader(proc.stdout.fileno(), log, spec.metric, on_progress)
+        reader.start()
+        tree = _Tree(proc, token)
+        if on_start is not None:
+            try:
+                on_start(tree.members())
+            except Exception:  # noqa: BLE001 - see the docstring
+                logger.exception("on_start callback failed")
+        killed_reason, peak = _supervise(proc, tree, log, spec, t0 + spec.timeout_s, stop_event)
+        wall_seconds = time.monotonic() - t0
+        leftovers = tree.end(spec.grace_s)  # daemons, workers: anything that outlived the main process
+        if leftovers:
+            log.note(f"killed {leftovers} process(es) still running after the main process ended")
+
+    reader.join(timeout=2.0)
+    if reader.is_alive():  # only a process beyond reach (cleared env, other session) holds the pipe
+        log.note("output pipe held open by an escaped process; stopped reading")
+        reader.give_up_at = time.monotonic()
+        reader.join()
+    proc.stdout.close()
+    log.close()
+
+    tail = "\n".join(filter(None, [reader.tail(), *log.notes]))
+    metric, metric_error, result = _read_metric(spec, result_path, env.get("AUTOLOOP_NONCE"), reader.metric_text)
+    code = proc.returncode
+    return TrialOutcome(
+        exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
+        timed_out=killed_reason == "timeout", killed_reason=killed_reason, max_rss_gb=spec.max_rss_gb,
+        metric_name=spec.metric, metric=metric, metric_error=metric_error, summary=_parse_summary(tail),
+        result=result, peak_rss_mb=peak / 2**20, wall_seconds=wall_seconds, log_path=spec.log_path,
+        log_tail=tail, started_at=started_at, ended_at=time.time(), timeout_s=spec.timeout_s,
+        last_progress=reader.last_progress, leftover_processes=leftovers,
+    )

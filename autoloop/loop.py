@@ -1,0 +1,629 @@
+"""The orchestrator: propose -> guard -> commit -> run -> classify -> decide -> record, again.
+
+Crash safety rests on two files and one ordering:
+
+* ``results/state.json`` (``state.py``) says which attempt is in flight and in what
+  phase, and is written *before* each phase starts;
+* ``results/ledger.jsonl`` is the commit point: an attempt has happened once its record
+  is appended, and the record carries the best commit after its decision;
+* git follows the ledger: after a record is appended the branch is moved to the
+  record's best commit, and only then is the state set back to idle.
+
+So whatever moment a ``kill -9`` lands on, the next ``autoloop run --resume`` either
+finds the attempt's record (and makes git agree with it) or does not (and records the
+attempt as interrupted after saving its candidate to a trial ref). Nothing tried is
+lost, the branch always ends at the best commit.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import statistics
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from filelock import FileLock, Timeout
+
+from autoloop.classify import classify
+from autoloop.config import Settings, format_duration
+from autoloop.console import Console
+from autoloop.data import CorpusSpec, prepare
+from autoloop.decide import decide, improvement
+from autoloop.ledger import Ledger, LedgerRecord
+from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
+from autoloop.runner import TrialOutcome, TrialSpec, build_env, run_trial
+from autoloop.state import RunState, load_state, save_state, set_phase
+from autoloop.workspace import Workspace, WorkspaceError
+
+LOCK_NAME = ".autoloop.lock"
+PROGRAM_FILE = "program.md"
+LEDGER_TAIL_FOR_PROPOSER = 20
+
+
+class LoopError(Exception):
+    """The loop cannot start or go on; the message is one line for the user."""
+
+
+@dataclass
+class AttemptPlan:
+    trial: int
+    attempt: int
+    kind: str                 # baseline | candidate | fix | confirm
+    description: str
+    proposer: str
+    parent: str               # best commit the attempt is judged against
+    parent_metric: float | None
+    outside_changes: list[str]
+    source: str | None = None
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+@contextmanager
+def workspace_lock(results_dir: Path):
+    """Hold the workspace: a second orchestrator (or `autoloop trial`) is refused at once."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(results_dir / LOCK_NAME))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        holder = load_state(results_dir).pid
+        who = f" (pid {holder})" if holder else ""
+        raise LoopError(f"another autoloop is already running in this workspace{who}; "
+                        "watch it with `autoloop status`") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0) -> int:
+    """End processes left by an interrupted run (same pid *and* start time only)."""
+    alive = []
+    for pid, created in pids:
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 1.0:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    for proc in alive:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for proc in still:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(still, timeout=grace_s)
+    return len(alive)
+
+
+def fault_point(name: str, trial: int | None) -> None:
+    """Fault injection for the resume tests and the soak benchmark: with
+    AUTOLOOP_FAULT_KILL_AT=<point>:<trial> the orchestrator SIGKILLs itself there."""
+    wanted = os.environ.get("AUTOLOOP_FAULT_KILL_AT")
+    if wanted and wanted == f"{name}:{trial}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def format_metric(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6f}"
+
+
+# ------------------------------------------------------------------------------ session
+
+
+class Session:
+    """One workspace held by one process: git, ledger, state, data, and attempt execution.
+
+    Used by ``autoloop run`` (through :class:`Loop`) and by ``autoloop trial``.
+    """
+
+    def __init__(self, settings: Settings, workdir: Path, console: Console | None = None):
+        self.settings = settings
+        self.console = console or Console()
+        try:
+            self.ws = Workspace(Path(workdir), settings.target)
+        except WorkspaceError as e:
+            raise LoopError(str(e)) from None
+        self.results_dir = self.ws.results_dir
+        self.ledger = Ledger(self.results_dir)
+        self.state = RunState()
+        self.tag = settings.run_tag
+        previous = load_state(self.results_dir)
+        if settings.resume and settings.tag is None and previous.tag:
+            # A night that began on nov29 resumes on nov30 under its own tag.
+            self.tag = previous.tag
+        self.stop_event = threading.Event()
+        self.stop_signal: str | None = None
+        self.data_dir: Path | None = None
+        self.fingerprint: str | None = None
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def check_workspace(self) -> None:
+        try:
+            self.ws.check_target()
+            self.ws.ensure_results_ignored()
+        except WorkspaceError as e:
+            raise LoopError(str(e)) from None
+
+    def repair_ledger(self) -> None:
+        report = self.ledger.repair()
+        if report:
+            self.console.line(f"ledger: {report}")
+
+    def prepare_data(self) -> None:
+        spec = CorpusSpec(source=self.settings.corpus)
+        info = prepare(spec, self.settings.data_dir)
+        self.data_dir = info.data_dir
+        self.fingerprint = info.meta["fingerprint"]
+        verb = "prepared" if info.built else "data"
+        self.console.line(f"{verb}: {info.meta['source']} -> {info.data_dir} (fingerprint {self.fingerprint})")
+        baseline = self.baseline_record()
+        if baseline and baseline.fingerprint and baseline.fingerprint != self.fingerprint:
+            raise LoopError(f"the data changed since this branch's baseline (fingerprint {baseline.fingerprint}, "
+                            f"now {self.fingerprint}); results would not be comparable: start a new --tag")
+
+    def baseline_record(self) -> LedgerRecord | None:
+        for record in self.ledger.records():
+            if record.kind == "baseline" and record.status == "keep":
+                return record
+        return None
+
+    def best(self) -> tuple[str | None, float | None]:
+        return self.ledger.best()
+
+    def archive_other_tag(self) -> None:
+        """A ledger of another tag moves to results/archive/ before a new tag starts."""
+        previous = load_state(self.results_dir).tag
+        if not self.ledger.path.exists() or previous in (None, self.tag):
+            return
+        dest = self.results_dir / "archive" / f"{previous}-{time.strftime('%Y%m%d-%H%M%S')}"
+        dest.mkdir(parents=True)
+        for name in ("ledger.jsonl", "results.tsv", "state.json", "runs", "agents", "quarantine",
+                     "progress.png", "report.md"):
+            if (self.results_dir / name).exists():
+                os.replace(self.results_dir / name, dest / name)
+        self.console.line(f"results of tag '{previous}' moved to {dest.relative_to(self.ws.root)}")
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Bring an attempt interrupted by a crash of the orchestrator to a clean end."""
+        state = load_state(self.results_dir)
+        self.state = state
+        if not state.in_flight:
+            return
+        if state.tag and state.tag != self.tag:
+            raise LoopError(f"an attempt of tag '{state.tag}' was interrupted; resume it with "
+                            f"--resume --tag {state.tag} first")
+        ended = end_processes(state.child_pids)
+        if ended:
+            self.console.line(f"recovery: ended {ended} process(es) left by the interrupted trial")
+        index_lock = self.ws.root / ".git" / "index.lock"
+        if index_lock.exists():
+            # We hold the workspace lock, so no git command of ours is running: the lock was
+            # left by a git process killed with us.
+            index_lock.unlink()
+        existing = [r for r in self.ledger.records() if r.trial == state.trial and r.attempt == state.attempt]
+        if existing:
+            record = existing[-1]
+            best = record.best or state.best
+            self.console.line(f"recovery: trial {state.trial}.{state.attempt} was recorded ({record.status}); "
+                              f"restoring the branch to {best[:7]}")
+        else:
+            best = state.best or self.ws.head()
+            candidate = state.candidate
+            head = self.ws.head()
+            if candidate is None and head != best and self.ws.is_ancestor(best, head):
+                candidate = head   # committed, killed before the state said so
+            if candidate is None and state.kind not in ("baseline", "confirm"):
+                self.ws.scope_guard(self.quarantine_dir(state.trial, state.attempt), base=best)
+                if self.ws.target_changed():
+                    candidate = self.ws.commit_candidate(f"{state.description or 'interrupted candidate'}"
+                                                         f"\n\nautoloop trial {state.trial}.{state.attempt} (interrupted)")
+            if candidate:
+                self.ws.save_trial_ref(self.tag, state.trial, state.attempt, candidate)
+            now = time.time()
+            record = LedgerRecord(
+                trial=state.trial, attempt=state.attempt or 1, kind=state.kind or "candidate",
+                started_at=state.attempt_started_at or now, ended_at=now, proposer=state.proposer or "-",
+                parent=state.best, commit=candidate, description=state.description or "interrupted",
+                status="crash", crash="fundamental", reason=f"interrupted (orchestrator stopped during {state.phase})",
+                metric_name=self.settings.metric, seed=self.settings.seed, best=best, best_metric=state.best_metric,
+                log_path=self.log_rel(state.trial, state.attempt),
+            )
+            if state.kind == "baseline":
+                record.best, record.best_metric = None, None
+            self.ledger.append(record)
+            self.console.line(f"recovery: trial {state.trial}.{state.attempt} was interrupted during "
+                              f"{state.phase}; recorded as crash, candidate kept at "
+                              f"{'refs/autoloop/' + self.tag + '/trials/' + str(state.trial) + '-' + str(state.attempt) if candidate else '(none)'}")
+        self.ws.reset_to(best)
+        self.state = set_phase(self.results_dir, state, "idle", candidate=None, child_pids=[], progress=None)
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def log_rel(self, trial, attempt) -> str:
+        return f"runs/{trial}-{attempt}.log"
+
+    def quarantine_dir(self, trial, attempt) -> Path:
+        return self.results_dir / "quarantine" / f"{trial}-{attempt}"
+
+    # -- one attempt ---------------------------------------------------------------------
+
+    def program_text(self) -> str:
+        path = self.ws.root / PROGRAM_FILE
+        return path.read_text() if path.exists() else ""
+
+    def proposal_request(self, trial: int, attempt: int, fix: FixContext | None = None) -> ProposalRequest:
+        best, best_metric = self.best()
+        tail = [{k: v for k, v in r.items() if not k.startswith("audit")}
+                for r in self.ledger.last(LEDGER_TAIL_FOR_PROPOSER)]
+        return ProposalRequest(
+            workspace=self.ws.root, target=self.settings.target, program_text=self.program_text(),
+            metric_name=self.settings.metric, direction=self.settings.direction, best_metric=best_metric,
+            best_commit=best, trial=trial, attempt=attempt, seed=self.settings.seed, ledger_tail=tail,
+            fix=fix, results_dir=self.results_dir,
+        )
+
+    def enter(self, phase: str, **fields) -> None:
+        self.state = set_phase(self.results_dir, self.state, phase, **fields)
+        fault_point(phase, self.state.trial)
+
+    def run_attempt(self, plan: AttemptPlan) -> LedgerRecord:
+        """Commit the target's edit (unless baseline/confirm), run it, judge it, record it,
+        and leave the branch at the best commit."""
+        s = self.settings
+        started = time.time()
+        self.enter("committing", trial=plan.trial, attempt=plan.attempt, kind=plan.kind,
+                   description=plan.description, proposer=plan.proposer, best=plan.parent,
+                   best_metric=plan.parent_metric, candidate=None, attempt_started_at=started)
+        if plan.kind in ("baseline", "confirm"):
+            commit = self.ws.head()
+        else:
+            message = f"{plan.description}\n\nautoloop trial {plan.trial}.{plan.attempt} ({plan.proposer})"
+            commit = self.ws.commit_candidate(message)
+            fault_point("committed", plan.trial)
+        self.ws.save_trial_ref(self.tag, plan.trial, plan.attempt, commit)
+        diff_lines = self.ws.diff_lines(plan.parent, commit) if commit != plan.parent else 0
+        self.enter("running", candidate=commit)
+
+        runs = self.results_dir / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        nonce = secrets.token_hex(8)
+        spec = TrialSpec(
+            command=s.command_argv, cwd=self.ws.root,
+            env=build_env(s.budget, s.seed, runs / f"{plan.trial}-{plan.attempt}.result.json",
+                          self.data_dir, s.device, nonce),
+            log_path=runs / f"{plan.trial}-{plan.attempt}.log",
+            result_path=runs / f"{plan.trial}-{plan.attempt}.result.json",
+            budget_s=s.budget, timeout_s=s.timeout_s, metric=s.metric, max_rss_gb=s.max_rss_gb,
+        )
+        label = f"#{plan.trial}" + (f".{plan.attempt}" if plan.attempt > 1 else "")
+        self.console.line(f"{label} {plan.kind}: {plan.description} [{commit[:7]}] training {format_duration(s.budget)}")
+        outcome = run_trial(spec, on_progress=lambda line: self.console.status(f"{label} {line}"),
+                            stop_event=self.stop_event, on_start=self._remember_children)
+
+        self.enter("judging")
+        record = self.judge(plan, commit, outcome, started, diff_lines)
+        self.ledger.append(record)
+        fault_point("recorded", plan.trial)
+        if record.best and self.ws.head() != record.best:
+            self.ws.reset_to(record.best)
+        self.enter("idle", candidate=None, child_pids=[], progress=None)
+        self.console.line(self.verdict_line(label, record))
+        return record
+
+    def _remember_children(self, pids: list[tuple[int, float]]) -> None:
+        self.state = self.state.model_copy(update={"child_pids": pids})
+        save_state(self.results_dir, self.state)
+
+    def judge(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, started: float,
+              diff_lines: int) -> LedgerRecord:
+        s = self.settings
+        verdict = classify(outcome)
+        if outcome.killed_reason == "stopped" and self.stop_signal:
+            verdict = verdict._replace(reason=f"interrupted ({self.stop_signal})")
+        summary = outcome.summary or {}
+        memory_mb = summary.get("peak_vram_mb") or outcome.peak_rss_mb
+        result = outcome.result or {}
+        record = LedgerRecord(
+            trial=plan.trial, attempt=plan.attempt, kind=plan.kind, started_at=started, ended_at=time.time(),
+            proposer=plan.proposer, parent=plan.parent, commit=commit, description=plan.description,
+            status="crash", metric_name=s.metric, memory_gb=(memory_mb or 0) / 1024,
+            training_seconds=summary.get("training_seconds"), total_seconds=summary.get("total_seconds"),
+            wall_seconds=outcome.wall_seconds, exit_code=outcome.exit_code, signal=outcome.signal,
+            diff_lines=diff_lines, seed=s.seed, fingerprint=result.get("fingerprint") or self.fingerprint,
+            log_path=self.log_rel(plan.trial, plan.attempt), outside_changes=plan.outside_changes,
+            best=plan.parent, best_metric=plan.parent_metric,
+            extra={k: v for k, v in {"source": plan.source}.items() if v},
+        )
+        if verdict.kind != "ok":
+            record.crash = verdict.kind
+            record.reason = verdict.reason
+            if plan.kind == "baseline":
+                record.best, record.best_metric = None, None
+            return record
+        record.metric = outcome.metric
+        if result.get("fingerprint") and self.fingerprint and result["fingerprint"] != self.fingerprint:
+            record.crash, record.reason = "fundamental", (f"evaluated on other data (fingerprint "
+                                                         f"{result['fingerprint']}, expected {self.fingerprint})")
+            return record
+        decision = decide(outcome.metric, None if plan.kind == "baseline" else plan.parent_metric,
+                          s.direction, s.min_delta)
+        record.status, record.reason = decision.status, decision.reason
+        if decision.status == "keep":
+            record.best, record.best_metric = commit, outcome.metric
+        return record
+
+    def verdict_line(self, label: str, record: LedgerRecord) -> str:
+        if record.status == "crash":
+            return f"{label} crash ({record.crash}) {record.reason}"
+        delta = ""
+        if record.kind != "baseline" and record.metric is not None:
+            prev = self.ledger_prev_best(record)
+            if prev is not None:
+                delta = f" ({record.metric - prev:+.4f})"
+        return f"{label} {record.status} {record.metric:.6f}{delta} {record.description}"
+
+    def ledger_prev_best(self, record: LedgerRecord) -> float | None:
+        return record.best_metric if record.status != "keep" else self._parent_metric(record)
+
+    def _parent_metric(self, record: LedgerRecord) -> float | None:
+        for r in self.ledger.records():
+            if r.best == record.parent and r.best_metric is not None:
+                return r.best_metric
+        return None
+
+    def record_skip(self, trial: int, attempt: int, proposer: str, reason: str, description: str = "-",
+                    outside: list[str] | None = None) -> None:
+        best, best_metric = self.best()
+        now = time.time()
+        self.ledger.append(LedgerRecord(
+            trial=trial, attempt=attempt, started_at=now, ended_at=now, proposer=proposer, parent=best,
+            description=description, status="skip", reason=reason, metric_name=self.settings.metric,
+            best=best, best_metric=best_metric, outside_changes=outside or [],
+        ))
+        self.console.line(f"#{trial} skipped: {reason}")
+
+    def run_baseline(self) -> LedgerRecord:
+        head = self.ws.head()
+        trial = self.ledger.next_trial()
+        record = self.run_attempt(AttemptPlan(trial, 1, "baseline", "baseline", "-", head, None, []))
+        if record.status != "keep":
+            raise LoopError(f"the baseline run of the unmodified {self.settings.target} failed "
+                            f"({record.crash}: {record.reason}); see results/{record.log_path}")
+        return record
+
+    # -- signals -------------------------------------------------------------------------
+
+    @contextmanager
+    def graceful_signals(self):
+        """SIGINT/SIGTERM stop the loop cleanly: the trial is ended and recorded, git restored."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            name = signal.Signals(signum).name
+            if self.stop_event.is_set():
+                self.console.line(f"{name} again: still stopping, please wait")
+                return
+            self.stop_signal = name
+            self.stop_event.set()
+            self.console.line(f"{name}: stopping after cleaning up the current trial")
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+class Loop:
+    """`autoloop run`: trials until time, trial count, proposer or a signal says stop."""
+
+    def __init__(self, settings: Settings, workdir: Path, proposer: Proposer, console: Console | None = None):
+        self.settings = settings
+        self.session = Session(settings, workdir, console)
+        self.console = self.session.console
+        self.proposer = proposer
+
+    def run(self) -> str:
+        """Run until a stop condition; returns the stop reason (also stored in state.json)."""
+        s, ss = self.settings, self.session
+        ss.check_workspace()
+        with workspace_lock(ss.results_dir), ss.graceful_signals():
+            ss.repair_ledger()
+            if s.resume:
+                ss.recover()
+            elif load_state(ss.results_dir).in_flight and load_state(ss.results_dir).tag == ss.tag:
+                raise LoopError("the last run of this tag was interrupted; pass --resume to recover and continue")
+            try:
+                ss.ws.ensure_clean()
+                if not s.resume:
+                    ss.archive_other_tag()
+                ss.ws.start_branch(ss.tag, resume=s.resume)
+            except WorkspaceError as e:
+                raise LoopError(str(e)) from None
+            ss.prepare_data()
+            started = time.time()
+            deadline = started + s.hours * 3600 if s.hours else None
+            ss.state = RunState(tag=ss.tag, pid=os.getpid(), run_started_at=started, deadline=deadline)
+            save_state(ss.results_dir, ss.state)
+            self.console.line(f"autoloop on {ss.ws.branch_name(ss.tag)}: proposer {self.proposer.name}, budget "
+                              f"{format_duration(s.budget)}, timeout {format_duration(s.timeout_s)}"
+                              + (f", until {time.strftime('%H:%M', time.localtime(deadline))}" if deadline else ""))
+            reason = self._loop(deadline)
+            ss.state = set_phase(ss.results_dir, ss.state, "stopped", stop_reason=reason, stopped_at=time.time())
+            best, best_metric = ss.best()
+            self.console.line(f"stopped: {reason}. best {format_metric(best_metric)} at {best[:7] if best else '-'}")
+            return reason
+
+    def _stop_reason(self, trials_started: int, failures: int, deadline: float | None) -> str | None:
+        s, ss = self.settings, self.session
+        if ss.stop_event.is_set():
+            return f"stopped by {ss.stop_signal or 'request'}"
+        if s.max_trials is not None and trials_started >= s.max_trials:
+            return f"reached --max-trials {s.max_trials}"
+        if failures >= s.max_proposer_failures:
+            return f"proposer failed {failures} times in a row"
+        if deadline is not None and time.time() + self._expected_trial_seconds() > deadline:
+            return "time is up: the next trial could not finish before the --hours deadline"
+        return None
+
+    def _expected_trial_seconds(self) -> float:
+        walls = [r.ended_at - r.started_at for r in self.session.ledger.records()[-10:] if r.status != "skip"]
+        if walls:
+            return statistics.median(walls)
+        return self.settings.budget + 30
+
+    def _loop(self, deadline: float | None) -> str:
+        ss = self.session
+        if ss.baseline_record() is None:
+            if deadline is not None and time.time() + self._expected_trial_seconds() > deadline:
+                return "time is up: not even the baseline fits before the --hours deadline"
+            ss.run_baseline()
+        trials_started, failures = 0, 0
+        while True:
+            reason = self._stop_reason(trials_started, failures, deadline)
+            if reason:
+                return reason
+            trial = ss.ledger.next_trial()
+            outcome = self._one_trial(trial)
+            if outcome == "exhausted":
+                return f"proposer '{self.proposer.name}' has no more ideas"
+            if outcome == "failed":
+                failures += 1
+            else:
+                failures = 0
+                trials_started += 1
+
+    def _propose(self, request: ProposalRequest) -> tuple[Proposal | None, str | None, list[str]]:
+        """(proposal, failure reason, files reverted); the edit is left in the work tree."""
+        ss = self.session
+        base = ss.ws.head()
+        ss.enter("proposing", trial=request.trial, attempt=request.attempt, kind="fix" if request.fix else "candidate",
+                 description=None, proposer=self.proposer.name, best=request.best_commit,
+                 best_metric=request.best_metric, candidate=None, attempt_started_at=time.time())
+        try:
+            proposal = self.proposer.propose(request)
+        except ProposalFailed as e:
+            outside = ss.ws.scope_guard(ss.quarantine_dir(request.trial, request.attempt), base=base)
+            ss.ws.reset_to(base)
+            return None, str(e), outside
+        fault_point("proposed", request.trial)
+        outside = ss.ws.scope_guard(ss.quarantine_dir(request.trial, request.attempt), base=base)
+        if outside:
+            self.console.line(f"#{request.trial}: reverted changes outside {self.settings.target}: {', '.join(outside)}")
+        if proposal is None:
+            ss.ws.reset_to(base)
+            return None, None, outside
+        if not ss.ws.target_changed():
+            return None, f"proposal made no change to {self.settings.target}", outside
+        return proposal, None, outside
+
+    def _one_trial(self, trial: int) -> str:
+        """Propose and run one trial with its fix attempts: 'ran', 'failed' or 'exhausted'."""
+        ss = self.session
+        best, best_metric = ss.best()
+        proposal, failure, outside = self._propose(ss.proposal_request(trial, 1))
+        if proposal is None:
+            ss.enter("idle")
+            if failure is None:
+                return "exhausted"
+            ss.record_skip(trial, 1, self.proposer.name, failure, outside=outside)
+            return "failed"
+        record = ss.run_attempt(AttemptPlan(trial, 1, "candidate", proposal.description, self.proposer.name,
+                                            best, best_metric, outside, proposal.source))
+        attempt = 1
+        while (record.crash == "trivial" and self.proposer.can_fix and attempt <= self.settings.max_fix_attempts
+               and not ss.stop_event.is_set()):
+            attempt += 1
+            record = self._fix(trial, attempt, record, best, best_metric)
+            if record is None:
+                break
+        return "ran"
+
+    def _fix(self, trial: int, attempt: int, failed: LedgerRecord, best: str, best_metric: float | None):
+        """Hand the broken edit back to the proposer with the evidence; run the fix."""
+        ss = self.session
+        broken = ss.ws.file_at(failed.commit, self.settings.target)
+        if broken is not None:
+            ss.ws.target_path.write_text(broken)
+        log_tail = ""
+        if failed.log_path and (ss.results_dir / failed.log_path).exists():
+            log_tail = "\n".join((ss.results_dir / failed.log_path).read_text(errors="replace").splitlines()[-60:])
+        fix = FixContext(crash=failed.crash or "trivial", reason=failed.reason, log_tail=log_tail,
+                         description=failed.description)
+        proposal, failure, outside = self._propose(ss.proposal_request(trial, attempt, fix))
+        if proposal is not None and broken is not None and ss.ws.target_path.read_text() == broken:
+            proposal, failure = None, "the fix made no change to the broken edit"
+        if proposal is None:
+            ss.ws.reset_to(best)
+            ss.enter("idle")
+            if failure:
+                ss.record_skip(trial, attempt, self.proposer.name, f"fix failed: {failure}", failed.description, outside)
+            return None
+        return ss.run_attempt(AttemptPlan(trial, attempt, "fix", proposal.description, self.proposer.name,
+                                          best, best_metric, outside, proposal.source))
+
+
+# ------------------------------------------------------------------------------ one trial
+
+
+def run_single_trial(settings: Settings, workdir: Path, description: str, console: Console | None = None) -> LedgerRecord:
+    """`autoloop trial -m DESC`: judge the current edit of the target as one trial.
+
+    For an agent that drives itself: it edits the target, calls this, reads the verdict.
+    The first call on a branch runs the baseline of the unmodified target first.
+    """
+    ss = Session(settings, workdir, console)
+    ss.check_workspace()
+    with workspace_lock(ss.results_dir), ss.graceful_signals():
+        ss.repair_ledger()
+        ss.recover()
+        current = ss.ws.current_branch() or ""
+        if current.startswith("autoloop/"):
+            ss.tag = current[len("autoloop/"):]
+        elif ss.ws.branch_exists(ss.tag):
+            raise LoopError(f"branch {ss.ws.branch_name(ss.tag)} exists but {current or 'a detached HEAD'} is checked out; "
+                            f"switch to it or pass --tag NAME")
+        else:
+            ss.ws.start_branch(ss.tag, resume=False)   # a new branch at HEAD keeps the edit
+        base = ss.ws.head()
+        outside = ss.ws.scope_guard(ss.quarantine_dir(ss.ledger.next_trial(), 1), base=base)
+        if outside:
+            ss.console.line(f"reverted changes outside {settings.target}: {', '.join(outside)}")
+        ss.prepare_data()
+        ss.state = RunState(tag=ss.tag, pid=os.getpid(), run_started_at=time.time())
+        save_state(ss.results_dir, ss.state)
+        if ss.baseline_record() is None:
+            edit = ss.ws.target_path.read_text() if ss.ws.target_changed() else None
+            if edit is not None:
+                ss.ws.reset_to(base)
+            ss.run_baseline()
+            if edit is not None:
+                ss.ws.target_path.write_text(edit)
+        if not ss.ws.target_changed():
+            raise LoopError(f"{settings.target} has no change to try; edit it first")
+        best, best_metric = ss.best()
+        return ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
+                                          best, best_metric, outside))

@@ -1,0 +1,80 @@
+"""The orchestrator's state file: which trial is in flight and in what phase.
+
+``results/state.json`` is rewritten atomically at every phase change, so that after a
+``kill -9`` at any moment the next start knows exactly what was interrupted: the
+trial and attempt, the best commit it was built on, the candidate commit if one was
+made, and the pids of the processes it had started (to end them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Phase = Literal["idle", "proposing", "committing", "running", "judging", "stopped"]
+STATE_FILE = "state.json"
+
+
+class RunState(BaseModel):
+    tag: str | None = None
+    phase: Phase = "idle"
+    pid: int | None = None               # the orchestrator holding the workspace
+    run_started_at: float | None = None  # when this `autoloop run` started
+    deadline: float | None = None        # when no further trial may end (from --hours)
+    trial: int | None = None
+    attempt: int | None = None
+    kind: str | None = None
+    description: str | None = None
+    proposer: str | None = None
+    best: str | None = None              # best commit when this attempt began
+    best_metric: float | None = None
+    candidate: str | None = None         # candidate commit, once made
+    phase_started_at: float | None = None
+    attempt_started_at: float | None = None
+    child_pids: list[tuple[int, float]] = Field(default_factory=list)  # (pid, create_time) to end on recovery
+    progress: str | None = None          # the latest progress line of the running trial
+    stop_reason: str | None = None
+    stopped_at: float | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self.phase not in ("idle", "stopped")
+
+
+def state_path(results_dir: Path) -> Path:
+    return Path(results_dir) / STATE_FILE
+
+
+def load_state(results_dir: Path) -> RunState:
+    path = state_path(results_dir)
+    try:
+        return RunState.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        return RunState()
+    except ValueError:
+        # A state file is only a hint for recovery; the ledger is the source of truth.
+        return RunState()
+
+
+def save_state(results_dir: Path, state: RunState) -> None:
+    path = state_path(results_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(state.model_dump(mode="json")))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def set_phase(results_dir: Path, state: RunState, phase: Phase, **fields) -> RunState:
+    """Move to ``phase`` (updating ``fields``) and persist it before anything else happens."""
+    now = time.time()
+    updated = state.model_copy(update={"phase": phase, "phase_started_at": now, **fields})
+    save_state(results_dir, updated)
+    return updated

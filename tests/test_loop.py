@@ -1,0 +1,285 @@
+"""A night in miniature: the real CLI, a real git repo, real training at a 2-second budget.
+
+The starting train.py learns almost nothing (tiny learning rates), so a queue patch
+restoring the learning rates improves it by several bits per byte: a margin no machine
+jitter can hide, which keeps the keep/discard verdicts deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import TRAIN_PY, git, init_repo
+
+BUDGET = "2"
+TIMEOUT = "25"
+
+
+def set_constants(source: str, **values) -> str:
+    for name, value in values.items():
+        source, n = re.subn(rf"^{name} = [^#\n]*", f"{name} = {value} ", source, count=1, flags=re.M)
+        assert n == 1, name
+    return source
+
+
+GOOD = TRAIN_PY.read_text()
+SLOW = set_constants(GOOD, MATRIX_LR="0.0004", EMBED_LR="0.003", HEAD_LR="0.0001")
+
+
+def queue_file(repo: Path, name: str, source: str, description: str) -> None:
+    queue = repo / "results" / "queue"
+    queue.mkdir(parents=True, exist_ok=True)
+    (queue / name).write_text(f"# autoloop: {description}\n{source}")
+
+
+def night_queue(repo: Path) -> None:
+    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
+    queue_file(repo, "02_worse.py", set_constants(GOOD, HEAD_LR="0.0", EMBED_LR="0.0", MATRIX_LR="0.0"),
+               "freeze every weight")
+    queue_file(repo, "03_typo.py", GOOD.replace("lr_multiplier(progress)", "lr_multiplyer(progress)", 1),
+               "typo in the schedule")
+    queue_file(repo, "04_nan.py", set_constants(GOOD, MATRIX_LR="float('nan')"), "nan learning rate")
+    queue_file(repo, "05_hang.py", GOOD.replace("def main():\n", "def main():\n    while True:\n        pass\n", 1),
+               "spin forever")
+
+
+def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeout: float = 300,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "autoloop.cli", *args]
+    full_env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu", **(env or {})}
+    proc = subprocess.run(cmd, cwd=repo, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def run_args(tag: str = "t") -> list[str]:
+    return ["run", "--budget", BUDGET, "--timeout", TIMEOUT, "--proposer", "queue", "--tag", tag,
+            "--device", "cpu"]
+
+
+def read_tsv(repo: Path) -> list[dict]:
+    lines = (repo / "results" / "results.tsv").read_text().splitlines()
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+
+
+def read_ledger(repo: Path) -> list[dict]:
+    return [json.loads(line) for line in (repo / "results" / "ledger.jsonl").read_text().splitlines()]
+
+
+def assert_invariants(repo: Path, tag: str = "t") -> list[dict]:
+    """HEAD is the best commit, the tree is clean, every trial commit is reachable,
+    ledger and TSV agree, no attempt is recorded twice, no trial process is left."""
+    ledger = read_ledger(repo)
+    best = [r["best"] for r in ledger if r["best"]][-1]
+    assert git(repo, "rev-parse", "HEAD") == best
+    assert git(repo, "rev-parse", "--abbrev-ref", "HEAD") == f"autoloop/{tag}"
+    assert git(repo, "status", "--porcelain") == ""
+    refs = git(repo, "for-each-ref", "--format=%(objectname)", f"refs/autoloop/{tag}/trials").split()
+    for record in ledger:
+        if record["commit"]:
+            assert record["commit"] in refs, record
+            git(repo, "cat-file", "-e", record["commit"])
+    keys = [(r["trial"], r["attempt"]) for r in ledger]
+    assert len(keys) == len(set(keys)), keys
+    tsv = read_tsv(repo)
+    judged = [r for r in ledger if r["status"] != "skip"]
+    assert len(tsv) == len(judged)
+    for row, record in zip(tsv, judged):
+        assert row["status"] == record["status"]
+        assert row["crash"] == (record["crash"] or "-")
+        assert row["commit"] == (record["commit"] or "-")[:7]
+        label = str(record["trial"]) + (f".{record['attempt']}" if record["attempt"] > 1 else "")
+        assert row["trial"] == label
+    kept = [r for r in ledger if r["status"] == "keep"]
+    for record in kept:   # every kept commit is on the branch
+        assert git(repo, "merge-base", "--is-ancestor", record["commit"], "HEAD") == ""
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if p.info["cmdline"] and any(str(repo) in part for part in p.info["cmdline"][1:2])
+                 and p.pid != os.getpid()]
+    assert not leftovers, leftovers
+    return ledger
+
+
+@pytest.mark.slow
+def test_a_night_in_miniature(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW, "program.md": "goal: low val_bpb\n"})
+    start = git(repo, "rev-parse", "HEAD")
+    night_queue(repo)
+    proc = autoloop(repo, *run_args(), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "has no more ideas" in proc.stdout
+
+    ledger = assert_invariants(repo)
+    rows = [(r["description"], r["status"], r["crash"]) for r in ledger]
+    assert rows == [
+        ("baseline", "keep", None),
+        ("restore learning rates", "keep", None),
+        ("freeze every weight", "discard", None),
+        ("typo in the schedule", "crash", "trivial"),
+        ("nan learning rate", "crash", "fundamental"),
+        ("spin forever", "crash", "timeout"),
+    ], proc.stdout
+    assert "NameError" in ledger[3]["reason"] and "lr_multiplyer" in ledger[3]["reason"]
+    assert "nan" in ledger[4]["reason"].lower()
+    assert ledger[0]["commit"] == start
+    assert ledger[1]["metric"] < ledger[0]["metric"] - 0.5
+    assert ledger[2]["metric"] == pytest.approx(8.0, abs=1e-3)  # nothing learned: a uniform guess
+    assert git(repo, "rev-parse", "HEAD") == ledger[1]["commit"]
+    tsv = read_tsv(repo)
+    assert [r["status"] for r in tsv] == ["keep", "keep", "discard", "crash", "crash", "crash"]
+    assert [r["val_bpb"] for r in tsv][3:] == ["0.000000"] * 3
+    assert (repo / "results" / "runs" / "5-1.log").exists()
+    state = json.loads((repo / "results" / "state.json").read_text())
+    assert state["phase"] == "stopped" and "no more ideas" in state["stop_reason"]
+
+    status = autoloop(repo, "status", "--json", data_dir=tiny_data_dir, check=True)
+    data = json.loads(status.stdout)
+    assert data["best"]["commit"] == ledger[1]["commit"]
+    assert data["crash_counts"] == {"trivial": 1, "fundamental": 1, "timeout": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["proposed", "committing", "committed", "running", "judging", "recorded"])
+def test_sigkill_at_any_phase_then_resume(tmp_path, tiny_data_dir, phase):
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
+    queue_file(repo, "02_worse.py", set_constants(GOOD, HEAD_LR="0.0", EMBED_LR="0.0", MATRIX_LR="0.0"), "freeze")
+    killed = autoloop(repo, *run_args(), data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": f"{phase}:1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+
+    again = autoloop(repo, *run_args(), data_dir=tiny_data_dir)
+    assert again.returncode != 0 and "--resume" in again.stderr  # no silent restart over the debris
+
+    resumed = autoloop(repo, *run_args(), "--resume", data_dir=tiny_data_dir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    ledger = assert_invariants(repo)
+    trial1 = [r for r in ledger if r["trial"] == 1]
+    if phase == "recorded":
+        # The verdict was on disk before the kill: it stands, nothing is run twice.
+        assert [(r["status"], r["description"]) for r in trial1] == [("keep", "restore learning rates")]
+    else:
+        assert trial1[0]["status"] == "crash" and trial1[0]["reason"].startswith("interrupted")
+        assert trial1[0]["commit"]  # the interrupted candidate is kept under its trial ref
+    assert ledger[-1]["description"] == "freeze" and ledger[-1]["status"] in ("discard", "keep")
+
+
+@pytest.mark.slow
+def test_external_sigkill_mid_training_leaves_no_process(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    queue_file(repo, "01_long.py", GOOD, "restore learning rates")
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    args = ["run", "--budget", "30", "--proposer", "queue", "--tag", "t"]
+    proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", *args], cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state_file = repo / "results" / "state.json"
+    deadline = time.time() + 120
+    children: list[psutil.Process] = []
+    while time.time() < deadline:
+        try:
+            state = json.loads(state_file.read_text())
+        except (FileNotFoundError, ValueError):
+            state = {}
+        if state.get("phase") == "running" and state.get("trial") == 1 and state.get("child_pids"):
+            children = [psutil.Process(pid) for pid, _ in state["child_pids"] if psutil.pid_exists(pid)]
+            if children:
+                break
+        time.sleep(0.1)
+    assert children, "trial 1 never started"
+    proc.kill()
+    proc.wait()
+    assert any(c.is_running() for c in children)  # the orphaned trial is still training
+
+    resumed = autoloop(repo, "run", "--budget", BUDGET, "--proposer", "queue", "--tag", "t", "--resume",
+                       data_dir=tiny_data_dir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "ended 1 process" in resumed.stdout
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+    ledger = assert_invariants(repo)
+    assert ledger[1]["reason"].startswith("interrupted") and ledger[1]["commit"]
+
+
+def test_second_orchestrator_is_refused(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    from filelock import FileLock
+
+    (repo / "results").mkdir(exist_ok=True)
+    with FileLock(str(repo / "results" / ".autoloop.lock")):
+        proc = autoloop(repo, *run_args(), data_dir=tiny_data_dir)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() .startswith("autoloop: another autoloop is already running")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("dirty", "uncommitted changes"),
+    ("no_train", "train.py"),
+    ("unknown_key", "unknown setting 'bugdet' (did you mean 'budget'?)"),
+    ("bad_duration", "--budget: cannot read '5 minutes' as a duration"),
+    ("not_a_repo", "not a git repository"),
+])
+def test_bad_start_is_one_clear_line(tmp_path, tiny_data_dir, case, expect):
+    repo = tmp_path / "repo"
+    args = run_args()
+    if case == "not_a_repo":
+        repo.mkdir()
+    elif case == "no_train":
+        init_repo(repo, {"other.py": "x = 1\n"})
+    else:
+        init_repo(repo, {"train.py": SLOW})
+    if case == "dirty":
+        (repo / "train.py").write_text(SLOW + "\n# edited\n")
+    if case == "unknown_key":
+        (repo / "autoloop.toml").write_text("bugdet = 10\n")
+        git(repo, "add", "autoloop.toml")
+        git(repo, "commit", "-qm", "config")
+    if case == "bad_duration":
+        args = [a if a != BUDGET else "5 minutes" for a in args]
+    proc = autoloop(repo, *args, data_dir=tiny_data_dir)
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert expect in err[0]
+
+
+@pytest.mark.slow
+def test_trial_command_for_a_self_driving_agent(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    (repo / "train.py").write_text(GOOD)
+    proc = autoloop(repo, "trial", "-m", "restore learning rates", "--budget", BUDGET, "--tag", "t",
+                    data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.match(r"^verdict: keep val_bpb: \d+\.\d{6} reason: improved by", last), last
+    ledger = assert_invariants(repo)
+    assert [(r["kind"], r["status"]) for r in ledger] == [("baseline", "keep"), ("candidate", "keep")]
+
+    (repo / "train.py").write_text(GOOD.replace("lr_multiplier(progress)", "lr_multiplyer(progress)", 1))
+    proc = autoloop(repo, "trial", "-m", "typo", "--budget", BUDGET, data_dir=tiny_data_dir)
+    assert proc.returncode == 3
+    assert proc.stdout.strip().splitlines()[-1].startswith("verdict: crash trivial val_bpb: - reason: NameError")
+    assert_invariants(repo)
+    assert (repo / "train.py").read_text() == GOOD  # back at the best
+
+
+def test_init_creates_a_ready_repo(tmp_path):
+    target = tmp_path / "exp"
+    proc = subprocess.run([sys.executable, "-m", "autoloop.cli", "init", str(target)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (target / "train.py").read_text() == TRAIN_PY.read_text()
+    assert "val_bpb" in (target / "program.md").read_text()
+    assert git(target, "status", "--porcelain") == ""
+    assert git(target, "check-ignore", "results/ledger.jsonl") == "results/ledger.jsonl"
+    again = subprocess.run([sys.executable, "-m", "autoloop.cli", "init", str(target)], capture_output=True, text=True)
+    assert again.returncode == 1 and "not an empty folder" in again.stderr

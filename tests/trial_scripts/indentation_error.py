@@ -1,0 +1,3 @@
+print("step 00001 | loss: 5.0")
+lr = 0.1
+    warmup = 10

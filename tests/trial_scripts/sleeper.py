@@ -1,0 +1,4 @@
+import time
+
+print("ready", flush=True)
+time.sleep(60)
