@@ -300,6 +300,24 @@ def prepare(spec: CorpusSpec | None = None, data_dir: str | Path | None = None) 
     return PreparedInfo(data_dir, meta, built=True)
 
 
+def ensure_prepared(spec: CorpusSpec | None = None, data_dir: str | Path | None = None) -> PreparedInfo:
+    """Use the dataset already prepared in ``data_dir`` as it is, or build ``spec`` there.
+
+    An existing dataset is never rebuilt behind the user's back (its sizes may have been
+    chosen with ``autoloop prepare``); one built from another source is an error.
+    """
+    spec = spec or CorpusSpec()
+    target = Path(data_dir) if data_dir else default_data_dir(spec)
+    meta = read_meta(target)
+    if meta is None:
+        return prepare(spec, target)
+    wanted = "stdlib" if spec.is_stdlib else os.path.abspath(os.path.expanduser(spec.source))
+    if meta.get("source") != wanted:
+        raise DataError(f"{target} holds the corpus '{meta.get('source')}', not '{spec.source}'; "
+                        f"run autoloop prepare --corpus {spec.source} with another --data-dir")
+    return PreparedInfo(target, meta, built=False)
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -360,4 +378,4 @@ def load_data(data_dir: str | Path | None = None) -> Dataset:
         info = prepare(CorpusSpec(), target)
         if info.built:
             print(f"prepared the default corpus in {target} (fingerprint {info.meta['fingerprint']})", file=sys.stderr)
-    return Dataset(target)
+    return Dataset(target)  # whatever corpus is prepared there: the harness chose it

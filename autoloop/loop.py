@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout
 from autoloop.classify import classify
 from autoloop.config import Settings, format_duration
 from autoloop.console import Console
-from autoloop.data import CorpusSpec, prepare
+from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.decide import decide, improvement
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
@@ -166,7 +166,7 @@ class Session:
 
     def prepare_data(self) -> None:
         spec = CorpusSpec(source=self.settings.corpus)
-        info = prepare(spec, self.settings.data_dir)
+        info = ensure_prepared(spec, self.settings.data_dir)
         self.data_dir = info.data_dir
         self.fingerprint = info.meta["fingerprint"]
         verb = "prepared" if info.built else "data"

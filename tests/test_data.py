@@ -144,3 +144,15 @@ def test_prepare_cli_prints_what_it_built(tmp_path):
     assert first.startswith("built:") and second.startswith("already prepared:")
     fp = [line for line in first.splitlines() if line.startswith("fingerprint:")]
     assert fp and fp[0] in second
+
+
+def test_ensure_prepared_uses_what_is_there_and_refuses_another_source(tmp_path):
+    from autoloop.data import ensure_prepared
+
+    corpus = write_corpus(tmp_path / "corpus")
+    built = prepare(small_spec(corpus), tmp_path / "d")
+    # Same source with default sizes: the prepared (smaller) dataset is used as it is.
+    again = ensure_prepared(CorpusSpec(str(corpus)), tmp_path / "d")
+    assert not again.built and again.meta["fingerprint"] == built.meta["fingerprint"]
+    with pytest.raises(DataError, match="holds the corpus"):
+        ensure_prepared(CorpusSpec("stdlib"), tmp_path / "d")
