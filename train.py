@@ -33,17 +33,17 @@ from autoloop.evaluate import EVAL_CONTEXT, evaluate_bpb
 # Hyperparameters. Defaults are tuned for a 5-minute budget on 2 CPU cores (fp32);
 # on a GPU, a wider and deeper model with a larger batch is the first thing to try.
 
-DEPTH = 4               # transformer blocks
+DEPTH = 3               # transformer blocks
 WIDTH = 128             # model dimension
 N_HEADS = 4             # attention heads (head dim = WIDTH // N_HEADS)
 MLP_RATIO = 4           # hidden width of the MLP relative to WIDTH
-SEQ_LEN = 256           # training context in bytes (evaluation always uses EVAL_CONTEXT)
-BATCH_SIZE = 16         # sequences per step
+SEQ_LEN = 512           # training context in bytes; below EVAL_CONTEXT, RoPE must extrapolate at eval
+BATCH_SIZE = 4          # sequences per step: small batches, many steps in a short budget
 ROPE_BASE = 10000.0     # rotary position embedding base
 LOGIT_SOFTCAP = 15.0    # tanh cap on the output logits: tames early spikes
 
-MATRIX_LR = 0.04        # Muon learning rate for the 2-D weights inside the blocks
-MUON_MOMENTUM = 0.95    # Muon (Nesterov) momentum
+MATRIX_LR = 0.02        # Muon learning rate for the 2-D weights inside the blocks
+MUON_MOMENTUM = 0.9     # Muon (Nesterov) momentum
 EMBED_LR = 0.3          # AdamW learning rate for the byte embedding
 HEAD_LR = 0.01          # AdamW learning rate for the output head
 ADAM_BETAS = (0.8, 0.95)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    """A whole number >= 0 (0 is meaningful: --max-fix-attempts 0 turns fixing off)."""
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
     return value
 
 
@@ -54,13 +66,16 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
 
 _SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction", "tag", "min_delta", "seed",
                   "max_rss_gb", "corpus", "data_dir", "device", "hours", "max_trials", "proposer", "queue_dir",
-                  "max_proposer_failures", "resume"]
+                  "max_proposer_failures", "resume", "agent", "agent_cmd", "agent_timeout", "max_fix_attempts",
+                  "max_agent_failures"]
 
 
 def _settings(args):
     from autoloop.config import load_settings
 
-    overrides = {k: getattr(args, k) for k in _SETTING_FLAGS if getattr(args, k, None) not in (None, False)}
+    # `is not`, not `in`: 0 == False, and --max-fix-attempts 0 is a real value.
+    overrides = {k: getattr(args, k) for k in _SETTING_FLAGS
+                 if getattr(args, k, None) is not None and getattr(args, k, None) is not False}
     return load_settings(Path(args.directory).resolve(), overrides)
 
 
@@ -98,6 +113,44 @@ def cmd_status(args) -> int:
     data = status_data(results)
     print(status_json(data) if args.json else status_text(data))
     return 0
+
+
+def cmd_report(args) -> int:
+    from autoloop.report import write_report
+
+    root = _repo_root(args.directory)
+    output = Path(args.output).resolve() if args.output else root / "results"
+    files = write_report(root / "results", output)
+    shown = [files.markdown] + ([files.picture] if files.picture else [])
+    print("wrote " + " and ".join(_shown_path(p, root) for p in shown))
+    if files.note:
+        print(f"no picture: {files.note}")
+    return 0
+
+
+def cmd_finalize(args) -> int:
+    from autoloop.finalize import finalize
+
+    root = _repo_root(args.directory)
+    result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping)
+    n = len(result.commits)
+    print(f"created {result.branch}: {n} commit{'s' if n != 1 else ''} on top of the baseline {result.base[:7]}")
+    for commit in result.commits:
+        print(f"  {commit.sha[:7]} {commit.subject}")
+    if result.differs:
+        print(f"note: its tree differs from the best commit {result.best[:7]} in {', '.join(result.differs)} "
+              "(changes no kept trial made)")
+    elif result.best:
+        print(f"its tree equals the best commit {result.best[:7]}; autoloop/{result.tag} is unchanged")
+    print(f"review: git log -p {result.base[:7]}..{result.branch}")
+    return 0
+
+
+def _shown_path(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def cmd_init(args) -> int:
@@ -160,11 +213,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hours", type=float, metavar="H", help="stop starting trials that could not finish within H hours")
     p.add_argument("--max-trials", type=_positive_int, metavar="N", help="stop after N trials in this run")
     p.add_argument("--proposer", choices=["auto", "queue", "mutate", "agent"],
-                   help="where changes come from (default auto: queue when patches are waiting)")
+                   help="where changes come from (default auto: the agent when one is configured, else the "
+                        "queue when patches are waiting, else mutate)")
     p.add_argument("--queue-dir", metavar="DIR", help="folder of *.patch / *.py changes for the queue proposer "
                                                       "(default results/queue)")
     p.add_argument("--max-proposer-failures", type=_positive_int, metavar="N",
                    help="stop after N failed proposals in a row (default 5)")
+    p.add_argument("--agent", choices=["claude", "codex", "aider", "gemini"],
+                   help="coding agent preset: Claude Code, Codex CLI, Aider or Gemini CLI (commands in the README)")
+    p.add_argument("--agent-cmd", metavar="CMD",
+                   help="any other agent command, run in the workspace with the prompt on stdin; "
+                        "{prompt_file}, {description_file}, {target} are filled in")
+    p.add_argument("--agent-timeout", metavar="DURATION",
+                   help="kill the agent's whole process tree after this long per call (default 15m)")
+    p.add_argument("--max-fix-attempts", type=_count, metavar="N",
+                   help="fix requests for a trivially-crashed trial (default 2; 0: no fixing)")
+    p.add_argument("--max-agent-failures", type=_positive_int, metavar="N",
+                   help="stop after the agent failed N times in a row (default 5)")
     p.add_argument("--resume", action="store_true",
                    help="continue the existing branch, recovering an interrupted trial first")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
@@ -189,6 +254,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("report", help="write the morning summary: results/report.md and results/progress.png",
+                       description="Baseline vs best, the kept changes with their deltas, crashes by class with "
+                                   "their reasons, the noise estimate and where the wall time went, in report.md; "
+                                   "the metric per attempt in progress.png (needs matplotlib: "
+                                   "pip install autoloop[plot]). Reads results/ only; safe while the loop runs.")
+    p.add_argument("--output", metavar="DIR", help="where to write report.md and progress.png (default results/)")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("finalize", help="the kept changes as a clean branch: one commit each, metrics in the messages",
+                       description="Create a new branch (default autoloop/<tag>-final) from the baseline commit "
+                                   "with one commit per kept change, in ledger order, each message giving the "
+                                   "description and the metric before and after. Uses git plumbing only: the "
+                                   "work tree, the index, HEAD and the loop's branch are left as they are.")
+    p.add_argument("--tag", metavar="TAG", help="which night (default: the tag of results/, else the checked-out "
+                                                "autoloop/TAG branch)")
+    p.add_argument("--branch", metavar="NAME", help="name of the new branch (default autoloop/<tag>-final); "
+                                                    "refused if it exists")
+    p.add_argument("--squash-overlapping", action="store_true",
+                   help="one commit for consecutive kept changes that touch overlapping lines")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_finalize)
+
     p = sub.add_parser("init", help="create a fresh experiment repository",
                        description="Create DIR with train.py, program.md, .gitignore and a first commit, "
                                    "ready for autoloop run.")
@@ -200,9 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from autoloop.config import ConfigError
     from autoloop.data import DataError
+    from autoloop.finalize import FinalizeError
     from autoloop.ledger import LedgerError
     from autoloop.loop import LoopError
     from autoloop.proposers import ProposerError
+    from autoloop.report import ReportError
     from autoloop.scaffold import ScaffoldError
     from autoloop.workspace import WorkspaceError
 
@@ -213,12 +303,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except (ConfigError, DataError, LedgerError, LoopError, ProposerError, ScaffoldError, WorkspaceError) as e:
+    except (ConfigError, DataError, FinalizeError, LedgerError, LoopError, ProposerError, ReportError,
+            ScaffoldError, WorkspaceError) as e:
         print(f"autoloop: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("autoloop: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - a bug of ours: one line, the traceback on request
+        if os.environ.get("AUTOLOOP_DEBUG"):
+            raise
+        print(f"autoloop: internal error: {type(e).__name__}: {e} (recorded results are safe: "
+              "autoloop run --resume recovers an interrupted trial; AUTOLOOP_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 70
 
 
 if __name__ == "__main__":

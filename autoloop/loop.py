@@ -37,6 +37,7 @@ from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.decide import decide, improvement
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
+from autoloop.report import format_verdict, live_line
 from autoloop.runner import TrialOutcome, TrialSpec, build_env, run_trial
 from autoloop.state import RunState, load_state, save_state, set_phase
 from autoloop.workspace import Workspace, WorkspaceError
@@ -147,6 +148,7 @@ class Session:
             self.tag = previous.tag
         self.stop_event = threading.Event()
         self.stop_signal: str | None = None
+        self._progress_saved_at = 0.0
         self.data_dir: Path | None = None
         self.fingerprint: str | None = None
 
@@ -276,7 +278,7 @@ class Session:
             workspace=self.ws.root, target=self.settings.target, program_text=self.program_text(),
             metric_name=self.settings.metric, direction=self.settings.direction, best_metric=best_metric,
             best_commit=best, trial=trial, attempt=attempt, seed=self.settings.seed, ledger_tail=tail,
-            fix=fix, results_dir=self.results_dir,
+            fix=fix, results_dir=self.results_dir, stop_event=self.stop_event, on_start=self._remember_children,
         )
 
     def enter(self, phase: str, **fields) -> None:
@@ -311,10 +313,13 @@ class Session:
             log_path=runs / f"{plan.trial}-{plan.attempt}.log",
             result_path=runs / f"{plan.trial}-{plan.attempt}.result.json",
             budget_s=s.budget, timeout_s=s.timeout_s, metric=s.metric, max_rss_gb=s.max_rss_gb,
+            # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
+            # itself is not a measurement. A foreign --command may only have stdout.
+            require_result=s.command is None,
         )
         label = f"#{plan.trial}" + (f".{plan.attempt}" if plan.attempt > 1 else "")
         self.console.line(f"{label} {plan.kind}: {plan.description} [{commit[:7]}] training {format_duration(s.budget)}")
-        outcome = run_trial(spec, on_progress=lambda line: self.console.status(f"{label} {line}"),
+        outcome = run_trial(spec, on_progress=lambda line: self._on_progress(label, line),
                             stop_event=self.stop_event, on_start=self._remember_children)
 
         self.enter("judging")
@@ -326,6 +331,18 @@ class Session:
         self.enter("idle", candidate=None, child_pids=[], progress=None)
         self.console.line(self.verdict_line(label, record))
         return record
+
+    def _on_progress(self, label: str, line: str) -> None:
+        """Live line on the terminal; the state file too (for `autoloop status`), at most every 2 s."""
+        now = time.time()
+        st = self.state
+        self.console.status(live_line(
+            label, "training", now - st.phase_started_at if st.phase_started_at else None, self.settings.budget,
+            line, st.best_metric, st.deadline - now if st.deadline else None))
+        if now - self._progress_saved_at >= 2.0:
+            self._progress_saved_at = now
+            self.state = self.state.model_copy(update={"progress": line})
+            save_state(self.results_dir, self.state)
 
     def _remember_children(self, pids: list[tuple[int, float]]) -> None:
         self.state = self.state.model_copy(update={"child_pids": pids})
@@ -370,14 +387,9 @@ class Session:
         return record
 
     def verdict_line(self, label: str, record: LedgerRecord) -> str:
-        if record.status == "crash":
-            return f"{label} crash ({record.crash}) {record.reason}"
-        delta = ""
-        if record.kind != "baseline" and record.metric is not None:
-            prev = self.ledger_prev_best(record)
-            if prev is not None:
-                delta = f" ({record.metric - prev:+.4f})"
-        return f"{label} {record.status} {record.metric:.6f}{delta} {record.description}"
+        """'#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06' (report.format_verdict)."""
+        reference = self.ledger_prev_best(record) if record.status != "crash" else None
+        return format_verdict(label, record, reference)
 
     def ledger_prev_best(self, record: LedgerRecord) -> float | None:
         return record.best_metric if record.status != "keep" else self._parent_metric(record)
@@ -483,8 +495,13 @@ class Loop:
             return f"stopped by {ss.stop_signal or 'request'}"
         if s.max_trials is not None and trials_started >= s.max_trials:
             return f"reached --max-trials {s.max_trials}"
-        if failures >= s.max_proposer_failures:
-            return f"proposer failed {failures} times in a row"
+        # An agent has a limit of its own (its failures are slow and cost money).
+        limit, flag = ((s.max_agent_failures, "--max-agent-failures") if self.proposer.name == "agent"
+                       else (s.max_proposer_failures, "--max-proposer-failures"))
+        if failures >= limit:
+            last = ss.ledger.last(1)
+            why = f"; last: {last[0]['reason']}" if last and last[0].get("reason") else ""
+            return f"{self.proposer.name} failed {failures} times in a row ({flag} {limit}){why}"
         if deadline is not None and time.time() + self._expected_trial_seconds() > deadline:
             return "time is up: the next trial could not finish before the --hours deadline"
         return None

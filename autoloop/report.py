@@ -1,19 +1,150 @@
-"""Reading a workspace's results for people: `autoloop status` (text or JSON).
+"""Reading a workspace's results for people.
 
-Everything here only reads ``results/`` (the ledger and the state file), takes no lock
-and changes nothing, so it is safe from another shell while a loop runs.
+* while the loop runs: the verdict line of each finished attempt and the live line of
+  the running one (``format_verdict``, ``live_line``; pure, ``loop.py`` prints them);
+* ``autoloop status``: where the loop stands, text or JSON (``status_data``);
+* ``autoloop report``: the morning summary ``results/report.md`` and the picture
+  ``results/progress.png`` (drawn by ``plot.py``).
+
+Everything here only reads ``results/`` (the ledger, the state file, the result files),
+takes no lock and changes nothing but the report files, so it is safe from another shell
+while a loop runs.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from autoloop.config import format_duration
-from autoloop.ledger import Ledger
+from autoloop.ledger import Ledger, LedgerRecord, trial_label
 from autoloop.state import load_state
+
+
+class ReportError(Exception):
+    """Nothing to report on; the message is one line for the user."""
+
+
+# ------------------------------------------------------------------------------ small pure helpers
+
+_NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
+_LOSS_RE = re.compile(r"\bloss:\s*(" + _NUM + r")", re.IGNORECASE)
+_PERCENT_RE = re.compile(r"\((\d+(?:\.\d+)?)%\)")
+_STEP_RE = re.compile(r"^step\s+(\d+)")
+
+
+def parse_progress(line: str | None) -> dict:
+    """What a progress line says: ``step 00123 (41.0%) | loss: 2.3450 | ...`` ->
+    ``{"step": 123, "percent": 41.0, "loss": 2.345}``; missing parts are left out."""
+    out: dict = {}
+    if not line:
+        return out
+    if m := _STEP_RE.match(line.strip()):
+        out["step"] = int(m.group(1))
+    if m := _PERCENT_RE.search(line):
+        out["percent"] = float(m.group(1))
+    if m := _LOSS_RE.search(line):
+        out["loss"] = float(m.group(1))
+    return out
+
+
+def _dur(seconds: float | None) -> str:
+    """Whole seconds, readable: 4 -> '4s', 125 -> '2m5s'."""
+    if seconds is None:
+        return "-"
+    return format_duration(max(0, round(seconds)))
+
+
+def metric_digits(delta: float | None) -> int:
+    """4 decimals, 6 when the delta would round away at 4 (a tiny but real change)."""
+    if delta is not None and math.isfinite(delta) and delta != 0 and abs(delta) < 0.0005:
+        return 6
+    return 4
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def best_before(records: list[LedgerRecord]) -> list[float | None]:
+    """For each record, the best metric in force when it was judged (None before the baseline)."""
+    out, best = [], None
+    for r in records:
+        out.append(best)
+        if r.best is not None:
+            best = r.best_metric
+    return out
+
+
+def format_verdict(label: str, record: LedgerRecord, reference: float | None) -> str:
+    """One line per finished attempt, e.g.
+
+    ``#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06``
+
+    ``reference`` is the best metric the attempt was judged against; the σ part (|delta|
+    over the noise estimate) only appears when the record carries a noise estimate.
+    """
+    description = record.description or "-"
+    if record.status == "crash":
+        return f"{label} crash ({record.crash or 'fundamental'}) {description}: {record.reason or '-'}"
+    if record.status == "skip":
+        return f"{label} skipped: {record.reason or description}"
+    if record.metric is None:
+        return f"{label} {record.status} - {description}"
+    delta = None
+    if record.kind != "baseline" and reference is not None and math.isfinite(reference):
+        delta = record.metric - reference
+    digits = metric_digits(delta)
+    detail = ""
+    if delta is not None:
+        parts = [f"{delta:+.{digits}f}"]
+        if record.noise is not None and math.isfinite(record.noise) and record.noise > 0:
+            parts.append(f"{abs(delta) / record.noise:.1f}σ")
+        detail = f" ({', '.join(parts)})"
+    return f"{label} {record.status} {record.metric:.{digits}f}{detail} {description}"
+
+
+def live_line(label: str, phase: str, elapsed_s: float | None, budget_s: float | None,
+              progress: str | None, best_metric: float | None, time_left_s: float | None) -> str:
+    """The one live line of the running attempt, e.g.
+
+    ``#17 training 41% of 5m, 2m3s in | loss 2.3450 | best 1.0275 | stops in 6h12m``
+
+    The percentage is train.py's own (its timed training loop); the time "in" is wall
+    time since the trial process started, start-up and compilation included.
+    """
+    parsed = parse_progress(progress)
+    head = f"{label} {phase}"
+    if "percent" in parsed and budget_s:
+        head += f" {parsed['percent']:.0f}% of {_dur(budget_s)}"
+    elif budget_s:
+        head += f" (budget {_dur(budget_s)})"
+    if elapsed_s is not None:
+        head += f", {_dur(elapsed_s)} in"
+    parts = [head]
+    if "loss" in parsed:
+        parts.append(f"loss {parsed['loss']:.4f}")
+    if best_metric is not None:
+        parts.append(f"best {best_metric:.4f}")
+    if time_left_s is not None:
+        parts.append(f"stops in {_coarse(time_left_s)}")
+    return " | ".join(parts)
+
+
+def _coarse(seconds: float) -> str:
+    """A time left: whole minutes from an hour up (6h12m), whole seconds below."""
+    seconds = max(0.0, seconds)
+    return _dur(round(seconds / 60) * 60 if seconds >= 3600 else seconds)
+
+
+# ------------------------------------------------------------------------------ status
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -24,11 +155,15 @@ def _pid_alive(pid: int | None) -> bool:
     return psutil.pid_exists(pid)
 
 
+def _read_records(results_dir: Path) -> list[LedgerRecord]:
+    return Ledger(results_dir).records() if (results_dir / "ledger.jsonl").exists() else []
+
+
 def status_data(results_dir: Path, now: float | None = None) -> dict:
     """A JSON-ready snapshot of the loop: current attempt, best, counts, pace, time left."""
     now = now or time.time()
     results_dir = Path(results_dir)
-    records = Ledger(results_dir).records() if (results_dir / "ledger.jsonl").exists() else []
+    records = _read_records(results_dir)
     state = load_state(results_dir)
     judged = [r for r in records if r.status != "skip"]
     baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
@@ -37,34 +172,47 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         if r.best is not None:
             best_commit, best_metric = r.best, r.best_metric
             break
-    running = state.in_flight and _pid_alive(state.pid)
+    best_record = next((r for r in reversed(records) if r.status == "keep" and r.commit == best_commit), None)
+    # The orchestrator is alive in every phase but "stopped", also between attempts ("idle").
+    alive = state.phase != "stopped" and _pid_alive(state.pid)
     first_start = min((r.started_at for r in judged), default=None)
-    hours = (now - first_start) / 3600 if first_start else 0.0
+    last_end = max((r.ended_at for r in judged), default=None)
+    # Pace over the span the ledger covers (first start to last end), so the figure does
+    # not sag while a long trial runs or when status is read the next morning.
+    hours = (last_end - first_start) / 3600 if first_start and last_end else 0.0
     current = None
     if state.in_flight:
+        parsed = parse_progress(state.progress)
         current = {
             "trial": state.trial, "attempt": state.attempt, "kind": state.kind, "phase": state.phase,
             "description": state.description,
             "elapsed_s": round(now - state.attempt_started_at, 1) if state.attempt_started_at else None,
-            "progress": state.progress, "alive": running,
+            "phase_elapsed_s": round(now - state.phase_started_at, 1) if state.phase_started_at else None,
+            "progress": state.progress, "loss": parsed.get("loss"), "percent": parsed.get("percent"),
+            "alive": alive,
         }
     improvement = None
     if baseline and baseline.metric is not None and best_metric is not None:
         improvement = baseline.metric - best_metric
+    trials = len({r.trial for r in judged})
     return {
         "tag": state.tag,
-        "running": running,
+        "running": alive,
+        "phase": state.phase,
         "current": current,
-        "best": {"commit": best_commit, "metric": best_metric},
+        "best": {"commit": best_commit, "metric": best_metric,
+                 "trial": best_record.trial if best_record else None,
+                 "description": best_record.description if best_record else None},
         "baseline": {"commit": baseline.commit if baseline else None, "metric": baseline.metric if baseline else None},
         "improvement": improvement,
         "metric_name": records[-1].metric_name if records else "val_bpb",
         "attempts": len(judged),
-        "trials": len({r.trial for r in judged}),
+        "trials": trials,
         "status_counts": dict(Counter(r.status for r in records)),
         "crash_counts": dict(Counter(r.crash for r in records if r.crash)),
-        "trials_per_hour": round(len({r.trial for r in judged}) / hours, 2) if hours > 0 else None,
-        "time_left_s": round(state.deadline - now, 0) if state.deadline and running else None,
+        "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
+        "deadline": state.deadline,
+        "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
         "stop_reason": state.stop_reason if state.phase == "stopped" else None,
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
                   "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
@@ -77,21 +225,34 @@ def status_text(data: dict) -> str:
     if data["current"]:
         c = data["current"]
         label = f"#{c['trial']}" + (f".{c['attempt']}" if (c["attempt"] or 1) > 1 else "")
-        elapsed = f", {format_duration(c['elapsed_s'])} in" if c["elapsed_s"] else ""
+        elapsed = f", {_dur(c['elapsed_s'])} in" if c["elapsed_s"] is not None else ""
         state = "running" if c["alive"] else "interrupted (no live orchestrator: resume with autoloop run --resume)"
         lines.append(f"{state}: {label} {c['kind']} '{c['description'] or '-'}' ({c['phase']}{elapsed})")
         if c["progress"]:
-            lines.append(f"  {c['progress']}")
+            extra = []
+            if c["percent"] is not None:
+                extra.append(f"{c['percent']:.0f}% of the budget")
+            if c["loss"] is not None:
+                extra.append(f"loss {c['loss']:.4f}")
+            lines.append(f"  {', '.join(extra) or c['progress']}")
     elif data["stop_reason"]:
         lines.append(f"stopped: {data['stop_reason']}")
+    elif data["running"]:
+        lines.append("running: between attempts")
     elif not data["attempts"]:
         lines.append("no trials yet")
+    else:
+        lines.append("not running")
     best, base = data["best"], data["baseline"]
     if best["metric"] is not None:
-        lines.append(f"best {m}: {best['metric']:.6f} at {best['commit'][:7]}")
+        where = f" (trial {best['trial']}: {best['description']})" if best.get("trial") else ""
+        lines.append(f"best {m}: {best['metric']:.6f} at {best['commit'][:7]}{where}")
     if base["metric"] is not None:
-        imp = f" (improved by {data['improvement']:.6f})" if data["improvement"] else ""
-        lines.append(f"baseline {m}: {base['metric']:.6f}{imp}")
+        imp = ""
+        if data["improvement"]:
+            pct = 100 * data["improvement"] / base["metric"] if base["metric"] else 0.0
+            imp = f" (best is {abs(data['improvement']):.6f} {'lower' if data['improvement'] > 0 else 'higher'}, {abs(pct):.2f}%)"
+        lines.append(f"baseline {m}: {base['metric']:.6f} at {(base['commit'] or '-')[:7]}{imp}")
     if data["attempts"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(data["status_counts"].items()))
         crashes = ", ".join(f"{k} {v}" for k, v in sorted(data["crash_counts"].items()))
@@ -99,9 +260,278 @@ def status_text(data: dict) -> str:
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
     if data["time_left_s"] is not None:
-        lines.append(f"time left: {format_duration(max(0, data['time_left_s']))}")
+        lines.append(f"time left: {_coarse(data['time_left_s'])}")
     return "\n".join(lines)
 
 
 def status_json(data: dict) -> str:
     return json.dumps(data, indent=2)
+
+
+# ------------------------------------------------------------------------------ the morning report
+
+
+def infer_direction(records: list[LedgerRecord]) -> str:
+    """'min' or 'max' from the ledger itself: a kept change that raised the metric means
+    higher is better. Ties and an empty ledger: 'min' (val_bpb)."""
+    before = best_before(records)
+    for r, ref in zip(records, before):
+        if r.status == "keep" and r.kind != "baseline" and r.metric is not None and ref is not None:
+            if r.metric > ref:
+                return "max"
+            if r.metric < ref:
+                return "min"
+    return "min"
+
+
+def eval_seconds(results_dir: Path, records: list[LedgerRecord]) -> dict[tuple[int, int], float]:
+    """eval_seconds of each attempt from its result file (runs/<trial>-<attempt>.result.json)."""
+    out = {}
+    for r in records:
+        path = Path(results_dir) / "runs" / f"{r.trial}-{r.attempt}.result.json"
+        try:
+            value = json.loads(path.read_text()).get("eval_seconds")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+            out[(r.trial, r.attempt)] = float(value)
+    return out
+
+
+@dataclass
+class TimeSplit:
+    span: float            # first started_at -> last ended_at
+    training: float
+    evaluation: float
+    trial_other: float     # trial process wall time minus training and evaluation
+    harness: float         # inside attempts, outside the trial process
+    between: float         # gaps between records: proposer, and the loop not running
+    longest_gap: float
+    longest_gap_at: float | None
+
+    @property
+    def unaccounted(self) -> float:
+        return self.span - (self.training + self.evaluation + self.trial_other + self.harness + self.between)
+
+
+def time_split(records: list[LedgerRecord], evals: dict[tuple[int, int], float]) -> TimeSplit:
+    """Where the wall time went, from the ledger alone (see report_markdown for the wording)."""
+    ordered = sorted(records, key=lambda r: (r.started_at, r.ended_at))
+    if not ordered:
+        return TimeSplit(0, 0, 0, 0, 0, 0, 0, None)
+    span = max(r.ended_at for r in ordered) - ordered[0].started_at
+    training = evaluation = trial_other = harness = between = 0.0
+    longest, longest_at = 0.0, None
+    prev_end = None
+    for r in ordered:
+        wall = max(0.0, r.wall_seconds or 0.0)
+        train = min(wall, max(0.0, r.training_seconds or 0.0)) if wall else 0.0
+        ev = min(wall - train, evals.get((r.trial, r.attempt), 0.0)) if wall else 0.0
+        training += train
+        evaluation += ev
+        trial_other += wall - train - ev
+        harness += max(0.0, (r.ended_at - r.started_at) - wall)
+        if prev_end is not None:
+            gap = max(0.0, r.started_at - prev_end)
+            between += gap
+            if gap > longest:
+                longest, longest_at = gap, prev_end
+        prev_end = r.ended_at if prev_end is None else max(prev_end, r.ended_at)
+    return TimeSplit(span, training, evaluation, trial_other, harness, between, longest, longest_at)
+
+
+def _md(text: str | None) -> str:
+    """Safe inside a markdown table cell."""
+    text = " ".join((text or "-").split())
+    return text.replace("|", "\\|") or "-"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
+
+
+def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], float], *, tag: str | None = None,
+                    picture: str | None = "progress.png", picture_note: str | None = None,
+                    now: float | None = None) -> str:
+    """The whole report.md text for a ledger (pure: everything it needs is passed in)."""
+    if not records:
+        raise ReportError("the ledger has no records yet: nothing to report")
+    metric = records[-1].metric_name
+    direction = infer_direction(records)
+    before = best_before(records)
+    judged = [r for r in records if r.status != "skip"]
+    baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
+    best_commit, best_metric = next(((r.best, r.best_metric) for r in reversed(records) if r.best), (None, None))
+    kept = [(r, ref) for r, ref in zip(records, before) if r.status == "keep" and r.kind != "baseline"]
+    crashes = [r for r in records if r.status == "crash"]
+    skips = [r for r in records if r.status == "skip"]
+    counts = Counter(r.status for r in records)
+    branch = f"autoloop/{tag}" if tag else "the autoloop branch"
+    first, last = min(r.started_at for r in records), max(r.ended_at for r in records)
+
+    out = [f"# autoloop report: {branch}", ""]
+    out.append(f"{len(judged)} attempts of {len({r.trial for r in judged})} trials from {_clock(first)} to "
+               f"{_clock(last)} ({_dur(last - first)}); {metric}, {'lower' if direction == 'min' else 'higher'} "
+               f"is better. Written {_clock(now or time.time())} from `results/ledger.jsonl`.")
+    out.append("")
+
+    # -- result
+    out += ["## Result", ""]
+    if baseline is None or baseline.metric is None:
+        out.append("No baseline has been recorded yet.")
+    else:
+        out += [f"| | {metric} | commit | trial |", "|---|---:|---|---:|",
+                f"| baseline | {baseline.metric:.6f} | `{(baseline.commit or '-')[:7]}` | {baseline.trial} |"]
+        best_rec = next((r for r in reversed(records) if r.status == "keep" and r.commit == best_commit), baseline)
+        if best_metric is not None:
+            out.append(f"| best | {best_metric:.6f} | `{(best_commit or '-')[:7]}` | {best_rec.trial} |")
+            delta = best_metric - baseline.metric
+            pct = f" ({100 * delta / baseline.metric:+.2f}%)" if baseline.metric else ""
+            out.append(f"| change | {delta:+.6f}{pct} | {len(kept)} kept change{'s' if len(kept) != 1 else ''} | |")
+    out.append("")
+    if picture:
+        out += [f"![{metric} per attempt]({picture})", ""]
+    if picture_note:
+        out += [picture_note, ""]
+
+    # -- kept changes
+    out += ["## Kept changes", ""]
+    if not kept:
+        out.append("None: no change beat the baseline.")
+    else:
+        out += ["In the order they were kept; each delta is against the best before it.", "",
+                f"| # | trial | commit | {metric} | delta | description |", "|---:|---:|---|---:|---:|---|"]
+        for i, (r, ref) in enumerate(kept, 1):
+            delta = f"{r.metric - ref:+.6f}" if r.metric is not None and ref is not None else "-"
+            out.append(f"| {i} | {trial_label(r.trial, r.attempt)} | `{(r.commit or '-')[:7]}` | "
+                       f"{_fmt(r.metric, 6)} | {delta} | {_md(r.description)} |")
+    out.append("")
+
+    # -- counts
+    out += ["## Attempts", ""]
+    words = {"keep": "kept", "discard": "discarded", "crash": "crashed"}
+    parts = [f"{counts.get(s, 0)} {words[s]}" for s in ("keep", "discard", "crash") if counts.get(s)]
+    line = ", ".join(parts) or "none"
+    if baseline is not None:
+        line += " (the baseline counts as kept)"
+    if skips:
+        line += f"; {len(skips)} proposal{'s' if len(skips) != 1 else ''} skipped before anything ran"
+    out += [line + ".", ""]
+    if skips:
+        reasons = Counter(" ".join(r.reason.split())[:120] or "-" for r in skips)
+        out += ["Skipped proposals:", ""]
+        out += [f"- {n} x {_md(reason)}" for reason, n in reasons.most_common()]
+        out.append("")
+
+    # -- crashes
+    out += ["## Crashes", ""]
+    if not crashes:
+        out += ["None.", ""]
+    else:
+        by_class: dict[str, list[LedgerRecord]] = {}
+        for r in crashes:
+            by_class.setdefault(r.crash or "fundamental", []).append(r)
+        meaning = {"trivial": "the edit was broken; sent back to the proposer to fix",
+                   "fundamental": "the idea failed (out of memory, NaN, a signal, interrupted)",
+                   "timeout": "ran past the hard limit; the process tree was killed"}
+        for cls in ("trivial", "fundamental", "timeout", *sorted(set(by_class) - {"trivial", "fundamental", "timeout"})):
+            if cls not in by_class:
+                continue
+            group = by_class[cls]
+            out += [f"### {cls} ({len(group)})", ""]
+            if cls in meaning:
+                out += [f"_{meaning[cls]}._", ""]
+            for r in group:
+                out.append(f"- #{trial_label(r.trial, r.attempt)} {_md(r.description)}: {_md(r.reason)}"
+                           + (f" (log `results/{r.log_path}`)" if r.log_path else ""))
+            out.append("")
+
+    # -- noise
+    out += ["## Noise", ""]
+    noisy = [r for r in records if r.noise is not None and math.isfinite(r.noise)]
+    if noisy:
+        latest = noisy[-1]
+        values = [r.noise for r in noisy]
+        spread = f", ranging {min(values):.6f} to {max(values):.6f}" if min(values) != max(values) else ""
+        out.append(f"Noise estimate (the run-to-run spread of {metric} that the decisions allowed for): "
+                   f"{latest.noise:.6f} as of trial {trial_label(latest.trial, latest.attempt)}; "
+                   f"{len(noisy)} record{'s' if len(noisy) != 1 else ''} carry one{spread}.")
+        if best_metric is not None and baseline and baseline.metric is not None and latest.noise > 0:
+            out.append(f"The total change, {best_metric - baseline.metric:+.6f}, is "
+                       f"{abs(best_metric - baseline.metric) / latest.noise:.1f} times that estimate.")
+    else:
+        out.append("No record carries a noise estimate (no repeated runs of one commit were made), so "
+                   "small deltas may be noise.")
+    out.append("")
+
+    # -- time
+    split = time_split(records, evals)
+    s = split.span
+    rows = [
+        ("training", split.training,
+         "sum of `training_seconds` that train.py reported (the timed training loop)"),
+        ("evaluation", split.evaluation,
+         "sum of `eval_seconds` in `results/runs/<trial>-<attempt>.result.json`, where the file exists"),
+        ("trial start-up and the rest", split.trial_other,
+         "trial process wall time (`wall_seconds`) minus the two rows above: interpreter start-up, imports, data "
+         "loading, compilation and warm-up steps, and all of a crashed trial's time"),
+        ("harness within attempts", split.harness,
+         "attempt time (`started_at` to `ended_at`) minus the trial process: commit, git, judging, ledger"),
+        ("proposer and between attempts", split.between,
+         "gaps from one record's `ended_at` to the next one's `started_at`: the proposer (agent, mutator, queue), "
+         "the scope guard, and any time no loop was running"),
+    ]
+    out += ["## Where the time went", "",
+            "| | time | share | how it is computed |", "|---|---:|---:|---|"]
+    for name, value, how in rows:
+        out.append(f"| {name} | {_dur(value)} | {_pct(value, s)} | {how} |")
+    if abs(split.unaccounted) >= 1:
+        out.append(f"| overlap / unaccounted | {_dur(abs(split.unaccounted))} | {_pct(abs(split.unaccounted), s)} | "
+                   "the span minus the rows above (records that overlap in time: parallel writers) |")
+    out.append(f"| **total** | **{_dur(s)}** | 100% | first record's `started_at` to the last record's `ended_at` |")
+    out.append("")
+    if split.longest_gap >= 1800:
+        out += [f"The longest gap between two attempts, {_dur(split.longest_gap)} from {_clock(split.longest_gap_at)}, "
+                "is probably time when no loop was running; it is counted in the last row.", ""]
+    return "\n".join(out)
+
+
+@dataclass
+class ReportFiles:
+    markdown: Path
+    picture: Path | None
+    note: str | None      # why there is no picture, when there is none
+
+
+def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
+    """Write report.md and progress.png for the ledger in ``results_dir`` into ``output_dir``
+    (default: ``results_dir``)."""
+    results_dir = Path(results_dir)
+    output_dir = Path(output_dir) if output_dir else results_dir
+    if not (results_dir / "ledger.jsonl").exists():
+        raise ReportError(f"no ledger at {results_dir / 'ledger.jsonl'}: nothing to report (run autoloop run first)")
+    records = Ledger(results_dir).records()
+    if not records:
+        raise ReportError(f"{results_dir / 'ledger.jsonl'} has no records yet: nothing to report")
+    tag = tag or load_state(results_dir).tag
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    from autoloop import plot
+
+    picture, note = output_dir / "progress.png", None
+    try:
+        plot.write_progress_png(records, picture, tag=tag)
+    except plot.PlotUnavailable as e:
+        picture, note = None, str(e)
+    text = report_markdown(records, eval_seconds(results_dir, records), tag=tag,
+                           picture=picture.name if picture else None,
+                           picture_note=f"_No picture: {note}._" if note else None)
+    md = output_dir / "report.md"
+    tmp = md.with_name(f".{md.name}.tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(md)
+    return ReportFiles(md, picture, note)

@@ -90,6 +90,8 @@ class TrialSpec(BaseModel):
     # True for train.py under the harness: a metric only on stdout (the result file of
     # autoloop.evaluate missing) is then refused, since stdout is whatever train.py prints.
     require_result: bool = False
+    # A file fed to the command's stdin (an agent's prompt); None -> /dev/null, as for trials.
+    stdin_path: Path | None = None
 
     @field_validator("command", mode="before")
     @classmethod
@@ -586,8 +588,9 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
 
     with _adopting_orphans():
         started_at, t0 = time.time(), time.monotonic()
+        stdin = open(spec.stdin_path, "rb") if spec.stdin_path is not None else subprocess.DEVNULL
         try:
-            proc = subprocess.Popen(spec.command, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(spec.command, cwd=spec.cwd, env=env, stdin=stdin,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except FileNotFoundError:
             return _launch_failure(spec, log, spec.timeout_s, 127, f"command not found: {program}")
@@ -595,6 +598,9 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
             return _launch_failure(spec, log, spec.timeout_s, 126, f"command not executable: {program}")
         except OSError as exc:
             return _launch_failure(spec, log, spec.timeout_s, 126, f"cannot start {program}: {exc.strerror or exc}")
+        finally:
+            if stdin is not subprocess.DEVNULL:
+                stdin.close()  # the child has its own copy of the descriptor
 
         reader = _Reader(proc.stdout.fileno(), log, spec.metric, on_progress)
         reader.start()

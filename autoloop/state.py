@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Literal
@@ -64,7 +65,7 @@ def load_state(results_dir: Path) -> RunState:
 def save_state(results_dir: Path, state: RunState) -> None:
     path = state_path(results_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "w") as f:
         f.write(json.dumps(state.model_dump(mode="json")))
         f.flush()

@@ -60,3 +60,23 @@ def trial_env(tiny_data_dir, monkeypatch) -> dict[str, str]:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
+
+
+@pytest.fixture(scope="session")
+def baselined_template(tmp_path_factory, tiny_data_dir) -> Path:
+    """A repo on branch autoloop/t whose baseline (the SLOW train.py) is recorded: the
+    tests that start from there copy it instead of training the baseline again."""
+    from loop_helpers import SLOW, autoloop, run_args  # imported here: loop_helpers imports conftest
+
+    repo = init_repo(tmp_path_factory.mktemp("template") / "repo", {"train.py": SLOW})
+    proc = autoloop(repo, *run_args(), data_dir=tiny_data_dir)
+    assert proc.returncode == 0 and "no more ideas" in proc.stdout, proc.stdout + proc.stderr
+    return repo
+
+
+@pytest.fixture
+def baselined_repo(baselined_template, tmp_path) -> Path:
+    """A private copy of baselined_template."""
+    repo = tmp_path / "repo"
+    shutil.copytree(baselined_template, repo, symlinks=True)
+    return repo

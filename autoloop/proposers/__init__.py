@@ -1,4 +1,15 @@
-"""Proposers: where the next change to the target comes from."""
+"""Proposers: where the next change to the target comes from.
+
+``--proposer auto`` (the default) picks, in this order:
+
+1. the coding agent, when one is configured (``agent`` or ``agent_cmd``);
+2. the queue, when patches are waiting in ``queue_dir``;
+3. the offline mutator (hyperparameter search over the target's constants).
+
+An explicit ``--proposer agent|queue|mutate`` gets exactly that one. Whatever is chosen is
+checked now, so a missing agent executable or a target without constants is one line at
+start-up, not a failure in every trial.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +26,57 @@ def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
     """The proposer the settings ask for, and one line saying which was chosen and why."""
     from autoloop.proposers.queue import QueueProposer
 
-    queue_dir = Path(workspace_root) / settings.queue_dir
-    if settings.proposer == "queue":
+    root = Path(workspace_root)
+    queue_dir = root / settings.queue_dir
+    agent_configured = bool(settings.agent or settings.agent_cmd)
+    choice = settings.proposer
+    if choice == "queue":
         return QueueProposer(queue_dir), f"proposer: queue of patches in {settings.queue_dir}/"
-    if settings.proposer == "auto":
+    if choice == "agent" or (choice == "auto" and agent_configured):
+        if not agent_configured:
+            raise ProposerError("--proposer agent needs an agent: pass --agent PRESET "
+                                "(claude, codex, aider, gemini) or --agent-cmd CMD")
+        return _agent(settings, root, auto=choice == "auto")
+    if choice == "auto":
         queue = QueueProposer(queue_dir)
-        if queue.pending():
-            return queue, f"proposer: queue ({len(queue.pending())} patches waiting in {settings.queue_dir}/)"
-        raise ProposerError(f"no proposer available: put patches in {settings.queue_dir}/ or choose --proposer")
-    raise ProposerError(f"proposer '{settings.proposer}' is not available in this version")
+        waiting = len(queue.pending())
+        if waiting:
+            return queue, (f"proposer: queue ({waiting} patches waiting in {settings.queue_dir}/; "
+                           f"no agent configured)")
+        proposer, why = _mutate(settings, root)
+        return proposer, f"{why} (auto: no agent configured, no patches in {settings.queue_dir}/)"
+    if choice == "mutate":
+        return _mutate(settings, root)
+    raise ProposerError(f"proposer '{choice}' is not available in this version")
+
+
+def _agent(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
+    from autoloop.config import format_duration
+    from autoloop.proposers.agent import AgentSetupError, make_agent_proposer
+
+    try:
+        proposer, command = make_agent_proposer(settings, root)
+    except AgentSetupError as e:
+        raise ProposerError(str(e)) from None
+    source = "--agent-cmd" if proposer.label == "--agent-cmd" else f"preset {proposer.label}"
+    ignored = " (--agent-cmd given: preset ignored)" if settings.agent and settings.agent_cmd else ""
+    why = " (auto: an agent is configured)" if auto else ""
+    return proposer, (f"proposer: agent, {source}: {command} [timeout "
+                      f"{format_duration(settings.agent_timeout)}]{ignored}{why}")
+
+
+def _mutate(settings, root: Path) -> tuple[Proposer, str]:
+    from autoloop.proposers.mutate import MutateError, MutateProposer, constant_moves, find_constants
+
+    target = root / settings.target
+    try:
+        constants = find_constants(target.read_bytes())
+    except FileNotFoundError:
+        raise ProposerError(f"mutate: {settings.target} not found") from None
+    except MutateError as e:
+        raise ProposerError(f"mutate: {settings.target}: {e}") from None
+    tunable = [c.name for c in constants if constant_moves(c)]
+    if not tunable:
+        raise ProposerError(f"mutate: {settings.target} has no UPPER_CASE constants to tune; "
+                            f"configure an agent (--agent, --agent-cmd) or queue patches")
+    return MutateProposer(), f"proposer: mutate ({len(tunable)} constants of {settings.target} to tune)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -32,6 +34,11 @@ class ProposalRequest:
     ledger_tail: list[dict] = field(default_factory=list)  # recent ledger records (audit fields stripped)
     fix: FixContext | None = None   # set for a fix request
     results_dir: Path | None = None
+    # For proposers that run a process (the agent): the loop's stop request (Ctrl-C, SIGTERM)
+    # ends it early, and on_start gets [(pid, create_time)] so that a restart after the
+    # orchestrator was killed can end what it left behind.
+    stop_event: threading.Event | None = None
+    on_start: Callable[[list[tuple[int, float]]], None] | None = None
 
 
 @dataclass

@@ -1,0 +1,336 @@
+"""`autoloop finalize`: the night's kept changes as a short branch that is easy to review.
+
+The loop's branch ``autoloop/<tag>`` holds the kept commits, each with the message the
+proposer gave it and nothing about what it measured. ``finalize`` writes a NEW branch
+(default ``autoloop/<tag>-final``) that starts at the baseline commit and has one
+commit per kept change, in ledger order, each message carrying the description and
+the metric before and after::
+
+    MATRIX_LR 0.04 -> 0.06
+
+    val_bpb 1.0275 -> 1.0234 (trial 17)
+
+    autoloop-trial: 17
+    autoloop-commit: <the original kept commit>
+
+With ``--squash-overlapping``, consecutive kept changes that touch overlapping line
+ranges (the second rewrote what the first had just changed) become one commit.
+
+How: git plumbing only, on a temporary index file (``GIT_INDEX_FILE``): for each kept
+change, the diff from its parent (the best commit it was built on) to its commit is
+applied to the new branch's tree (each changed path's blob is taken from the kept
+commit when the path there still equals the parent's, which is always the case when
+the kept changes form the usual chain; otherwise the change's patch is applied), a
+tree is written, ``git commit-tree`` makes the commit, and ``git update-ref`` creates
+the branch only if it does not exist yet. HEAD, the index, the work tree and the
+original branch are never touched, so it is safe to run while a loop runs (it
+finalizes what the ledger holds so far).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+from git.exc import GitCommandError
+
+from autoloop.ledger import Ledger, LedgerRecord
+from autoloop.report import best_before, metric_digits
+from autoloop.state import load_state
+
+
+class FinalizeError(Exception):
+    """Nothing (or nothing safe) to finalize; the message is one line for the user."""
+
+
+@dataclass
+class KeptChange:
+    record: LedgerRecord
+    before: float | None          # the best metric it was judged against
+
+
+@dataclass
+class FinalCommit:
+    sha: str
+    changes: list[KeptChange]
+    message: str
+
+    @property
+    def subject(self) -> str:
+        return self.message.splitlines()[0]
+
+
+@dataclass
+class FinalizeResult:
+    branch: str
+    base: str                      # the baseline commit the branch starts from
+    commits: list[FinalCommit]
+    best: str | None               # the best commit of the ledger
+    differs: list[str] = field(default_factory=list)   # paths where the final tree differs from best's
+    tag: str | None = None
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def kept_changes(records: list[LedgerRecord]) -> list[KeptChange]:
+    """Kept, non-baseline records that changed something, in ledger order."""
+    out = []
+    for record, before in zip(records, best_before(records)):
+        if (record.status == "keep" and record.kind != "baseline" and record.commit
+                and record.parent and record.commit != record.parent):
+            out.append(KeptChange(record, before))
+    return out
+
+
+def changed_ranges(old: str, new: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Line ranges [start, end) that differ: (in the old text, in the new text)."""
+    matcher = difflib.SequenceMatcher(None, old.splitlines(), new.splitlines(), autojunk=False)
+    olds, news = [], []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            olds.append((i1, i2))
+            news.append((j1, j2))
+    return olds, news
+
+
+def _hit(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    (a0, a1), (b0, b1) = a, b
+    if a0 == a1 or b0 == b1:   # a pure insertion or deletion point touches the lines around it
+        return a0 <= b1 and b0 <= a1
+    return a0 < b1 and b0 < a1
+
+
+def ranges_overlap(first: list[tuple[int, int]], second: list[tuple[int, int]]) -> bool:
+    return any(_hit(a, b) for a in first for b in second)
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _label(record: LedgerRecord) -> str:
+    return str(record.trial) if record.attempt <= 1 else f"{record.trial}.{record.attempt}"
+
+
+def _measure(changes: list[KeptChange]) -> str:
+    first, last = changes[0], changes[-1]
+    metric = last.record.metric_name
+    delta = None if first.before is None or last.record.metric is None else last.record.metric - first.before
+    digits = metric_digits(delta)
+    trials = ", ".join(_label(c.record) for c in changes)
+    word = "trial" if len(changes) == 1 else "trials"
+    return f"{metric} {_num(first.before, digits)} -> {_num(last.record.metric, digits)} ({word} {trials})"
+
+
+def commit_message(changes: list[KeptChange]) -> str:
+    """The message of one final commit (one kept change, or a squashed run of them)."""
+    descriptions = [c.record.description.strip() or "kept change" for c in changes]
+    if len(changes) == 1:
+        subject, *rest = descriptions[0].splitlines()
+        body = [_measure(changes)]
+        if any(line.strip() for line in rest):
+            body += ["", *rest]
+    else:
+        firsts = [d.splitlines()[0] for d in descriptions]
+        subject = "; ".join(firsts)
+        if len(subject) > 72:
+            subject = f"{firsts[0]} (and {len(firsts) - 1} more)"
+        body = [_measure(changes), ""]
+        body += [f"- {d.splitlines()[0]}: {_measure([c])}" for d, c in zip(descriptions, changes)]
+    trailers = [f"autoloop-trial: {_label(c.record)}\nautoloop-commit: {c.record.commit}" for c in changes]
+    return "\n".join([subject.strip(), "", *body, "", *trailers]) + "\n"
+
+
+# ------------------------------------------------------------------------------ git
+
+
+class _Git:
+    """The few git commands finalize needs, with a private index file."""
+
+    def __init__(self, root: Path, index: Path):
+        try:
+            self.repo = git.Repo(root, search_parent_directories=True)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise FinalizeError(f"not a git repository: {root}") from None
+        self.index_env = {"GIT_INDEX_FILE": str(index)}
+
+    def __call__(self, *args: str, env: dict | None = None, strip: bool = True) -> str:
+        try:
+            return self.repo.git.execute(["git", *args], env={**self.index_env, **(env or {})},
+                                         strip_newline_in_stdout=strip)
+        except GitCommandError as err:
+            lines = [line.strip() for line in str(err.stderr or "").splitlines() if line.strip()]
+            why = lines[-1].removeprefix("stderr:").strip().strip("'").strip() if lines else f"exit code {err.status}"
+            why = why.removeprefix("fatal: ").removeprefix("error: ")
+            raise FinalizeError(f"git {args[0]} failed: {why}") from None
+
+    def resolve(self, rev: str) -> str | None:
+        try:
+            return self.repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}")
+        except GitCommandError:
+            return None
+
+    def entry(self, path: str) -> tuple[str, str] | None:
+        """(mode, blob) of path in the private index, None when absent."""
+        out = self("ls-files", "-s", "-z", "--", path, strip=False)
+        for item in out.split("\0"):
+            meta, _, name = item.partition("\t")
+            if name == path:
+                mode, blob, _stage = meta.split()
+                return mode, blob
+        return None
+
+    def changes(self, parent: str, commit: str) -> list[tuple[str, str, str, str, str, str]]:
+        """(old mode, new mode, old blob, new blob, status, path) of each path changed."""
+        out = self("diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", parent, commit, strip=False)
+        parts = out.split("\0")
+        entries = []
+        for i in range(0, len(parts) - 1, 2):
+            meta, path = parts[i], parts[i + 1]
+            if not meta.startswith(":"):
+                continue
+            old_mode, new_mode, old_blob, new_blob, status = meta[1:].split()
+            entries.append((old_mode, new_mode, old_blob, new_blob, status[0], path))
+        return entries
+
+    def text(self, rev: str, path: str) -> str:
+        try:
+            return self.repo.git.show(f"{rev}:{path}", strip_newline_in_stdout=False)
+        except GitCommandError:
+            return ""   # absent at rev (an added or deleted file)
+
+    def ident_env(self, sha: str) -> dict[str, str]:
+        """Author of the original commit; committer: the user, or that author when git has
+        no identity configured (a commit must never fail on 'Please tell me who you are')."""
+        name, email, date = self.repo.git.log("-1", "--format=%an%x00%ae%x00%ad", "--date=raw", sha).split("\0")
+        env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date}
+        try:
+            self.repo.git.var("GIT_COMMITTER_IDENT")
+        except GitCommandError:
+            env.update(GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email)
+        return env
+
+
+# ------------------------------------------------------------------------------ finalize
+
+
+def _ledger_dir(results: Path, tag: str, current_tag: str | None) -> Path:
+    """The results folder holding tag's ledger: results/ itself, or its newest archive."""
+    if current_tag in (None, tag) and (results / "ledger.jsonl").exists():
+        return results
+    pattern = re.compile(rf"^{re.escape(tag)}-\d{{8}}-\d{{6}}(-\d+)?$")
+    archives = sorted(p for p in (results / "archive").glob(f"{tag}-*") if pattern.match(p.name)
+                      and (p / "ledger.jsonl").exists())
+    if archives:
+        return archives[-1]
+    if (results / "ledger.jsonl").exists():
+        raise FinalizeError(f"no ledger of tag '{tag}': results/ledger.jsonl belongs to tag '{current_tag}' "
+                            f"(pass --tag {current_tag})")
+    raise FinalizeError(f"no ledger at {results / 'ledger.jsonl'}: nothing to finalize (run autoloop run first)")
+
+
+def finalize(root: Path, tag: str | None = None, branch: str | None = None,
+             squash_overlapping: bool = False) -> FinalizeResult:
+    root = Path(root).resolve()
+    results = root / "results"
+    current_tag = load_state(results).tag
+    with tempfile.TemporaryDirectory(prefix="autoloop-finalize-") as tmp:
+        g = _Git(root, Path(tmp) / "index")
+        if tag is None:
+            tag = current_tag
+        if tag is None:
+            head = g.repo.head.reference.name if not g.repo.head.is_detached else ""
+            tag = head[len("autoloop/"):] if head.startswith("autoloop/") else None
+        if tag is None and not (results / "ledger.jsonl").exists():
+            raise FinalizeError(f"no ledger at {results / 'ledger.jsonl'}: nothing to finalize "
+                                "(run autoloop run first)")
+        if tag is None:
+            raise FinalizeError("cannot tell which tag to finalize: pass --tag TAG")
+        ledger_dir = _ledger_dir(results, tag, current_tag)
+        records = Ledger(ledger_dir).records()
+        baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep" and r.commit), None)
+        if baseline is None:
+            raise FinalizeError(f"the ledger of tag '{tag}' has no baseline record: nothing to start from")
+        changes = kept_changes(records)
+        if not changes:
+            raise FinalizeError(f"no kept changes in the ledger of tag '{tag}': nothing to finalize")
+
+        branch = branch or f"autoloop/{tag}-final"
+        try:
+            g.repo.git.check_ref_format("--branch", branch)
+        except GitCommandError:
+            raise FinalizeError(f"invalid branch name {branch!r}") from None
+        ref = f"refs/heads/{branch}"
+        if g.resolve(ref):
+            raise FinalizeError(f"branch {branch} already exists; pass --branch NAME or delete it "
+                                f"(git branch -D {branch})")
+        for rev in [baseline.commit] + [c.record.commit for c in changes] + [c.record.parent for c in changes]:
+            if not g.resolve(rev):
+                raise FinalizeError(f"commit {rev[:12]} named in the ledger is not in this repository")
+
+        # The changes, grouped: each alone, or runs of overlapping ones squashed.
+        groups: list[list[KeptChange]] = []
+        ranges: dict[int, dict[str, tuple[list, list]]] = {}
+        for change in changes:
+            rec = change.record
+            ranges[id(change)] = {path: changed_ranges(g.text(rec.parent, path), g.text(rec.commit, path))
+                                  for *_, path in g.changes(rec.parent, rec.commit)} if squash_overlapping else {}
+            if squash_overlapping and groups:
+                prev = ranges[id(groups[-1][-1])]
+                mine = ranges[id(change)]
+                if any(ranges_overlap(prev[p][1], mine[p][0]) for p in set(prev) & set(mine)):
+                    groups[-1].append(change)
+                    continue
+            groups.append([change])
+
+        # Build the commits on a private index, starting from the baseline's tree.
+        g("read-tree", f"{baseline.commit}^{{tree}}")
+        parent = g.resolve(baseline.commit)
+        made: list[FinalCommit] = []
+        for group in groups:
+            for change in group:
+                _apply(g, change, Path(tmp))
+            tree = g("write-tree")
+            message = commit_message(group)
+            env = g.ident_env(group[-1].record.commit)
+            sha = g("commit-tree", tree, "-p", parent, "-m", message.rstrip("\n"), env=env)
+            made.append(FinalCommit(sha, group, message))
+            parent = sha
+
+        best = next((r.best for r in reversed(records) if r.best), None)
+        differs = []
+        if best and g.resolve(best):
+            out = g("diff-tree", "-r", "--name-only", "-z", "--no-commit-id", parent, best, strip=False)
+            differs = [p for p in out.split("\0") if p]
+        # Create the branch only if it still does not exist (old value: none).
+        g("update-ref", "-m", f"autoloop finalize {tag}", ref, parent, "0" * len(parent))
+        return FinalizeResult(branch, baseline.commit, made, best, differs, tag)
+
+
+def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:
+    """Apply one kept change (parent -> commit) to the private index."""
+    rec = change.record
+    for old_mode, new_mode, old_blob, new_blob, status, path in g.changes(rec.parent, rec.commit):
+        now = g.entry(path)
+        was = None if status == "A" else (old_mode, old_blob)
+        if now == was or (now is not None and now[1] == old_blob):
+            if status == "D":
+                g("update-index", "--force-remove", "--", path)
+            else:
+                g("update-index", "--add", "--cacheinfo", f"{new_mode},{new_blob},{path}")
+        elif now is not None and status != "D" and now[1] == new_blob:
+            continue   # already there
+        else:
+            # The path moved on since this change's parent: apply the change as a patch.
+            patch = tmp / "change.patch"
+            patch.write_text(g("diff", "--binary", "--full-index", rec.parent, rec.commit, "--", path, strip=False))
+            try:
+                g("apply", "--cached", str(patch))
+            except FinalizeError as e:
+                raise FinalizeError(f"the kept change of trial {_label(rec)} ({rec.description.splitlines()[0]}) "
+                                    f"does not apply on top of the earlier kept changes: {e}") from None

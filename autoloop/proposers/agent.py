@@ -1,0 +1,337 @@
+"""An external coding agent as the proposer: one run of its command per proposal.
+
+Each call writes the prompt (program.md, then the request: best so far, recent results,
+and for a fix request the crash and the end of its log) to
+``results/agents/<trial>-<attempt>.prompt.md`` and runs the agent's command in the
+workspace with that prompt on stdin. The command is split like a shell would split it but
+run without one; these placeholders are replaced in its arguments:
+
+    {prompt_file}       the prompt file (absolute path)
+    {description_file}  where the agent may write its one-line description
+    {target}            the file to edit, relative to the workspace (train.py)
+    {workspace}         the workspace root
+    {results_dir}       the results folder (ignored by git: safe for an agent's own files)
+
+and the environment carries AUTOLOOP_PROMPT_FILE, AUTOLOOP_DESCRIPTION_FILE,
+AUTOLOOP_TARGET, AUTOLOOP_TRIAL and AUTOLOOP_ATTEMPT. For pipes or redirections, wrap
+the command in ``sh -c '...'`` and use the variables.
+
+The agent's output (stdout and stderr) goes to ``results/agents/<trial>-<attempt>.log``.
+The run is supervised by the trial runner: its own session, a timeout that ends the
+whole process tree, the loop's Ctrl-C. A run that fails, times out or leaves the target
+unchanged raises ProposalFailed (the loop records a `skip` and counts it towards
+``max_agent_failures``); changes outside the target are the loop's scope guard's job.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import shlex
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
+
+AGENTS_DIR = "agents"
+RECENT_ROWS = 15           # results shown in the prompt
+LOG_TAIL_LINES = 60        # of a crashed run, in a fix request
+MAX_DESCRIPTION = 200
+_TEMPLATE_PROGRAM = Path(__file__).resolve().parent.parent / "templates" / "program.md"
+
+# The instruction given on the command line where a CLI wants one besides stdin.
+_ASK = "Carry out the autoloop task given on stdin (the same text is in {prompt_file})."
+
+# Known coding agents, each run headless with the prompt on stdin. The exact commands are
+# listed in the README; --agent-cmd runs anything else.
+PRESETS: dict[str, str] = {
+    # -p: print mode (non-interactive); the prompt is read from stdin.
+    "claude": "claude -p --dangerously-skip-permissions",
+    # `exec -`: non-interactive, prompt from stdin; the sandbox lets it write in the workspace.
+    "codex": "codex exec --sandbox workspace-write -",
+    # --message-file: one message, then exit. Aider's own files go to results/ so they are
+    # neither committed nor reverted as changes outside the target.
+    "aider": ("aider --yes-always --no-auto-commits --no-gitignore --no-pretty --no-check-update "
+              "--chat-history-file {results_dir}/agents/aider.chat.history.md "
+              "--input-history-file {results_dir}/agents/aider.input.history "
+              "--message-file {prompt_file} {target}"),
+    # -p: headless, appended to stdin; --yolo approves every tool call.
+    "gemini": f"gemini --yolo -p '{_ASK}'",
+}
+
+
+class AgentSetupError(Exception):
+    """The agent cannot run at all (one line for the user, at start-up)."""
+
+
+def agent_command(agent: str | None, agent_cmd: str | None) -> tuple[str, str]:
+    """(command template, label) from the settings: --agent-cmd wins over a preset."""
+    if agent_cmd:
+        return agent_cmd, "--agent-cmd"
+    if agent:
+        if agent not in PRESETS:
+            raise AgentSetupError(f"unknown agent '{agent}' (known: {', '.join(PRESETS)}; "
+                                  f"or give a command with --agent-cmd)")
+        return PRESETS[agent], agent
+    raise AgentSetupError("no agent configured: pass --agent PRESET or --agent-cmd CMD")
+
+
+def split_command(template: str) -> list[str]:
+    try:
+        argv = shlex.split(template)
+    except ValueError as e:
+        raise AgentSetupError(f"cannot split the agent command {template!r} into arguments ({e})") from None
+    if not argv:
+        raise AgentSetupError("the agent command is empty")
+    return argv
+
+
+def check_executable(argv0: str, workspace: Path, hint: str) -> str:
+    """The resolved executable, or AgentSetupError naming what is missing."""
+    if os.sep in argv0:
+        path = Path(argv0) if Path(argv0).is_absolute() else Path(workspace) / argv0
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+        if path.is_file():
+            raise AgentSetupError(f"agent command not executable: {argv0} (chmod +x it)")
+    else:
+        found = shutil.which(argv0)
+        if found:
+            return found
+    raise AgentSetupError(f"agent command not found: {argv0} ({hint})")
+
+
+# ------------------------------------------------------------------------------ the prompt
+
+
+def _metric(value) -> str:
+    return "-" if value is None else f"{value:.6f}"
+
+
+def _cell(text: object) -> str:
+    return " ".join(str(text).split()).replace("|", "/") or "-"
+
+
+def results_table(records: list[dict], limit: int = RECENT_ROWS) -> str:
+    """The last `limit` attempts as a small markdown table."""
+    rows = ["| trial | status | val_bpb | crash | description |", "|---|---|---|---|---|"]
+    for r in records[-limit:]:
+        label = str(r.get("trial")) + (f".{r['attempt']}" if (r.get("attempt") or 1) > 1 else "")
+        metric = _metric(r.get("metric")) if r.get("status") in ("keep", "discard") else "-"
+        crash = r.get("crash") or "-"
+        if r.get("status") == "skip":
+            crash = _cell(r.get("reason") or "-")
+        rows.append(f"| {label} | {r.get('status')} | {metric} | {_cell(crash)} | {_cell(r.get('description'))} |")
+    return "\n".join(rows)
+
+
+def build_prompt(request: ProposalRequest, description_file: Path) -> str:
+    program = request.program_text.strip()
+    if not program and _TEMPLATE_PROGRAM.exists():
+        program = _TEMPLATE_PROGRAM.read_text().strip()
+    better = "lower" if request.direction == "min" else "higher"
+    best = ("none yet" if request.best_metric is None else
+            f"{request.metric_name} {request.best_metric:.6f} at commit {(request.best_commit or '-')[:7]}")
+    parts = [
+        program,
+        "",
+        "---",
+        "",
+        f"# This call: trial {request.trial}, attempt {request.attempt}",
+        "",
+        f"- Working directory: {request.workspace}",
+        f"- File to edit: `{request.target}` (nothing else)",
+        f"- Metric: `{request.metric_name}`, {better} is better",
+        f"- Best so far: {best}",
+        "",
+        "## Recent results",
+        "",
+        results_table(request.ledger_tail) if request.ledger_tail else "(none yet)",
+        "",
+    ]
+    fix = request.fix
+    if fix is None:
+        parts += [
+            "## Your task",
+            "",
+            f"Make ONE change to `{request.target}` that you expect to improve `{request.metric_name}`, "
+            "different from what the table shows was already tried. Do not commit, do not run the "
+            f"full training. Then write a one-line description of the change to {description_file} "
+            "(also in $AUTOLOOP_DESCRIPTION_FILE).",
+        ]
+    else:
+        parts += [
+            "## Fix request",
+            "",
+            f"Your last change (\"{fix.description}\") crashed: {fix.crash}: {fix.reason}",
+            "",
+            f"The broken `{request.target}` is in the work tree. Fix the bug so that the same idea runs; "
+            "do not start a different idea. Do not commit. Then write a one-line description of the "
+            f"fixed change to {description_file} (also in $AUTOLOOP_DESCRIPTION_FILE).",
+            "",
+            "The end of the crashed run's log:",
+            "",
+            "```",
+            "\n".join(fix.log_tail.splitlines()[-LOG_TAIL_LINES:]),
+            "```",
+        ]
+    return "\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------------------ descriptions
+
+
+def _constants(text: str) -> dict[str, str] | None:
+    """Module-level UPPER_CASE name -> source of its value; None when it does not parse."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    out: dict[str, str] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name = stmt.targets[0].id
+            if name.isupper():
+                segment = ast.get_source_segment(text, stmt.value)
+                if segment is not None:
+                    out[name] = " ".join(segment.split())
+    return out
+
+
+def describe_change(before: str, after: str, target: str) -> str:
+    """A description derived from the diff: 'LR 0.1 -> 0.2, WD 0 -> 0.01', else
+    'edit train.py: +N -M lines'."""
+    diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0))
+    added = sum(1 for l in diff if l.startswith("+") and not l.startswith("+++"))
+    removed = sum(1 for l in diff if l.startswith("-") and not l.startswith("---"))
+    counts = f"edit {target}: +{added} -{removed} lines"
+    old, new = _constants(before), _constants(after)
+    if old is None or new is None:
+        return counts
+    changed = [f"{name} {old[name]} -> {new[name]}" for name in new if name in old and old[name] != new[name]]
+    if not changed:
+        return counts
+    text = ", ".join(changed[:3]) + (f" (+{len(changed) - 3} more)" if len(changed) > 3 else "")
+    # Lines changed besides the constants' own lines mean more than a retune.
+    if added > len(changed) or removed > len(changed):
+        text += f"; {counts}"
+    return text
+
+
+def read_description(path: Path) -> str | None:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        line = " ".join(line.split())
+        if line:
+            return line[:MAX_DESCRIPTION]
+    return None
+
+
+# ------------------------------------------------------------------------------ the proposer
+
+
+@dataclass
+class AgentProposer:
+    """Runs `command` (a template, see the module docstring) once per proposal."""
+
+    command: str
+    timeout_s: float = 900.0
+    label: str = "agent"      # preset name or '--agent-cmd', for messages
+    grace_s: float = 5.0      # SIGTERM -> SIGKILL at the timeout
+
+    name = "agent"
+    can_fix = True
+
+    def propose(self, request: ProposalRequest) -> Proposal | None:
+        from autoloop.config import format_duration
+        from autoloop.runner import TrialSpec, run_trial
+
+        workspace = Path(request.workspace)
+        results_dir = Path(request.results_dir) if request.results_dir else workspace / "results"
+        agents = results_dir / AGENTS_DIR
+        agents.mkdir(parents=True, exist_ok=True)
+        stem = f"{request.trial}-{request.attempt}"
+        prompt_file = agents / f"{stem}.prompt.md"
+        description_file = agents / f"{stem}.description.txt"
+        log_path = agents / f"{stem}.log"
+        description_file.unlink(missing_ok=True)   # a stale one must not describe this change
+        prompt_file.write_text(build_prompt(request, description_file))
+
+        values = {"prompt_file": str(prompt_file), "description_file": str(description_file),
+                  "target": request.target, "workspace": str(workspace), "results_dir": str(results_dir)}
+        argv = [_fill(arg, values) for arg in split_command(self.command)]
+        env = {"AUTOLOOP_PROMPT_FILE": str(prompt_file), "AUTOLOOP_DESCRIPTION_FILE": str(description_file),
+               "AUTOLOOP_TARGET": request.target, "AUTOLOOP_TRIAL": str(request.trial),
+               "AUTOLOOP_ATTEMPT": str(request.attempt)}
+        target = workspace / request.target
+        before = target.read_bytes() if target.exists() else None
+
+        outcome = run_trial(
+            TrialSpec(command=argv, cwd=workspace, env=env, log_path=log_path, stdin_path=prompt_file,
+                      budget_s=self.timeout_s, timeout_s=self.timeout_s, grace_s=self.grace_s),
+            stop_event=request.stop_event, on_start=request.on_start,
+        )
+        log = f"see results/{AGENTS_DIR}/{log_path.name}"
+        if outcome.launch_error:
+            raise ProposalFailed(f"agent could not start: {outcome.launch_error}")
+        if outcome.killed_reason == "timeout":
+            raise ProposalFailed(f"agent timed out after {format_duration(self.timeout_s)} "
+                                 f"(process tree killed; {log})")
+        if outcome.killed_reason == "stopped":
+            raise ProposalFailed("agent stopped by the loop's stop request")
+        if outcome.signal is not None:
+            raise ProposalFailed(f"agent killed by {_signal_name(outcome.signal)} ({log})")
+        if outcome.exit_code != 0:
+            last = _last_line(outcome.log_tail)
+            raise ProposalFailed(f"agent exited with code {outcome.exit_code}"
+                                 + (f": {last}" if last else "") + f" ({log})")
+
+        after = target.read_bytes() if target.exists() else None
+        if after == before:
+            raise ProposalFailed(f"agent made no change to {request.target} ({log})")
+        description = read_description(description_file)
+        if description is None:
+            description = describe_change((before or b"").decode("utf-8", "replace"),
+                                          (after or b"").decode("utf-8", "replace"), request.target)
+            if request.fix is not None:
+                description = f"{request.fix.description} (fix: {description})"
+        return Proposal(description=description, source=f"{AGENTS_DIR}/{log_path.name}")
+
+
+def _fill(arg: str, values: dict[str, str]) -> str:
+    # Plain replacement, not str.format: braces elsewhere in a command (a JSON config,
+    # a shell snippet) must pass through untouched.
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", value)
+    return arg
+
+
+def _last_line(tail: str) -> str:
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if line:
+            return line[:200]
+    return ""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def make_agent_proposer(settings, workspace: Path) -> tuple[AgentProposer, str]:
+    """The agent the settings ask for, checked now (a missing executable is a start-up
+    error, not a failure per trial); and one line saying what runs."""
+    template, label = agent_command(settings.agent, settings.agent_cmd)
+    argv = split_command(template)
+    hint = "check --agent-cmd" if label == "--agent-cmd" else "install it or use --agent-cmd"
+    check_executable(argv[0], workspace, hint)
+    return AgentProposer(command=template, timeout_s=settings.agent_timeout, label=label), template

@@ -1,0 +1,109 @@
+"""Helpers for the end-to-end tests: the real CLI in real git repos, real 2-second training.
+
+The starting train.py (SLOW) learns almost nothing (tiny learning rates), so a change
+restoring the learning rates (GOOD) improves it by several bits per byte: a margin no
+machine jitter can hide, which keeps the keep/discard verdicts deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from conftest import TRAIN_PY, git
+
+BUDGET = "2"
+TIMEOUT = "25"  # hard limit: ~4x a normal 2-second trial on an idle 2-core machine
+
+
+def set_constants(source: str, **values) -> str:
+    for name, value in values.items():
+        source, n = re.subn(rf"^{name} = [^#\n]*", f"{name} = {value} ", source, count=1, flags=re.M)
+        assert n == 1, name
+    return source
+
+
+GOOD = TRAIN_PY.read_text()
+SLOW = set_constants(GOOD, MATRIX_LR="0.0004", EMBED_LR="0.003", HEAD_LR="0.0001")
+
+
+def queue_file(repo: Path, name: str, source: str, description: str) -> None:
+    queue = repo / "results" / "queue"
+    queue.mkdir(parents=True, exist_ok=True)
+    (queue / name).write_text(f"# autoloop: {description}\n{source}")
+
+
+def night_queue(repo: Path) -> None:
+    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
+    queue_file(repo, "02_worse.py", set_constants(GOOD, HEAD_LR="0.0", EMBED_LR="0.0", MATRIX_LR="0.0"),
+               "freeze every weight")
+    queue_file(repo, "03_typo.py", GOOD.replace("lr_multiplier(progress)", "lr_multiplyer(progress)", 1),
+               "typo in the schedule")
+    queue_file(repo, "04_nan.py", set_constants(GOOD, MATRIX_LR="float('nan')"), "nan learning rate")
+    queue_file(repo, "05_hang.py", GOOD.replace("def main():\n", "def main():\n    while True:\n        pass\n", 1),
+               "spin forever")
+
+
+def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeout: float = 300,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "autoloop.cli", *args]
+    full_env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu", **(env or {})}
+    proc = subprocess.run(cmd, cwd=repo, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def run_args(tag: str = "t") -> list[str]:
+    return ["run", "--budget", BUDGET, "--timeout", TIMEOUT, "--proposer", "queue", "--tag", tag,
+            "--device", "cpu"]
+
+
+def read_tsv(repo: Path) -> list[dict]:
+    lines = (repo / "results" / "results.tsv").read_text().splitlines()
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+
+
+def read_ledger(repo: Path) -> list[dict]:
+    return [json.loads(line) for line in (repo / "results" / "ledger.jsonl").read_text().splitlines()]
+
+
+def assert_invariants(repo: Path, tag: str = "t") -> list[dict]:
+    """HEAD is the best commit, the tree is clean, every trial commit is reachable,
+    ledger and TSV agree, no attempt is recorded twice, no trial process is left."""
+    ledger = read_ledger(repo)
+    best = [r["best"] for r in ledger if r["best"]][-1]
+    assert git(repo, "rev-parse", "HEAD") == best
+    assert git(repo, "rev-parse", "--abbrev-ref", "HEAD") == f"autoloop/{tag}"
+    assert git(repo, "status", "--porcelain") == ""
+    refs = git(repo, "for-each-ref", "--format=%(objectname)", f"refs/autoloop/{tag}/trials").split()
+    for record in ledger:
+        if record["commit"]:
+            assert record["commit"] in refs, record
+            git(repo, "cat-file", "-e", record["commit"])
+    keys = [(r["trial"], r["attempt"]) for r in ledger]
+    assert len(keys) == len(set(keys)), keys
+    tsv = read_tsv(repo)
+    judged = [r for r in ledger if r["status"] != "skip"]
+    assert len(tsv) == len(judged)
+    for row, record in zip(tsv, judged):
+        assert row["status"] == record["status"]
+        assert row["crash"] == (record["crash"] or "-")
+        assert row["commit"] == (record["commit"] or "-")[:7]
+        label = str(record["trial"]) + (f".{record['attempt']}" if record["attempt"] > 1 else "")
+        assert row["trial"] == label
+    kept = [r for r in ledger if r["status"] == "keep"]
+    for record in kept:   # every kept commit is on the branch
+        assert git(repo, "merge-base", "--is-ancestor", record["commit"], "HEAD") == ""
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if p.info["cmdline"] and any(str(repo) in part for part in p.info["cmdline"][1:2])
+                 and p.pid != os.getpid()]
+    assert not leftovers, leftovers
+    return ledger

@@ -1,0 +1,162 @@
+"""`autoloop finalize` on nights built by hand in real git repos: a clean branch with one
+commit per kept change, the metrics in the messages, and nothing else touched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import git
+from night_helpers import Step, build_night, realistic_steps
+
+from autoloop.finalize import changed_ranges, commit_message, kept_changes, ranges_overlap
+
+
+def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autoloop.cli", *args], cwd=repo, capture_output=True, text=True,
+                          timeout=120)
+
+
+def snapshot(repo: Path) -> dict:
+    """Everything finalize must leave alone."""
+    return {
+        "head": git(repo, "rev-parse", "--symbolic-full-name", "HEAD"),
+        "branch": git(repo, "rev-parse", "refs/heads/autoloop/t"),
+        "index": git(repo, "write-tree"),   # the tree the index holds
+        "status": git(repo, "status", "--porcelain", "--untracked-files=all"),
+        "train": (repo / "train.py").read_text(),
+        "trial_refs": git(repo, "for-each-ref", "refs/autoloop"),
+    }
+
+
+@pytest.fixture
+def night(tmp_path):
+    return build_night(tmp_path, realistic_steps(), tag="t")
+
+
+def test_finalize_makes_one_commit_per_kept_change(night):
+    repo = night.repo
+    before = snapshot(repo)
+    proc = cli(repo, "finalize")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"created autoloop/t-final: 6 commits on top of the baseline {night.baseline[:7]}"
+    assert f"its tree equals the best commit {night.best[:7]}" in proc.stdout
+
+    # Same tree as the best commit; starts at the baseline; original branch and work tree untouched.
+    assert git(repo, "rev-parse", "autoloop/t-final^{tree}") == git(repo, "rev-parse", f"{night.best}^{{tree}}")
+    assert git(repo, "merge-base", "autoloop/t-final", night.baseline) == night.baseline
+    assert snapshot(repo) == before
+
+    subjects = git(repo, "log", "--reverse", "--format=%s", f"{night.baseline}..autoloop/t-final").splitlines()
+    assert subjects == ["MATRIX_LR 0.04 -> 0.06", "weight decay 0 -> 0.1", "warmdown 0.5 -> 0.7", "width 128 -> 160",
+                        "HEAD_LR 0.004 -> 0.006", "MATRIX_LR 0.06 -> 0.07"]
+    shas = git(repo, "rev-list", "--reverse", f"{night.baseline}..autoloop/t-final").split()
+    first = git(repo, "log", "-1", "--format=%B", shas[0])
+    assert first.startswith("MATRIX_LR 0.04 -> 0.06\n\nval_bpb 1.0275 -> 1.0234 (trial 1)\n")
+    kept = [r for r in night.records if r.status == "keep" and r.kind != "baseline"]
+    assert f"autoloop-commit: {kept[0].commit}" in first
+    assert "val_bpb 1.0168 -> 1.0159 (trial 25)" in git(repo, "log", "-1", "--format=%B", shas[-1])
+    # Each commit is exactly its kept change: same tree as the kept commit, one file touched.
+    for sha, record in zip(shas, kept):
+        assert git(repo, "rev-parse", f"{sha}^{{tree}}") == git(repo, "rev-parse", f"{record.commit}^{{tree}}")
+        assert git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", sha) == "train.py"
+        assert git(repo, "log", "-1", "--format=%an <%ae>", sha) == "autoloop test <test@autoloop.invalid>"
+
+
+def test_finalize_refuses_an_existing_branch_and_takes_another_name(night):
+    repo = night.repo
+    git(repo, "branch", "autoloop/t-final", night.baseline)
+    proc = cli(repo, "finalize")
+    assert proc.returncode == 1
+    assert proc.stderr == ("autoloop: branch autoloop/t-final already exists; pass --branch NAME or delete it "
+                           "(git branch -D autoloop/t-final)\n")
+    assert git(repo, "rev-parse", "autoloop/t-final") == night.baseline     # not moved
+    proc = cli(repo, "finalize", "--branch", "review/lr", "--tag", "t")
+    assert proc.returncode == 0, proc.stderr
+    assert git(repo, "rev-parse", "review/lr^{tree}") == git(repo, "rev-parse", f"{night.best}^{{tree}}")
+
+
+def test_finalize_squashes_consecutive_overlapping_changes(tmp_path):
+    n = build_night(tmp_path, [
+        Step("MATRIX_LR 0.04 -> 0.06", "keep", 1.0234, edit={"MATRIX_LR": "0.06"}),
+        Step("width 128 -> 160", "discard", 1.0300, edit={"WIDTH": "160"}),
+        Step("MATRIX_LR 0.06 -> 0.07", "keep", 1.0220, edit={"MATRIX_LR": "0.07"}),   # same line again
+        Step("depth 4 -> 5", "keep", 1.0200, edit={"DEPTH": "5"}),                   # other lines
+        Step("MATRIX_LR 0.07 -> 0.075", "keep", 1.0190, edit={"MATRIX_LR": "0.075"}),  # not next to the others
+    ])
+    repo = n.repo
+    proc = cli(repo, "finalize", "--squash-overlapping")
+    assert proc.returncode == 0, proc.stderr
+    log = git(repo, "log", "--reverse", "--format=%s", f"{n.baseline}..autoloop/t-final").splitlines()
+    assert log == ["MATRIX_LR 0.04 -> 0.06; MATRIX_LR 0.06 -> 0.07", "depth 4 -> 5", "MATRIX_LR 0.07 -> 0.075"]
+    squashed = git(repo, "log", "-1", "--format=%B", "autoloop/t-final~2")
+    assert "val_bpb 1.0275 -> 1.0220 (trials 1, 3)" in squashed
+    assert "- MATRIX_LR 0.04 -> 0.06: val_bpb 1.0275 -> 1.0234 (trial 1)" in squashed
+    assert "- MATRIX_LR 0.06 -> 0.07: val_bpb 1.0234 -> 1.0220 (trial 3)" in squashed
+    assert git(repo, "rev-parse", "autoloop/t-final^{tree}") == git(repo, "rev-parse", f"{n.best}^{{tree}}")
+
+    # Without the flag every kept change is its own commit.
+    proc = cli(repo, "finalize", "--branch", "each")
+    assert proc.returncode == 0, proc.stderr
+    assert len(git(repo, "rev-list", f"{n.baseline}..each").split()) == 4
+
+
+def test_finalize_errors_are_one_line(tmp_path):
+    n = build_night(tmp_path / "a", [Step("idea", "discard", 1.03, edit={"WIDTH": "1"}),
+                                     Step("typo", "crash", crash="trivial", reason="NameError", edit={"WIDTH": "x"})])
+    proc = cli(n.repo, "finalize")
+    assert proc.returncode == 1
+    assert proc.stderr == "autoloop: no kept changes in the ledger of tag 't': nothing to finalize\n"
+    assert git(n.repo, "branch", "--list", "autoloop/t-final") == ""
+
+    proc = cli(n.repo, "finalize", "--tag", "other")
+    assert proc.returncode == 1 and "no ledger of tag 'other'" in proc.stderr and "--tag t" in proc.stderr
+
+    bare = tmp_path / "b"
+    bare.mkdir()
+    git(bare, "init", "-q")
+    proc = cli(bare, "finalize")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("autoloop: no ledger at ") and proc.stderr.count("\n") == 1
+
+
+def test_overlap_and_message_helpers(night):
+    old = "a\nb\nc\nd\ne\n"
+    first = changed_ranges(old, "a\nB\nc\nd\ne\n")
+    assert first == ([(1, 2)], [(1, 2)])
+    assert ranges_overlap(first[1], changed_ranges("a\nB\nc\nd\ne\n", "a\nBB\nc\nd\ne\n")[0])
+    assert not ranges_overlap(first[1], changed_ranges("a\nB\nc\nd\ne\n", "a\nB\nc\nd\nE\n")[0])
+    changes = kept_changes(night.records)
+    assert [c.before for c in changes[:2]] == [1.0275, 1.0234]
+    assert commit_message(changes[:1]).startswith("MATRIX_LR 0.04 -> 0.06\n\nval_bpb 1.0275 -> 1.0234 (trial 1)\n")
+
+
+def test_finalize_applies_a_change_built_on_an_older_best(tmp_path):
+    """Two kept changes both built on the baseline (as parallel workers would make them):
+    the second is applied as a patch on top of the first, and finalize says that the
+    result differs from the ledger's best commit (which lacks the first change)."""
+    from autoloop.ledger import Ledger, LedgerRecord
+    from night_helpers import set_values
+
+    n = build_night(tmp_path, [])
+    repo = n.repo
+    source = (repo / "train.py").read_text()
+    commits = []
+    for name, value in (("DEPTH", "6"), ("DROPOUT", "0.2")):
+        (repo / "train.py").write_text(set_values(source, **{name: value}))
+        git(repo, "commit", "-qam", f"{name} -> {value}")
+        commits.append(git(repo, "rev-parse", "HEAD"))
+        git(repo, "reset", "-q", "--hard", n.baseline)
+    ledger = Ledger(n.results, fsync=False)
+    for i, (commit, metric) in enumerate(zip(commits, (1.02, 1.01)), 1):
+        ledger.append(LedgerRecord(trial=i, started_at=i, ended_at=i + 1, proposer="worker", parent=n.baseline,
+                                   commit=commit, description=f"change {i}", status="keep", metric=metric,
+                                   best=commit, best_metric=metric))
+    proc = cli(repo, "finalize")
+    assert proc.returncode == 0, proc.stderr
+    final = git(repo, "show", "autoloop/t-final:train.py")
+    assert "DEPTH = 6" in final and "DROPOUT = 0.2" in final
+    assert f"note: its tree differs from the best commit {commits[1][:7]} in train.py" in proc.stdout
