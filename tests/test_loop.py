@@ -90,17 +90,15 @@ def test_sigkill_at_any_phase_then_resume(baselined_repo, tiny_data_dir, phase):
         assert ledger[-1]["description"] == "freeze" and ledger[-1]["status"] == "discard"
 
 
-@pytest.mark.slow
-def test_external_sigkill_mid_training_leaves_no_process(baselined_repo, tiny_data_dir):
-    repo = baselined_repo
+def start_long_trial(repo, data_dir) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """Start `autoloop run --resume` on a 30 s trial 1; return once its train.py is running."""
     queue_file(repo, "01_long.py", GOOD, "restore learning rates")
-    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu"}
     args = ["run", "--budget", "30", "--proposer", "queue", "--tag", "t", "--resume"]
     proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", *args], cwd=repo, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     state_file = repo / "results" / "state.json"
     deadline = time.time() + 120
-    children: list[psutil.Process] = []
     while time.time() < deadline:
         try:
             state = json.loads(state_file.read_text())
@@ -109,11 +107,18 @@ def test_external_sigkill_mid_training_leaves_no_process(baselined_repo, tiny_da
         if state.get("phase") == "running" and state.get("trial") == 1 and state.get("child_pids"):
             children = [psutil.Process(pid) for pid, _ in state["child_pids"] if psutil.pid_exists(pid)]
             if children:
-                break
+                return proc, children
         time.sleep(0.1)
-    assert children, "trial 1 never started"
     proc.kill()
-    proc.wait()
+    raise AssertionError("trial 1 never started")
+
+
+@pytest.mark.slow
+def test_external_sigkill_mid_training_leaves_no_process(baselined_repo, tiny_data_dir):
+    repo = baselined_repo
+    proc, children = start_long_trial(repo, tiny_data_dir)
+    proc.kill()
+    proc.communicate()
     assert any(c.is_running() for c in children)  # the orphaned trial is still training
 
     resumed = autoloop(repo, "run", "--budget", BUDGET, "--proposer", "queue", "--tag", "t", "--resume",
@@ -123,6 +128,25 @@ def test_external_sigkill_mid_training_leaves_no_process(baselined_repo, tiny_da
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
     ledger = assert_invariants(repo)
     assert ledger[1]["reason"].startswith("interrupted") and ledger[1]["commit"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_sigint_or_sigterm_stops_cleanly_and_records_the_trial(baselined_repo, tiny_data_dir, sig):
+    repo = baselined_repo
+    proc, children = start_long_trial(repo, tiny_data_dir)
+    started = time.time()
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert time.time() - started < 20  # the 30 s trial was ended, not waited for
+    assert proc.returncode == 0, out
+    assert f"stopped: stopped by {sig.name}" in out
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+    ledger = assert_invariants(repo)
+    assert (ledger[1]["status"], ledger[1]["crash"]) == ("crash", "fundamental")
+    assert ledger[1]["reason"] == f"interrupted ({sig.name})" and ledger[1]["commit"]
+    state = json.loads((repo / "results" / "state.json").read_text())
+    assert state["phase"] == "stopped" and state["stop_reason"] == f"stopped by {sig.name}"
 
 
 def test_second_orchestrator_is_refused(tmp_path, tiny_data_dir):
