@@ -58,6 +58,12 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", metavar="TAG", help="work on branch autoloop/TAG (default: today, e.g. nov29)")
     p.add_argument("--min-delta", type=float, metavar="X", help="a keep must beat the best by more than X (default 0)")
     p.add_argument("--seed", type=int, metavar="N", help="seed handed to every trial (default 42)")
+    p.add_argument("--noise-runs", type=_count, metavar="N",
+                   help="extra runs of the baseline with seeds seed+1.. to estimate the noise (default 2; 0: off)")
+    p.add_argument("--keep-rule", choices=["auto", "noise", "strict"],
+                   help="noise: keep only beyond max(min-delta, z x noise), confirm borderline gains with a re-run; "
+                        "strict: keep any gain > min-delta (default auto: noise once an estimate exists)")
+    p.add_argument("--noise-z", type=float, metavar="Z", help="z of the noise rule (default 2.0)")
     p.add_argument("--max-rss-gb", type=float, metavar="GB", help="kill a trial whose processes use more memory than this")
     p.add_argument("--corpus", metavar="SOURCE", help="'stdlib' (default) or a directory, file or glob of text")
     p.add_argument("--data-dir", metavar="DIR", help="prepared data folder (default: per-user cache)")
@@ -67,7 +73,7 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
 _SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction", "tag", "min_delta", "seed",
                   "max_rss_gb", "corpus", "data_dir", "device", "hours", "max_trials", "proposer", "queue_dir",
                   "max_proposer_failures", "resume", "agent", "agent_cmd", "agent_timeout", "max_fix_attempts",
-                  "max_agent_failures"]
+                  "max_agent_failures", "noise_runs", "keep_rule", "noise_z", "remeasure"]
 
 
 def _settings(args):
@@ -230,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fix requests for a trivially-crashed trial (default 2; 0: no fixing)")
     p.add_argument("--max-agent-failures", type=_positive_int, metavar="N",
                    help="stop after the agent failed N times in a row (default 5)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="re-run the best commit --noise-runs times first and re-estimate the noise")
     p.add_argument("--resume", action="store_true",
                    help="continue the existing branch, recovering an interrupted trial first")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")

@@ -138,6 +138,11 @@ class Settings(BaseModel):
     direction: Literal["min", "max"] = "min"
     min_delta: float = Field(default=0.0, ge=0)            # a keep must beat best by more than this
     seed: int = 42
+    # Noise (README "Noise"): extra seeds of the baseline, the keep rule and its z.
+    noise_runs: int = Field(default=2, ge=0)   # extra baseline runs (seeds seed+1..) to estimate noise
+    keep_rule: Literal["auto", "noise", "strict"] = "auto"   # auto: noise once an estimate exists
+    noise_z: float = Field(default=2.0, gt=0)  # keep when improvement > max(min_delta, z x noise)
+    remeasure: bool = False                    # re-run the best noise_runs times at start
     max_rss_gb: float | None = Field(default=None, gt=0)   # kill a trial whose tree grows past this
     # -- data ----------------------------------------------------------------------------------
     corpus: str = "stdlib"

@@ -91,3 +91,84 @@ def _num(x: float) -> str:
 
 def _signed(x: float) -> str:
     return ("+" if x >= 0 else "") + _num(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Noise: the spread of repeated runs of one commit, and the keep rule that uses it.
+
+KeepRule = Literal["noise", "strict"]
+
+
+def noise_estimate(samples: list[float]) -> tuple[float | None, str]:
+    """(sigma, method) of repeated runs of one commit (different seeds); None below 2 runs.
+
+    The sample standard deviation (n - 1). With the 2-5 runs a night can afford, a
+    robust estimate such as MAD x 1.4826 is worse, not better: with 3 runs the MAD is the
+    distance of one point to the median and is 0 whenever two runs agree, which would
+    make every tiny difference look significant. Outliers (one run crashed half-way
+    and still reported) are rare and would inflate the stdev, which errs on the safe
+    side (fewer false keeps).
+    """
+    xs = [x for x in samples if x is not None and math.isfinite(x)]
+    if len(xs) < 2:
+        return None, "stdev"
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    return math.sqrt(var), "stdev"
+
+
+def confidence(delta: float | None, noise: float | None) -> float | None:
+    """Improvement over the noise estimate, in sigma (signed: negative = worse); None if unknown."""
+    if delta is None or noise is None or not math.isfinite(noise) or noise <= 0 or not math.isfinite(delta):
+        return None
+    return delta / noise
+
+
+def effective_rule(rule: str, noise: float | None) -> KeepRule:
+    """'auto' is 'noise' once a usable noise estimate exists, else 'strict'."""
+    if rule == "auto":
+        return "noise" if noise is not None and math.isfinite(noise) and noise > 0 else "strict"
+    if rule not in ("noise", "strict"):
+        raise ValueError(f"keep rule must be 'noise', 'strict' or 'auto', got {rule!r}")
+    return rule  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    status: Literal["keep", "discard", "confirm"]   # confirm: re-run once with a new seed, then judge again
+    reason: str
+    delta: float | None          # improvement of the MEAN of the runs over the best
+    mean: float | None           # mean of the runs: the candidate's value if kept
+    confidence: float | None     # delta / noise, in sigma
+    rule: KeepRule
+
+
+def judge_runs(runs: list[float], best: float | None, direction: Direction = "min", min_delta: float = 0.0,
+               *, noise: float | None = None, z: float = 2.0, rule: str = "auto",
+               can_confirm: bool = True) -> Judgement:
+    """Keep, discard or confirm a candidate from the metrics of its runs (one or more seeds).
+
+    strict: keep when the mean improves on the best by more than min_delta (autoresearch).
+    noise:  keep when it improves by more than max(min_delta, z x noise); an improvement
+            that is positive but not above that threshold is re-run once (``confirm``,
+            only while ``can_confirm`` and the candidate has a single run) and then kept
+            only if the mean of its runs still clears the threshold, else discarded as
+            ``within noise``.
+    """
+    used = effective_rule(rule, noise)
+    xs = [x for x in runs if x is not None]
+    mean = sum(xs) / len(xs) if xs else float("nan")
+    if used == "strict":
+        d = decide(mean, best, direction, min_delta)
+    else:
+        d = decide(mean, best, direction, min_delta, noise=noise, z=z)
+    conf = confidence(d.delta, noise)
+    if d.status == "keep" or d.delta is None or d.delta <= 0 or used == "strict":
+        reason = d.reason if len(xs) < 2 or d.delta is None else f"mean of {len(xs)} runs: {d.reason}"
+        return Judgement(d.status, reason, d.delta, mean, conf, used)
+    threshold, label = required_improvement(min_delta, noise, z)
+    if can_confirm and len(xs) == 1:
+        return Judgement("confirm", f"within noise ({_num(d.delta)} <= {label}): confirming with a re-run",
+                         d.delta, mean, conf, used)
+    return Judgement("discard", f"within noise (mean of {len(xs)} runs improves by {_num(d.delta)} <= {label})",
+                     d.delta, mean, conf, used)

@@ -68,6 +68,23 @@ def _score(model, data, windows, device, batch_size: int) -> tuple[float, int]:
     return total, count
 
 
+def _bpb(model, data, context: int, batch_size: int, device) -> tuple[float, int, int]:
+    """(bits per byte, bytes scored, batch size that fit) over ``data``; an out-of-memory
+    error restarts with half the batch (same number, just slower) until a batch of one fails."""
+    windows = _windows(len(data), context)
+    while True:
+        try:
+            total, count = _score(model, data, windows, device, batch_size)
+            return total / count / math.log(2), count, batch_size
+        except Exception as exc:  # noqa: BLE001 - only OOM is retried, the rest re-raised
+            if not _is_oom(exc) or batch_size == 1:
+                raise
+            batch_size //= 2
+            print(f"evaluation ran out of memory; retrying with batch size {batch_size}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
 @torch.no_grad()
 def evaluate_bpb(model, batch_size: int = DEFAULT_EVAL_BATCH, dataset: Dataset | None = None,
                  context: int = EVAL_CONTEXT, write_result: bool = True) -> float:
@@ -75,38 +92,38 @@ def evaluate_bpb(model, batch_size: int = DEFAULT_EVAL_BATCH, dataset: Dataset |
 
     Out of memory is not a reason to lose a trained model: the evaluation restarts with
     half the batch (same number, just slower) until a batch of one fails too.
-    When ``$AUTOLOOP_RESULT`` is set the result record is written there as JSON.
+    When ``$AUTOLOOP_RESULT`` is set the result record is written there as JSON, with
+    ``audit_bpb``: the same measure on the held-out audit slice (128 KiB by default, so
+    a fraction of the validation pass). The harness records it but never decides on it
+    or shows it to a proposer: it tells, in the morning, whether the night over-fitted
+    the validation slice. The return value is val_bpb only.
     """
     dataset = dataset or load_data()
     data = dataset.split("val")
     device = next(model.parameters()).device
-    windows = _windows(len(data), context)
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
+    audit = None
     try:
-        while True:
+        bpb, count, batch_size = _bpb(model, data, context, batch_size, device)
+        seconds = time.perf_counter() - t0
+        if write_result and os.environ.get("AUTOLOOP_RESULT"):
             try:
-                total, count = _score(model, data, windows, device, batch_size)
-                break
-            except Exception as exc:  # noqa: BLE001 - only OOM is retried, the rest re-raised
-                if not _is_oom(exc) or batch_size == 1:
-                    raise
-                batch_size //= 2
-                print(f"evaluation ran out of memory; retrying with batch size {batch_size}", flush=True)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                audit_data = dataset.split("audit")
+            except Exception:  # noqa: BLE001 - an older prepared dataset without audit bytes
+                audit_data = None
+            if audit_data is not None and len(audit_data) > 1:
+                audit = _bpb(model, audit_data, context, batch_size, device)[0]
     finally:
         model.train(was_training)
-    bpb = total / count / math.log(2)
-    seconds = time.perf_counter() - t0
     if write_result:
-        write_result_file(bpb, count, dataset.fingerprint, seconds, context)
+        write_result_file(bpb, count, dataset.fingerprint, seconds, context, audit_bpb=audit)
     return bpb
 
 
 def write_result_file(bpb: float, eval_bytes: int, fingerprint: str, eval_seconds: float,
-                      context: int = EVAL_CONTEXT) -> Path | None:
+                      context: int = EVAL_CONTEXT, audit_bpb: float | None = None) -> Path | None:
     """Write the result record to ``$AUTOLOOP_RESULT`` atomically; nothing when unset."""
     target = os.environ.get("AUTOLOOP_RESULT")
     if not target:
@@ -122,6 +139,8 @@ def write_result_file(bpb: float, eval_bytes: int, fingerprint: str, eval_second
         "nonce": os.environ.get("AUTOLOOP_NONCE"),
         "written_at": time.time(),
     }
+    if audit_bpb is not None:
+        record["audit_bpb"] = audit_bpb
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -19,7 +19,7 @@ Files, all under the workspace's ``results/``:
     append (temp file in the same folder, fsync, ``os.replace``), so readers see the
     old or the new file, never half of one. Columns (``TSV_COLUMNS``)::
 
-        commit  val_bpb  memory_gb  status  description  crash  trial  seconds
+        commit  val_bpb  memory_gb  status  description  crash  trial  seconds  confidence
 
     The first five are exactly karpathy/autoresearch's, so its tools keep working.
     ``commit``: short 7-char sha, ``-`` when nothing was committed.
@@ -36,6 +36,9 @@ Files, all under the workspace's ``results/``:
     ``7.3``. Read it as a string, not a float (``7.10`` is attempt 10).
     ``seconds``: training seconds ``%.1f``, wall seconds when the trial reported
     none; crashed rows ``0.0``.
+    ``confidence``: the improvement over the best in units of the noise estimate
+    (``3.2`` = 3.2 sigma better, negative = worse), ``%.1f``; ``-`` when there is no
+    noise estimate or nothing to compare with (baseline, noise samples, crashes).
 
     Records with status ``skip`` (a proposal that failed before anything ran) are
     in the ledger but NOT in results.tsv, whose status column is only
@@ -74,7 +77,8 @@ CrashClass = Literal["trivial", "fundamental", "timeout"]
 # or a re-run of an earlier candidate (noise confirmation, replay).
 AttemptKind = Literal["baseline", "candidate", "fix", "confirm"]
 
-TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description", "crash", "trial", "seconds"]
+TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description", "crash", "trial", "seconds",
+               "confidence"]
 
 LEDGER_NAME = "ledger.jsonl"
 TSV_NAME = "results.tsv"
@@ -114,6 +118,7 @@ class LedgerRecord(BaseModel):
     seed: int | None = None
     fingerprint: str | None = None     # data fingerprint from the result file
     noise: float | None = None         # noise estimate in force when judged
+    confidence: float | None = None    # improvement over the best / noise, in sigma
     log_path: str | None = None
     best: str | None = None            # best commit after this record's decision
     best_metric: float | None = None   # best metric after this record's decision
@@ -159,6 +164,7 @@ def tsv_row(record: LedgerRecord) -> list[str] | None:
         record.crash or "-",
         trial_label(record.trial, record.attempt),
         f"{seconds:.1f}",
+        "-" if crashed or record.confidence is None else f"{record.confidence:.1f}",
     ]
 
 

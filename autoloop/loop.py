@@ -34,7 +34,7 @@ from autoloop.classify import classify
 from autoloop.config import Settings, format_duration
 from autoloop.console import Console
 from autoloop.data import CorpusSpec, ensure_prepared
-from autoloop.decide import decide, improvement
+from autoloop.decide import confidence, decide, improvement, judge_runs, noise_estimate
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
@@ -62,6 +62,10 @@ class AttemptPlan:
     parent_metric: float | None
     outside_changes: list[str]
     source: str | None = None
+    seed: int | None = None                   # None: settings.seed
+    prior_runs: list[float] | None = None     # metrics of earlier runs of the same commit
+    noise_sample: tuple[int, int] | None = None   # (k, N): a run of the best to estimate noise
+    can_confirm: bool = True                  # a within-noise gain may be re-run once
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -116,6 +120,13 @@ def fault_point(name: str, trial: int | None) -> None:
     wanted = os.environ.get("AUTOLOOP_FAULT_KILL_AT")
     if wanted and wanted == f"{name}:{trial}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def strip_audit(record: dict) -> dict:
+    """A ledger record without any held-out audit figure (top level or nested, e.g. in extra):
+    what a proposer may see."""
+    return {k: strip_audit(v) if isinstance(v, dict) else v
+            for k, v in record.items() if not str(k).startswith("audit")}
 
 
 def format_metric(value: float | None) -> str:
@@ -272,8 +283,7 @@ class Session:
 
     def proposal_request(self, trial: int, attempt: int, fix: FixContext | None = None) -> ProposalRequest:
         best, best_metric = self.best()
-        tail = [{k: v for k, v in r.items() if not k.startswith("audit")}
-                for r in self.ledger.last(LEDGER_TAIL_FOR_PROPOSER)]
+        tail = [strip_audit(r) for r in self.ledger.last(LEDGER_TAIL_FOR_PROPOSER)]
         return ProposalRequest(
             workspace=self.ws.root, target=self.settings.target, program_text=self.program_text(),
             metric_name=self.settings.metric, direction=self.settings.direction, best_metric=best_metric,
@@ -308,7 +318,7 @@ class Session:
         nonce = secrets.token_hex(8)
         spec = TrialSpec(
             command=s.command_argv, cwd=self.ws.root,
-            env=build_env(s.budget, s.seed, runs / f"{plan.trial}-{plan.attempt}.result.json",
+            env=build_env(s.budget, plan.seed if plan.seed is not None else s.seed, runs / f"{plan.trial}-{plan.attempt}.result.json",
                           self.data_dir, s.device, nonce),
             log_path=runs / f"{plan.trial}-{plan.attempt}.log",
             result_path=runs / f"{plan.trial}-{plan.attempt}.result.json",
@@ -326,6 +336,11 @@ class Session:
         record = self.judge(plan, commit, outcome, started, diff_lines)
         self.ledger.append(record)
         fault_point("recorded", plan.trial)
+        if record.extra.get("confirm") == "pending" and not self.stop_event.is_set():
+            # The caller re-runs this commit at once (still checked out); the state stays
+            # on this recorded attempt, so a kill now restores the best on --resume.
+            self.console.line(self.verdict_line(label, record))
+            return record
         if record.best and self.ws.head() != record.best:
             self.ws.reset_to(record.best)
         self.enter("idle", candidate=None, child_pids=[], progress=None)
@@ -363,7 +378,7 @@ class Session:
             status="crash", metric_name=s.metric, memory_gb=(memory_mb or 0) / 1024,
             training_seconds=summary.get("training_seconds"), total_seconds=summary.get("total_seconds"),
             wall_seconds=outcome.wall_seconds, exit_code=outcome.exit_code, signal=outcome.signal,
-            diff_lines=diff_lines, seed=s.seed, fingerprint=result.get("fingerprint") or self.fingerprint,
+            diff_lines=diff_lines, seed=plan.seed if plan.seed is not None else s.seed, fingerprint=result.get("fingerprint") or self.fingerprint,
             log_path=self.log_rel(plan.trial, plan.attempt), outside_changes=plan.outside_changes,
             best=plan.parent, best_metric=plan.parent_metric,
             extra={k: v for k, v in {"source": plan.source}.items() if v},
@@ -375,16 +390,87 @@ class Session:
                 record.best, record.best_metric = None, None
             return record
         record.metric = outcome.metric
+        if isinstance(result.get("audit_bpb"), (int, float)):
+            # Held-out figure: recorded for the morning report, never decided on, never
+            # shown to a proposer (proposal_request strips it), never in results.tsv.
+            record.extra["audit_bpb"] = result["audit_bpb"]
         if result.get("fingerprint") and self.fingerprint and result["fingerprint"] != self.fingerprint:
             record.crash, record.reason = "fundamental", (f"evaluated on other data (fingerprint "
                                                          f"{result['fingerprint']}, expected {self.fingerprint})")
             return record
-        decision = decide(outcome.metric, None if plan.kind == "baseline" else plan.parent_metric,
-                          s.direction, s.min_delta)
-        record.status, record.reason = decision.status, decision.reason
-        if decision.status == "keep":
-            record.best, record.best_metric = commit, outcome.metric
+        if plan.kind == "baseline":
+            decision = decide(outcome.metric, None, s.direction, s.min_delta)
+            record.status, record.reason = decision.status, decision.reason
+            if decision.status == "keep":
+                record.best, record.best_metric = commit, outcome.metric
+            return record
+        runs = [*(plan.prior_runs or []), outcome.metric]
+        if plan.noise_sample:
+            # A run of the best with another seed: it stays the best, its value becomes the
+            # mean of its runs, and the spread of the runs is the noise estimate.
+            k, n = plan.noise_sample
+            sigma, method = noise_estimate(runs)
+            record.status, record.reason = "keep", f"noise sample {k}/{n}"
+            record.best, record.best_metric = commit, sum(runs) / len(runs)
+            record.noise = sigma
+            record.extra.update(noise_samples=runs, noise_method=method)
+            return record
+        noise = self.noise()
+        j = judge_runs(runs, plan.parent_metric, s.direction, s.min_delta, noise=noise, z=s.noise_z,
+                       rule=s.keep_rule, can_confirm=plan.can_confirm)
+        record.noise, record.confidence, record.reason = noise, j.confidence, j.reason
+        if len(runs) > 1:
+            record.extra["runs"] = runs
+        if j.status == "keep":
+            record.status = "keep"
+            record.best, record.best_metric = commit, j.mean
+        elif j.status == "confirm":
+            # Recorded as a discard of this run; the candidate stays checked out for the re-run.
+            record.status = "discard"
+            record.extra["confirm"] = "pending"
+        else:
+            record.status = "discard"
         return record
+
+    def noise(self) -> float | None:
+        """The latest noise estimate: the last noise sample that produced one."""
+        for r in reversed(self.ledger.records()):
+            if r.extra.get("noise_method") and r.noise is not None and r.status == "keep":
+                return r.noise
+        return None
+
+    def runs_of(self, commit: str) -> list[float]:
+        """Metrics of the judged runs of one commit (its first run and its re-runs)."""
+        return [r.metric for r in self.ledger.records()
+                if r.commit == commit and r.metric is not None and r.status in ("keep", "discard")]
+
+    def measure_noise(self) -> None:
+        """Run the best commit noise_runs more times with seeds seed+1.. as attempts of its trial."""
+        s = self.settings
+        best, best_metric = self.best()
+        if not best or s.noise_runs <= 0:
+            return
+        records = self.ledger.records()
+        owner = next((r for r in reversed(records) if r.commit == best and r.status == "keep"), None)
+        if owner is None:
+            return
+        prior = self.runs_of(best)
+        attempt = max(r.attempt for r in records if r.trial == owner.trial)
+        for k in range(1, s.noise_runs + 1):
+            if self.stop_event.is_set():
+                return
+            attempt += 1
+            record = self.run_attempt(AttemptPlan(
+                owner.trial, attempt, "confirm", f"noise sample {k}/{s.noise_runs}", "-", best,
+                self.best()[1], [], seed=s.seed + len(prior), prior_runs=prior,
+                noise_sample=(k, s.noise_runs)))
+            if record.metric is None or record.status != "keep":
+                continue
+            prior = [*prior, record.metric]
+        sigma = self.noise()
+        if sigma is not None:
+            self.console.line(f"noise: sigma {sigma:.6f} from {len(prior)} runs of {best[:7]}; best is their mean "
+                              f"{self.best()[1]:.6f}")
 
     def verdict_line(self, label: str, record: LedgerRecord) -> str:
         """'#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06' (report.format_verdict)."""
@@ -518,6 +604,9 @@ class Loop:
             if deadline is not None and time.time() + self._expected_trial_seconds() > deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
             ss.run_baseline()
+            ss.measure_noise()
+        elif self.settings.remeasure:
+            ss.measure_noise()
         trials_started, failures = 0, 0
         while True:
             reason = self._stop_reason(trials_started, failures, deadline)
@@ -571,7 +660,8 @@ class Loop:
         record = ss.run_attempt(AttemptPlan(trial, 1, "candidate", proposal.description, self.proposer.name,
                                             best, best_metric, outside, proposal.source))
         attempt = 1
-        while (record.crash == "trivial" and self.proposer.can_fix and attempt <= self.settings.max_fix_attempts
+        record = self._confirm(record, best, best_metric)
+        while (record.kind != "confirm" and record.crash == "trivial" and self.proposer.can_fix and attempt <= self.settings.max_fix_attempts
                and not ss.stop_event.is_set()):
             attempt += 1
             record = self._fix(trial, attempt, record, best, best_metric)
@@ -599,8 +689,20 @@ class Loop:
             if failure:
                 ss.record_skip(trial, attempt, self.proposer.name, f"fix failed: {failure}", failed.description, outside)
             return None
-        return ss.run_attempt(AttemptPlan(trial, attempt, "fix", proposal.description, self.proposer.name,
-                                          best, best_metric, outside, proposal.source))
+        record = ss.run_attempt(AttemptPlan(trial, attempt, "fix", proposal.description, self.proposer.name,
+                                            best, best_metric, outside, proposal.source))
+        return self._confirm(record, best, best_metric)
+
+    def _confirm(self, record: LedgerRecord, best: str, best_metric: float | None) -> LedgerRecord:
+        """A within-noise gain: run the same commit once more with a new seed and judge the mean."""
+        ss = self.session
+        if record.extra.get("confirm") != "pending" or ss.stop_event.is_set():
+            return record
+        attempt = max(r.attempt for r in ss.ledger.attempts_of(record.trial)) + 1
+        return ss.run_attempt(AttemptPlan(
+            record.trial, attempt, "confirm", record.description, record.proposer, best, best_metric, [],
+            record.extra.get("source"), seed=self.settings.seed + attempt - 1, prior_runs=[record.metric],
+            can_confirm=False))
 
 
 # ------------------------------------------------------------------------------ one trial

@@ -159,6 +159,11 @@ def _read_records(results_dir: Path) -> list[LedgerRecord]:
     return Ledger(results_dir).records() if (results_dir / "ledger.jsonl").exists() else []
 
 
+def is_noise_sample(record: LedgerRecord) -> bool:
+    """A re-run of the best to estimate the noise (kind confirm, status keep): not a change."""
+    return "noise_samples" in record.extra
+
+
 def status_data(results_dir: Path, now: float | None = None) -> dict:
     """A JSON-ready snapshot of the loop: current attempt, best, counts, pace, time left."""
     now = now or time.time()
@@ -202,7 +207,9 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "current": current,
         "best": {"commit": best_commit, "metric": best_metric,
                  "trial": best_record.trial if best_record else None,
-                 "description": best_record.description if best_record else None},
+                 "description": best_record.description if best_record else None,
+                 "confidence": best_record.confidence if best_record else None},
+        "noise": next((r.noise for r in reversed(records) if r.noise is not None), None),
         "baseline": {"commit": baseline.commit if baseline else None, "metric": baseline.metric if baseline else None},
         "improvement": improvement,
         "metric_name": records[-1].metric_name if records else "val_bpb",
@@ -246,7 +253,8 @@ def status_text(data: dict) -> str:
     best, base = data["best"], data["baseline"]
     if best["metric"] is not None:
         where = f" (trial {best['trial']}: {best['description']})" if best.get("trial") else ""
-        lines.append(f"best {m}: {best['metric']:.6f} at {best['commit'][:7]}{where}")
+        conf = f", {best['confidence']:.1f}σ over its best before" if best.get("confidence") is not None else ""
+        lines.append(f"best {m}: {best['metric']:.6f} at {best['commit'][:7]}{where}{conf}")
     if base["metric"] is not None:
         imp = ""
         if data["improvement"]:
@@ -261,6 +269,8 @@ def status_text(data: dict) -> str:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
     if data["time_left_s"] is not None:
         lines.append(f"time left: {_coarse(data['time_left_s'])}")
+    if data.get("noise") is not None:
+        lines.append(f"noise: σ {data['noise']:.6f} (the noise rule needs a gain beyond z x σ)")
     return "\n".join(lines)
 
 
@@ -276,7 +286,8 @@ def infer_direction(records: list[LedgerRecord]) -> str:
     higher is better. Ties and an empty ledger: 'min' (val_bpb)."""
     before = best_before(records)
     for r, ref in zip(records, before):
-        if r.status == "keep" and r.kind != "baseline" and r.metric is not None and ref is not None:
+        if (r.status == "keep" and r.kind != "baseline" and r.metric is not None and ref is not None
+                and not is_noise_sample(r)):
             if r.metric > ref:
                 return "max"
             if r.metric < ref:
@@ -366,7 +377,8 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     judged = [r for r in records if r.status != "skip"]
     baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
     best_commit, best_metric = next(((r.best, r.best_metric) for r in reversed(records) if r.best), (None, None))
-    kept = [(r, ref) for r, ref in zip(records, before) if r.status == "keep" and r.kind != "baseline"]
+    kept = [(r, ref) for r, ref in zip(records, before)
+            if r.status == "keep" and r.kind != "baseline" and not is_noise_sample(r)]
     crashes = [r for r in records if r.status == "crash"]
     skips = [r for r in records if r.status == "skip"]
     counts = Counter(r.status for r in records)
@@ -392,6 +404,11 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
             delta = best_metric - baseline.metric
             pct = f" ({100 * delta / baseline.metric:+.2f}%)" if baseline.metric else ""
             out.append(f"| change | {delta:+.6f}{pct} | {len(kept)} kept change{'s' if len(kept) != 1 else ''} | |")
+            base_audit, best_audit = baseline.extra.get("audit_bpb"), best_rec.extra.get("audit_bpb")
+            if isinstance(base_audit, (int, float)) and isinstance(best_audit, (int, float)):
+                out += ["", f"Held-out audit slice (never used for a decision): baseline {base_audit:.6f}, "
+                            f"best {best_audit:.6f} ({best_audit - base_audit:+.6f}). A best that gains on "
+                            f"{metric} but not here has over-fitted the validation slice."]
     out.append("")
     if picture:
         out += [f"![{metric} per attempt]({picture})", ""]
@@ -404,11 +421,13 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
         out.append("None: no change beat the baseline.")
     else:
         out += ["In the order they were kept; each delta is against the best before it.", "",
-                f"| # | trial | commit | {metric} | delta | description |", "|---:|---:|---|---:|---:|---|"]
+                f"| # | trial | commit | {metric} | delta | confidence | description |",
+                "|---:|---:|---|---:|---:|---:|---|"]
         for i, (r, ref) in enumerate(kept, 1):
             delta = f"{r.metric - ref:+.6f}" if r.metric is not None and ref is not None else "-"
             out.append(f"| {i} | {trial_label(r.trial, r.attempt)} | `{(r.commit or '-')[:7]}` | "
-                       f"{_fmt(r.metric, 6)} | {delta} | {_md(r.description)} |")
+                       f"{_fmt(r.metric, 6)} | {delta} | "
+                       f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} |")
     out.append("")
 
     # -- counts

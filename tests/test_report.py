@@ -114,7 +114,7 @@ def test_report_content_for_a_known_ledger(night):
     assert "| change | -0.011600 (-1.13%) | 6 kept changes | |" in md
     assert "![val_bpb per attempt](progress.png)" in md
 
-    kept = re.findall(r"^\| (\d) \| (\S+) \| `(\w{7})` \| ([\d.]+) \| ([-+][\d.]+) \| (.+) \|$", md, re.M)
+    kept = re.findall(r"^\| (\d) \| (\S+) \| `(\w{7})` \| ([\d.]+) \| ([-+][\d.]+) \| \S+ \| (.+) \|$", md, re.M)
     assert [(k[0], k[1], k[3], k[4], k[5]) for k in kept] == [
         ("1", "1", "1.023400", "-0.004100", "MATRIX_LR 0.04 -> 0.06"),
         ("2", "6", "1.021200", "-0.002200", "weight decay 0 -> 0.1"),

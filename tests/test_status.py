@@ -36,7 +36,8 @@ def test_status_of_a_running_attempt(night, tmp_path):
     assert data["current"] == {"trial": 29, "attempt": 1, "kind": "candidate", "phase": "running",
                                "description": "EMBED_LR 0.6 -> 0.8", "elapsed_s": 45.0, "phase_elapsed_s": 42.0,
                                "progress": PROGRESS, "loss": 2.345, "percent": 41.0, "alive": True}
-    assert data["best"] == {"commit": night.best, "metric": 1.0159, "trial": 25, "description": "MATRIX_LR 0.06 -> 0.07"}
+    assert data["best"] == {"commit": night.best, "metric": 1.0159, "trial": 25, "description": "MATRIX_LR 0.06 -> 0.07",
+                            "confidence": None}
     assert data["baseline"] == {"commit": night.baseline, "metric": 1.0275}
     assert data["improvement"] == pytest.approx(0.0116)
     assert data["status_counts"] == {"keep": 7, "discard": 16, "crash": 6, "skip": 1}
@@ -85,7 +86,7 @@ def test_status_during_and_after_a_real_run(tiny_data_dir, tmp_path):
     log = tmp_path / "run.log"     # redirected, as under nohup: no terminal
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", "run", "--budget", "8", "--timeout", "120",
-                                 "--proposer", "queue", "--tag", "t", "--hours", "1"],
+                                 "--proposer", "queue", "--tag", "t", "--hours", "1", "--noise-runs", "0"],
                                 cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         state_file = repo / "results" / "state.json"

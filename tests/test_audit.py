@@ -1,0 +1,44 @@
+"""The held-out audit figure: in the ledger, never in a proposer's request or prompt, never in results.tsv."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from autoloop.config import Settings
+from autoloop.ledger import Ledger, LedgerRecord
+from autoloop.loop import Session, strip_audit
+from autoloop.proposers.agent import build_prompt
+from conftest import TRAIN_PY, init_repo
+
+AUDIT = 3.14159265
+
+
+def _record(trial: int, metric: float, status: str = "keep") -> LedgerRecord:
+    now = time.time()
+    return LedgerRecord(trial=trial, started_at=now, ended_at=now, proposer="mutate", commit="a" * 40,
+                        description=f"change {trial}", status=status, metric=metric, best="a" * 40,
+                        best_metric=metric, extra={"audit_bpb": AUDIT + trial, "source": "x"})
+
+
+def test_strip_audit_nested():
+    assert strip_audit({"a": 1, "audit_bpb": 2, "extra": {"audit_bpb": 3, "source": "s", "deep": {"audit": 1}}}) \
+        == {"a": 1, "extra": {"source": "s", "deep": {}}}
+
+
+def test_audit_never_reaches_a_proposer_or_the_tsv(tmp_path):
+    repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+    ledger = Ledger(repo / "results")
+    for trial, metric in enumerate([1.5, 1.4, 1.45]):
+        ledger.append(_record(trial, metric, "keep" if trial < 2 else "discard"))
+    assert "3.14" in (repo / "results" / "ledger.jsonl").read_text()   # recorded
+    tsv = (repo / "results" / "results.tsv").read_text()
+    assert "audit" not in tsv and "3.14" not in tsv
+
+    session = Session(Settings(), repo)
+    request = session.proposal_request(3, 1)
+    text = json.dumps(request.ledger_tail)
+    assert "audit" not in text and "3.14" not in text
+    assert request.ledger_tail[0]["extra"] == {"source": "x"}
+    prompt = build_prompt(request, tmp_path / "description.txt")
+    assert "audit_bpb" not in prompt and "3.14" not in prompt   # (the tmp path itself says test_audit)

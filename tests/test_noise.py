@@ -1,0 +1,79 @@
+"""Noise end to end: a real train.py, a fresh repo, --noise-runs 2, --budget 2.
+
+The baseline runs three times (seeds 42, 43, 44): the ledger carries the samples and
+their spread, the best is their mean, every judged row carries its confidence in
+sigma, and results.tsv has the confidence column. A huge --noise-z makes even a
+large gain "within noise": the candidate is re-run once (kind confirm, same commit)
+and discarded, and the branch ends at the baseline.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from autoloop.ledger import TSV_COLUMNS
+from loop_helpers import BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_ledger, read_tsv
+from conftest import init_repo
+
+
+def test_noise_runs_confidence_and_confirmation(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
+    proc = autoloop(repo, "run", "--budget", BUDGET, "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t",
+                    "--device", "cpu", "--noise-runs", "2", "--noise-z", "1e6", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = assert_invariants(repo)
+    assert [(r["trial"], r["attempt"], r["kind"], r["status"]) for r in ledger] == [
+        (0, 1, "baseline", "keep"), (0, 2, "confirm", "keep"), (0, 3, "confirm", "keep"),
+        (1, 1, "candidate", "discard"), (1, 2, "confirm", "discard")]
+    base, s1, s2, cand, conf = ledger
+    # noise samples: other seeds, the running list of samples, their stdev, the best = their mean
+    assert [base["seed"], s1["seed"], s2["seed"]] == [42, 43, 44]
+    assert s1["reason"] == "noise sample 1/2" and s2["reason"] == "noise sample 2/2"
+    samples = [base["metric"], s1["metric"], s2["metric"]]
+    assert s2["extra"]["noise_samples"] == pytest.approx(samples)
+    assert s2["extra"]["noise_method"] == "stdev"
+    assert s2["noise"] == pytest.approx(statistics.stdev(samples))
+    assert s2["best_metric"] == pytest.approx(statistics.mean(samples))
+    assert s2["noise"] > 0
+    # the candidate: confidence = gain over the mean / sigma, confirmed once, then within noise
+    sigma = s2["noise"]
+    assert cand["noise"] == pytest.approx(sigma)
+    assert cand["confidence"] == pytest.approx((s2["best_metric"] - cand["metric"]) / sigma)
+    assert cand["confidence"] > 3    # a real gain of several bits, far beyond the noise
+    assert "confirming" in cand["reason"]
+    assert conf["commit"] == cand["commit"] and conf["seed"] != cand["seed"]
+    assert conf["reason"].startswith("within noise (mean of 2 runs")
+    assert conf["extra"]["runs"] == pytest.approx([cand["metric"], conf["metric"]])
+    assert conf["best"] == base["commit"]
+    # results.tsv: the confidence column last, '-' where there is nothing to compare
+    rows = read_tsv(repo)
+    assert list(rows[0]) == TSV_COLUMNS and TSV_COLUMNS[-1] == "confidence"
+    assert [r["trial"] for r in rows] == ["0", "0.2", "0.3", "1", "1.2"]
+    assert [r["confidence"] for r in rows[:3]] == ["-", "-", "-"]
+    assert rows[3]["confidence"] == f"{cand['confidence']:.1f}"
+    status = autoloop(repo, "status", data_dir=tiny_data_dir, check=True).stdout
+    assert "noise: σ" in status
+    # the held-out audit figure is recorded on every judged run, and reported, never in the TSV
+    assert all(isinstance(r["extra"].get("audit_bpb"), float) for r in ledger)
+    assert "audit" not in (repo / "results" / "results.tsv").read_text()
+    autoloop(repo, "report", data_dir=tiny_data_dir, check=True)
+    assert "Held-out audit slice" in (repo / "results" / "report.md").read_text()
+
+
+def test_strict_rule_keeps_without_confirmation(baselined_repo, tiny_data_dir):
+    """On a branch with no noise estimate (the template ran --noise-runs 0) auto is strict;
+    --remeasure then estimates the noise of the best before the next trial."""
+    repo = baselined_repo
+    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
+    proc = autoloop(repo, "run", "--budget", BUDGET, "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t",
+                    "--device", "cpu", "--resume", "--remeasure", "--noise-runs", "1", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = assert_invariants(repo)
+    assert [(r["trial"], r["attempt"], r["kind"], r["status"]) for r in ledger] == [
+        (0, 1, "baseline", "keep"), (0, 2, "confirm", "keep"), (1, 1, "candidate", "keep")]
+    sample, cand = ledger[1], ledger[2]
+    assert sample["noise"] is not None and sample["extra"]["noise_method"] == "stdev"
+    assert cand["noise"] == sample["noise"] and cand["confidence"] is not None and cand["confidence"] > 0
