@@ -497,6 +497,18 @@ class Session:
         ))
         self.console.line(f"#{trial} skipped: {reason}")
 
+    def confirm(self, record: LedgerRecord, best: str, best_metric: float | None) -> LedgerRecord:
+        """A within-noise gain: run the same commit once more with a new seed and judge the mean."""
+        if record.extra.get("confirm") != "pending":
+            return record
+        if self.stop_event.is_set():   # run_attempt already restored the best
+            return record
+        attempt = max(r.attempt for r in self.ledger.attempts_of(record.trial)) + 1
+        return self.run_attempt(AttemptPlan(
+            record.trial, attempt, "confirm", record.description, record.proposer, best, best_metric, [],
+            record.extra.get("source"), seed=self.settings.seed + attempt - 1, prior_runs=[record.metric],
+            can_confirm=False))
+
     def run_baseline(self) -> LedgerRecord:
         head = self.ws.head()
         trial = self.ledger.next_trial()
@@ -694,15 +706,7 @@ class Loop:
         return self._confirm(record, best, best_metric)
 
     def _confirm(self, record: LedgerRecord, best: str, best_metric: float | None) -> LedgerRecord:
-        """A within-noise gain: run the same commit once more with a new seed and judge the mean."""
-        ss = self.session
-        if record.extra.get("confirm") != "pending" or ss.stop_event.is_set():
-            return record
-        attempt = max(r.attempt for r in ss.ledger.attempts_of(record.trial)) + 1
-        return ss.run_attempt(AttemptPlan(
-            record.trial, attempt, "confirm", record.description, record.proposer, best, best_metric, [],
-            record.extra.get("source"), seed=self.settings.seed + attempt - 1, prior_runs=[record.metric],
-            can_confirm=False))
+        return self.session.confirm(record, best, best_metric)
 
 
 # ------------------------------------------------------------------------------ one trial
@@ -739,10 +743,12 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
             if edit is not None:
                 ss.ws.reset_to(base)
             ss.run_baseline()
+            ss.measure_noise()
             if edit is not None:
                 ss.ws.target_path.write_text(edit)
         if not ss.ws.target_changed():
             raise LoopError(f"{settings.target} has no change to try; edit it first")
         best, best_metric = ss.best()
-        return ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
-                                          best, best_metric, outside))
+        record = ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
+                                            best, best_metric, outside))
+        return ss.confirm(record, best, best_metric)

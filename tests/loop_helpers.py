@@ -52,7 +52,7 @@ def night_queue(repo: Path) -> None:
 
 def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeout: float = 300,
              env: dict | None = None) -> subprocess.CompletedProcess:
-    if args and args[0] == "run" and "--noise-runs" not in args:
+    if args and args[0] in ("run", "trial") and "--noise-runs" not in args:
         # The existing end-to-end tests count ledger rows of a night without noise runs;
         # tests/test_noise.py covers them.
         args = (*args, "--noise-runs", "0")

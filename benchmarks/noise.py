@@ -1,0 +1,149 @@
+"""Does the noise rule stop the loop from keeping noise? A simulation through the real loop.
+
+A fake train.py (milliseconds per run) reports ``val_bpb = true_value(constants) + N(0, sigma)``
+on stdout, the way a foreign ``--command`` does. ``true_value`` is a known bowl over six
+constants (optimum: every constant at its OPT), so for every kept commit we know whether
+it truly got better. The noise of each run is drawn from a hash of (AUTOLOOP_SEED, the
+train.py text, a per-workspace run counter): different for every run, reproducible for a
+whole night. Everything else is real: the loop, git, the ledger, the mutate proposer.
+
+For each keep rule it prints: keeps (changes kept, noise samples excluded), false keeps
+(kept though the true value did not improve) and their rate, the true improvement
+reached (true value of the baseline minus that of the final best), trials and runs spent.
+
+    python benchmarks/noise.py                       # 200 trials, sigma 0.01
+    python benchmarks/noise.py --trials 50 --sigma 0.02
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+FAKE_TRAIN = '''"""Fake train.py for benchmarks/noise.py: a known true value plus Gaussian noise."""
+import hashlib
+import math
+import os
+import random
+from pathlib import Path
+
+LR_A = 0.3
+LR_B = 12.0
+WIDTH_C = 0.02
+SCALE_D = 5.0
+DECAY_E = 0.004
+CLIP_F = 40.0
+
+OPT = {"LR_A": 0.08, "LR_B": 3.0, "WIDTH_C": 0.05, "SCALE_D": 5.0, "DECAY_E": 0.01, "CLIP_F": 10.0}
+WEIGHT = {"LR_A": 0.05, "LR_B": 0.02, "WIDTH_C": 0.03, "SCALE_D": 0.1, "DECAY_E": 0.01, "CLIP_F": 0.02}
+SIGMA = float(os.environ.get("BENCH_SIGMA", "0.01"))
+
+
+def true_value(values):
+    return 1.0 + sum(WEIGHT[k] * math.log(values[k] / OPT[k]) ** 2 for k in OPT)
+
+
+def main():
+    text = Path(__file__).read_text()
+    counter = Path("results") / ".bench_runs"
+    n = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.write_text(str(n))
+    key = f"{os.environ.get('AUTOLOOP_SEED', '42')}|{hashlib.sha256(text.encode()).hexdigest()}|{n}"
+    rng = random.Random(int(hashlib.sha256(key.encode()).hexdigest()[:16], 16))
+    value = true_value({k: globals()[k] for k in OPT}) + rng.gauss(0.0, SIGMA)
+    print("---")
+    print(f"val_bpb:          {value:.6f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def true_value_of(source: str) -> float:
+    scope: dict = {"__name__": "bench"}
+    exec(compile(source, "train.py", "exec"), scope)
+    return scope["true_value"]({k: scope[k] for k in scope["OPT"]})
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path) -> dict:
+    repo = workdir / rule
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "bench@example.com")
+    git(repo, "config", "user.name", "bench")
+    git(repo, "config", "commit.gpgsign", "false")
+    (repo / ".gitignore").write_text("results/*\n__pycache__/\n")
+    (repo / "train.py").write_text(FAKE_TRAIN)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "fake train.py")
+    env = {**os.environ, "BENCH_SIGMA": str(sigma), "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "autoloop.cli", "run", "--budget", "1", "--proposer", "mutate", "--tag", "bench",
+           "--command", f"{sys.executable} train.py", "--max-trials", str(trials), "--keep-rule", rule,
+           "--noise-runs", str(noise_runs)]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{rule}: autoloop failed:\n{proc.stdout}\n{proc.stderr}")
+    records = [json.loads(line) for line in (repo / "results" / "ledger.jsonl").read_text().splitlines()]
+    truth: dict[str, float] = {}
+
+    def tv(commit: str) -> float:
+        if commit not in truth:
+            truth[commit] = true_value_of(git(repo, "show", f"{commit}:train.py"))
+        return truth[commit]
+
+    baseline = next(r for r in records if r["kind"] == "baseline")
+    keeps = [r for r in records if r["status"] == "keep" and r["kind"] != "baseline"
+             and "noise_samples" not in r["extra"]]
+    false = [r for r in keeps if tv(r["commit"]) >= tv(r["parent"])]
+    final = [r["best"] for r in records if r["best"]][-1]
+    return {
+        "rule": rule, "keeps": len(keeps), "false": len(false),
+        "false_rate": len(false) / len(keeps) if keeps else 0.0,
+        "gain": tv(baseline["commit"]) - tv(final), "optimum_gain": tv(baseline["commit"]) - 1.0,
+        "trials": len({r["trial"] for r in records if r["status"] != "skip"}) - 1,
+        "runs": sum(1 for r in records if r["status"] != "skip"),
+        "confirms": sum(1 for r in records if r["kind"] == "confirm" and "noise_samples" not in r["extra"]),
+        "wall": wall, "stop": proc.stdout.strip().splitlines()[-1],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--sigma", type=float, default=0.01)
+    ap.add_argument("--noise-runs", type=int, default=2, help="for the noise rule (strict gets 0, as autoresearch)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="autoloop-noise-bench-"))
+    try:
+        rows = [night("strict", args.trials, args.sigma, 0, work),
+                night("noise", args.trials, args.sigma, args.noise_runs, work)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"sigma {args.sigma}, up to {args.trials} trials, mutate proposer; true gain possible "
+          f"{rows[0]['optimum_gain']:.4f}")
+    print(f"{'rule':<7} {'keeps':>5} {'false':>5} {'false%':>7} {'true gain':>9} {'trials':>6} {'runs':>5} "
+          f"{'confirms':>8} {'wall s':>7}  stop")
+    for r in rows:
+        print(f"{r['rule']:<7} {r['keeps']:>5} {r['false']:>5} {100 * r['false_rate']:>6.1f}% {r['gain']:>9.4f} "
+              f"{r['trials']:>6} {r['runs']:>5} {r['confirms']:>8} {r['wall']:>7.1f}  {r['stop']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
