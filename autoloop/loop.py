@@ -114,11 +114,12 @@ def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0) -> int:
     return len(alive)
 
 
-def fault_point(name: str, trial: int | None) -> None:
+def fault_point(name: str, trial: int | None, attempt: int | None = None) -> None:
     """Fault injection for the resume tests and the soak benchmark: with
-    AUTOLOOP_FAULT_KILL_AT=<point>:<trial> the orchestrator SIGKILLs itself there."""
+    AUTOLOOP_FAULT_KILL_AT=<point>:<trial> (or <point>:<trial>.<attempt>, e.g. running:1.2
+    for a confirmation re-run) the orchestrator SIGKILLs itself there."""
     wanted = os.environ.get("AUTOLOOP_FAULT_KILL_AT")
-    if wanted and wanted == f"{name}:{trial}":
+    if wanted and (wanted == f"{name}:{trial}" or wanted == f"{name}:{trial}.{attempt}"):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -293,7 +294,7 @@ class Session:
 
     def enter(self, phase: str, **fields) -> None:
         self.state = set_phase(self.results_dir, self.state, phase, **fields)
-        fault_point(phase, self.state.trial)
+        fault_point(phase, self.state.trial, self.state.attempt)
 
     def run_attempt(self, plan: AttemptPlan) -> LedgerRecord:
         """Commit the target's edit (unless baseline/confirm), run it, judge it, record it,

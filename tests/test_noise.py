@@ -77,3 +77,21 @@ def test_strict_rule_keeps_without_confirmation(baselined_repo, tiny_data_dir):
     sample, cand = ledger[1], ledger[2]
     assert sample["noise"] is not None and sample["extra"]["noise_method"] == "stdev"
     assert cand["noise"] == sample["noise"] and cand["confidence"] is not None and cand["confidence"] > 0
+
+
+def test_kill_during_a_confirmation_is_recovered(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
+    args = ["run", "--budget", BUDGET, "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t", "--device", "cpu",
+            "--noise-runs", "1", "--noise-z", "1e6"]
+    killed = autoloop(repo, *args, data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "running:1.2"})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    # killed with the candidate checked out for its re-run
+    resumed = autoloop(repo, *args, "--resume", data_dir=tiny_data_dir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    ledger = assert_invariants(repo)
+    assert [(r["trial"], r["attempt"], r["kind"], r["status"]) for r in ledger] == [
+        (0, 1, "baseline", "keep"), (0, 2, "confirm", "keep"), (1, 1, "candidate", "discard"),
+        (1, 2, "confirm", "crash")]
+    assert ledger[-1]["reason"].startswith("interrupted") and ledger[-1]["commit"] == ledger[2]["commit"]
+    assert ledger[-1]["best"] == ledger[0]["commit"]
