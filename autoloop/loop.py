@@ -34,7 +34,7 @@ from autoloop.classify import classify
 from autoloop.config import Settings, format_duration
 from autoloop.console import Console
 from autoloop.data import CorpusSpec, ensure_prepared
-from autoloop.decide import confidence, decide, improvement, judge_runs, noise_estimate
+from autoloop.decide import decide, judge_runs, noise_estimate
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
@@ -248,8 +248,7 @@ class Session:
                 if self.ws.target_changed():
                     candidate = self.ws.commit_candidate(f"{state.description or 'interrupted candidate'}"
                                                          f"\n\nautoloop trial {state.trial}.{state.attempt} (interrupted)")
-            if candidate:
-                self.ws.save_trial_ref(self.tag, state.trial, state.attempt, candidate)
+            ref = self.ws.save_trial_ref(self.tag, state.trial, state.attempt, candidate) if candidate else None
             now = time.time()
             record = LedgerRecord(
                 trial=state.trial, attempt=state.attempt or 1, kind=state.kind or "candidate",
@@ -263,8 +262,7 @@ class Session:
                 record.best, record.best_metric = None, None
             self.ledger.append(record)
             self.console.line(f"recovery: trial {state.trial}.{state.attempt} was interrupted during "
-                              f"{state.phase}; recorded as crash, candidate kept at "
-                              f"{'refs/autoloop/' + self.tag + '/trials/' + str(state.trial) + '-' + str(state.attempt) if candidate else '(none)'}")
+                              f"{state.phase}; recorded as crash, candidate kept at {ref or '(none)'}")
         self.ws.reset_to(best)
         self.state = set_phase(self.results_dir, state, "idle", candidate=None, child_pids=[], progress=None)
 
@@ -340,12 +338,12 @@ class Session:
         if record.extra.get("confirm") == "pending" and not self.stop_event.is_set():
             # The caller re-runs this commit at once (still checked out); the state stays
             # on this recorded attempt, so a kill now restores the best on --resume.
-            self.console.line(self.verdict_line(label, record))
+            self.console.line(self.verdict_line(label, record, plan.parent_metric))
             return record
         if record.best and self.ws.head() != record.best:
             self.ws.reset_to(record.best)
         self.enter("idle", candidate=None, child_pids=[], progress=None)
-        self.console.line(self.verdict_line(label, record))
+        self.console.line(self.verdict_line(label, record, plan.parent_metric))
         return record
 
     def _on_progress(self, label: str, line: str) -> None:
@@ -473,19 +471,10 @@ class Session:
             self.console.line(f"noise: sigma {sigma:.6f} from {len(prior)} runs of {best[:7]}; best is their mean "
                               f"{self.best()[1]:.6f}")
 
-    def verdict_line(self, label: str, record: LedgerRecord) -> str:
-        """'#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06' (report.format_verdict)."""
-        reference = self.ledger_prev_best(record) if record.status != "crash" else None
-        return format_verdict(label, record, reference)
-
-    def ledger_prev_best(self, record: LedgerRecord) -> float | None:
-        return record.best_metric if record.status != "keep" else self._parent_metric(record)
-
-    def _parent_metric(self, record: LedgerRecord) -> float | None:
-        for r in self.ledger.records():
-            if r.best == record.parent and r.best_metric is not None:
-                return r.best_metric
-        return None
+    def verdict_line(self, label: str, record: LedgerRecord, best_before: float | None) -> str:
+        """'#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06' (report.format_verdict);
+        the delta is against the best this attempt was judged against."""
+        return format_verdict(label, record, best_before if record.status != "crash" else None)
 
     def record_skip(self, trial: int, attempt: int, proposer: str, reason: str, description: str = "-",
                     outside: list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ import statistics
 import pytest
 
 from autoloop.ledger import TSV_COLUMNS
-from loop_helpers import BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_ledger, read_tsv
+from loop_helpers import BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_tsv
 from conftest import init_repo
 
 

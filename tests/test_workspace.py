@@ -96,7 +96,8 @@ def test_ignored_files_do_not_count(ws, repo):
     (repo / "results" / "ledger.jsonl").write_text("{}\n")
     (repo / "__pycache__").mkdir()
     (repo / "__pycache__" / "x.pyc").write_bytes(b"\0")
-    ws.ensure_clean()
+    assert ws.dirty_paths() == []
+    ws.ensure_clean()  # raises WorkspaceError on a dirty tree
 
 
 def test_results_ignored(ws, repo):
