@@ -44,9 +44,8 @@ DECAY_E = 0.004
 CLIP_F = 40.0
 
 OPT = {"LR_A": 0.08, "LR_B": 3.0, "WIDTH_C": 0.05, "SCALE_D": 5.0, "DECAY_E": 0.01, "CLIP_F": 10.0}
-# Three knobs matter (a step of x1.4 near the optimum is worth 3-6 sigma), three do not
-# at all: as in a real train.py, many moves change nothing but the seed's luck.
-WEIGHT = {"LR_A": 0.5, "LR_B": 0.3, "WIDTH_C": 0.0, "SCALE_D": 0.4, "DECAY_E": 0.0, "CLIP_F": 0.0}
+# How much each knob matters: see LANDSCAPES in benchmarks/noise.py.
+WEIGHT = __WEIGHT__
 SIGMA = float(os.environ.get("BENCH_SIGMA", "0.01"))
 
 
@@ -71,6 +70,16 @@ if __name__ == "__main__":
 '''
 
 
+# sparse: three knobs matter (a x1.4 step near the optimum is worth 3-6 sigma at sigma 0.01),
+#         three do not at all: as in a real train.py, many moves change nothing but the luck.
+# dense:  every knob matters, most of them a little (a x1.4 step is worth 0.6-2.3 sigma):
+#         the gains the noise rule must not throw away are the size of the noise.
+LANDSCAPES = {
+    "sparse": {"LR_A": 0.5, "LR_B": 0.3, "WIDTH_C": 0.0, "SCALE_D": 0.4, "DECAY_E": 0.0, "CLIP_F": 0.0},
+    "dense": {"LR_A": 0.2, "LR_B": 0.12, "WIDTH_C": 0.08, "SCALE_D": 0.15, "DECAY_E": 0.05, "CLIP_F": 0.1},
+}
+
+
 def true_value_of(source: str) -> float:
     scope: dict = {"__name__": "bench"}
     exec(compile(source, "train.py", "exec"), scope)
@@ -81,21 +90,22 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path, seed: int = 42) -> dict:
-    repo = workdir / f"{rule}-{seed}"
+def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path, seed: int = 42,
+          landscape: str = "sparse", checkpoints: tuple[int, ...] = (), noise_z: float = 2.0) -> dict:
+    repo = workdir / f"{landscape}-{rule}-{seed}"
     repo.mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "config", "user.email", "bench@example.com")
     git(repo, "config", "user.name", "bench")
     git(repo, "config", "commit.gpgsign", "false")
     (repo / ".gitignore").write_text("results/*\n__pycache__/\n")
-    (repo / "train.py").write_text(FAKE_TRAIN)
+    (repo / "train.py").write_text(FAKE_TRAIN.replace("__WEIGHT__", repr(LANDSCAPES[landscape])))
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "fake train.py")
     env = {**os.environ, "BENCH_SIGMA": str(sigma), "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "autoloop.cli", "run", "--budget", "1", "--proposer", "mutate", "--tag", "bench",
            "--command", f"{sys.executable} train.py", "--max-trials", str(trials), "--keep-rule", rule,
-           "--noise-runs", str(noise_runs), "--seed", str(seed)]
+           "--noise-runs", str(noise_runs), "--seed", str(seed), "--noise-z", str(noise_z)]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
     wall = time.time() - t0
@@ -113,9 +123,15 @@ def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path, 
     keeps = [r for r in records if r["status"] == "keep" and r["kind"] != "baseline"
              and "noise_samples" not in r["extra"]]
     false = [r for r in keeps if tv(r["commit"]) >= tv(r["parent"])]
+    worse = [r for r in keeps if tv(r["commit"]) > tv(r["parent"])]
     final = [r["best"] for r in records if r["best"]][-1]
+    # A night is a time budget: what matters is the true value of the best after k runs
+    # (every run costs the same 5 minutes: noise samples and confirmations included).
+    runs = [r for r in records if r["status"] != "skip"]
+    at_runs = {k: tv(baseline["commit"]) - tv(runs[min(k, len(runs)) - 1]["best"] or baseline["commit"])
+               for k in checkpoints}
     return {
-        "rule": rule, "keeps": len(keeps), "false": len(false),
+        "rule": rule, "keeps": len(keeps), "false": len(false), "worse": len(worse), "at_runs": at_runs,
         "false_rate": len(false) / len(keeps) if keeps else 0.0,
         "gain": tv(baseline["commit"]) - tv(final), "optimum_gain": tv(baseline["commit"]) - 1.0,
         "trials": len({r["trial"] for r in records if r["status"] != "skip"}) - 1,
@@ -129,28 +145,46 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--sigma", type=float, default=0.01)
-    ap.add_argument("--nights", type=int, default=5, help="nights per rule, seeds 42, 43, ... (totals are printed)")
+    ap.add_argument("--nights", type=int, default=6, help="nights per rule, seeds 42, 43, ... (totals are printed)")
     ap.add_argument("--noise-runs", type=int, default=2, help="for the noise rule (strict gets 0, as autoresearch)")
+    ap.add_argument("--noise-z", type=float, default=2.0, help="z of the noise rule")
+    ap.add_argument("--landscape", choices=[*LANDSCAPES, "both"], default="both")
+    ap.add_argument("--checkpoints", default="30,60,120",
+                    help="also print the true gain after this many runs (a shorter night), comma-separated")
     args = ap.parse_args()
+    checkpoints = tuple(int(k) for k in args.checkpoints.split(",") if k)
+    landscapes = list(LANDSCAPES) if args.landscape == "both" else [args.landscape]
     work = Path(tempfile.mkdtemp(prefix="autoloop-noise-bench-"))
-    rows = []
     try:
-        for rule, noise_runs in (("strict", 0), ("noise", args.noise_runs)):
-            nights = [night(rule, args.trials, args.sigma, noise_runs, work, 42 + i) for i in range(args.nights)]
-            total = {k: sum(n[k] for n in nights) for k in ("keeps", "false", "gain", "trials", "runs", "confirms", "wall")}
-            total.update(rule=rule, optimum_gain=nights[0]["optimum_gain"],
-                         false_rate=total["false"] / total["keeps"] if total["keeps"] else 0.0)
-            rows.append(total)
+        for landscape in landscapes:
+            rows = []
+            for rule, noise_runs in (("strict", 0), ("noise", args.noise_runs)):
+                nights = [night(rule, args.trials, args.sigma, noise_runs, work, 42 + i, landscape, checkpoints,
+                                args.noise_z) for i in range(args.nights)]
+                total = {k: sum(n[k] for n in nights)
+                         for k in ("keeps", "false", "worse", "gain", "trials", "runs", "confirms", "wall")}
+                total.update(rule=rule, optimum_gain=nights[0]["optimum_gain"],
+                             false_rate=total["false"] / total["keeps"] if total["keeps"] else 0.0,
+                             at_runs={k: sum(n["at_runs"][k] for n in nights) / args.nights for k in checkpoints})
+                rows.append(total)
+            print_table(landscape, rows, args, checkpoints)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"sigma {args.sigma}, {args.nights} nights (seeds 42..{41 + args.nights}) of up to {args.trials} trials, "
-          f"mutate proposer; true gain possible per night {rows[0]['optimum_gain']:.4f}")
-    print(f"{'rule':<7} {'keeps':>5} {'false':>5} {'false%':>7} {'true gain/night':>15} {'trials':>6} {'runs':>5} "
-          f"{'confirms':>8} {'wall s':>7}")
-    for r in rows:
-        print(f"{r['rule']:<7} {r['keeps']:>5} {r['false']:>5} {100 * r['false_rate']:>6.1f}% "
-              f"{r['gain'] / args.nights:>15.4f} {r['trials']:>6} {r['runs']:>5} {r['confirms']:>8} {r['wall']:>7.1f}")
     return 0
+
+
+def print_table(landscape: str, rows: list[dict], args, checkpoints: tuple[int, ...]) -> None:
+    print(f"\n{landscape} landscape: sigma {args.sigma}, z {args.noise_z:g}, {args.nights} nights (seeds "
+          f"42..{41 + args.nights}) of up to {args.trials} trials, mutate proposer; "
+          f"true gain possible per night {rows[0]['optimum_gain']:.4f}")
+    at = "".join(f" {'gain@' + str(k):>9}" for k in checkpoints)
+    print(f"{'rule':<7} {'keeps':>5} {'false':>5} {'false%':>7} {'worse':>5} {'final gain':>10}{at} {'trials':>6} "
+          f"{'runs':>5} {'confirms':>8} {'wall s':>7}")
+    for r in rows:
+        at = "".join(f" {r['at_runs'][k]:>9.4f}" for k in checkpoints)
+        print(f"{r['rule']:<7} {r['keeps']:>5} {r['false']:>5} {100 * r['false_rate']:>6.1f}% {r['worse']:>5} "
+              f"{r['gain'] / args.nights:>10.4f}{at} {r['trials']:>6} {r['runs']:>5} {r['confirms']:>8} "
+              f"{r['wall']:>7.1f}")
 
 
 if __name__ == "__main__":
