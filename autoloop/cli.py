@@ -68,12 +68,20 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", metavar="SOURCE", help="'stdlib' (default) or a directory, file or glob of text")
     p.add_argument("--data-dir", metavar="DIR", help="prepared data folder (default: per-user cache)")
     p.add_argument("--device", metavar="DEV", help="cpu, cuda, cuda:N or mps (default: auto-detect)")
+    p.add_argument("--log-cap-mb", type=float, metavar="MB",
+                   help="keep each run log under MB: its first and last halves around a line saying what was cut "
+                        "(default 32; 0: no cap)")
+    p.add_argument("--min-free-gb", type=float, metavar="GB",
+                   help="stop before a trial when the workspace, results or data disk has less free (default 2; 0: off)")
+    p.add_argument("--isolate", action="store_true",
+                   help="run trials without network access, in a network namespace of their own (Linux)")
 
 
 _SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction", "tag", "min_delta", "seed",
                   "max_rss_gb", "corpus", "data_dir", "device", "hours", "max_trials", "proposer", "queue_dir",
                   "max_proposer_failures", "resume", "agent", "agent_cmd", "agent_timeout", "max_fix_attempts",
                   "max_agent_failures", "noise_runs", "keep_rule", "noise_z", "remeasure"]
+_SETTING_FLAGS += ["log_cap_mb", "min_free_gb", "isolate"]
 
 
 def _settings(args):

@@ -120,6 +120,9 @@ def date_tag(now: float | None = None) -> str:
 # Fields that take numbers; a TOML true/false there is a mistake, not 1/0.
 _NUMERIC_FIELDS = {"budget", "timeout", "hours", "max_trials", "min_delta", "seed", "max_rss_gb",
                    "agent_timeout", "max_proposer_failures", "max_fix_attempts", "max_agent_failures"}
+_NUMERIC_FIELDS |= {"log_cap_mb", "min_free_gb"}
+# A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
+MIN_LOG_CAP_MB = 0.125
 
 
 class Settings(BaseModel):
@@ -160,6 +163,10 @@ class Settings(BaseModel):
     max_proposer_failures: int = Field(default=5, ge=1)    # in a row, then the loop stops
     max_fix_attempts: int = Field(default=2, ge=0)         # fix requests per trivially-crashed trial
     max_agent_failures: int = Field(default=5, ge=1)
+    # -- resources and isolation ---------------------------------------------------------------
+    log_cap_mb: float = Field(default=32.0, ge=0, allow_inf_nan=False)   # per run log; 0: no cap
+    min_free_gb: float = Field(default=2.0, ge=0, allow_inf_nan=False)   # stop below this; 0: no check
+    isolate: bool = False                      # trials without network (Linux network namespaces)
 
     # Where the file settings came from (for messages); not a setting itself.
     _source: str | None = PrivateAttr(default=None)
@@ -245,6 +252,13 @@ class Settings(BaseModel):
                 return None
             if not _DEVICE.match(v):
                 raise ValueError(f"must be cpu, cuda, cuda:N, mps or auto, got {v!r}")
+        return v
+
+    @field_validator("log_cap_mb")
+    @classmethod
+    def _log_cap(cls, v: float) -> float:
+        if 0 < v < MIN_LOG_CAP_MB:
+            raise ValueError(f"must be 0 (no cap) or at least {MIN_LOG_CAP_MB:g}, got {v:g}")
         return v
 
     @model_validator(mode="after")

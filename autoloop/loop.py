@@ -35,10 +35,13 @@ from autoloop.config import Settings, format_duration
 from autoloop.console import Console
 from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.decide import decide, judge_runs, noise_estimate
+from autoloop.diskspace import low_disk_reason
+from autoloop.isolate import isolation_available
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
 from autoloop.runner import TrialOutcome, TrialSpec, build_env, run_trial
+from autoloop.runlog import finish_log
 from autoloop.state import RunState, load_state, save_state, set_phase
 from autoloop.workspace import Workspace, WorkspaceError
 
@@ -128,6 +131,15 @@ def strip_audit(record: dict) -> dict:
     what a proposer may see."""
     return {k: strip_audit(v) if isinstance(v, dict) else v
             for k, v in record.items() if not str(k).startswith("audit")}
+
+
+def check_isolation(settings: Settings) -> None:
+    """--isolate where the system cannot give trials a network namespace: refuse before
+    anything runs, rather than run trials with the network the user wanted them kept off."""
+    if settings.isolate:
+        ok, why = isolation_available()
+        if not ok:
+            raise LoopError(f"--isolate: network namespaces are not available here ({why}); run without --isolate")
 
 
 def format_metric(value: float | None) -> str:
@@ -226,6 +238,11 @@ class Session:
         ended = end_processes(state.child_pids)
         if ended:
             self.console.line(f"recovery: ended {ended} process(es) left by the interrupted trial")
+        if state.trial is not None and state.attempt is not None:
+            try:  # a capped log left in pieces by the kill
+                finish_log(self.results_dir / self.log_rel(state.trial, state.attempt))
+            except OSError as e:
+                self.console.line(f"recovery: the log of the interrupted trial stays in pieces ({e})")
         index_lock = self.ws.root / ".git" / "index.lock"
         if index_lock.exists():
             # We hold the workspace lock, so no git command of ours is running: the lock was
@@ -267,6 +284,10 @@ class Session:
         self.state = set_phase(self.results_dir, state, "idle", candidate=None, child_pids=[], progress=None)
 
     # -- paths ---------------------------------------------------------------------------
+
+    def low_disk(self) -> str | None:
+        """The stop reason when a disk the loop writes to is under --min-free-gb."""
+        return low_disk_reason([self.results_dir, self.ws.root, self.data_dir], self.settings.min_free_gb)
 
     def log_rel(self, trial, attempt) -> str:
         return f"runs/{trial}-{attempt}.log"
@@ -325,6 +346,7 @@ class Session:
             # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
             # itself is not a measurement. A foreign --command may only have stdout.
             require_result=s.command is None,
+            log_cap_bytes=int(s.log_cap_mb * 2**20), isolate=s.isolate,
         )
         label = f"#{plan.trial}" + (f".{plan.attempt}" if plan.attempt > 1 else "")
         self.console.line(f"{label} {plan.kind}: {plan.description} [{commit[:7]}] training {format_duration(s.budget)}")
@@ -333,6 +355,8 @@ class Session:
 
         self.enter("judging")
         record = self.judge(plan, commit, outcome, started, diff_lines)
+        if outcome.log_cut_bytes:
+            record.extra["log_cut_bytes"] = outcome.log_cut_bytes
         self.ledger.append(record)
         fault_point("recorded", plan.trial)
         if record.extra.get("confirm") == "pending" and not self.stop_event.is_set():
@@ -549,6 +573,7 @@ class Loop:
     def run(self) -> str:
         """Run until a stop condition; returns the stop reason (also stored in state.json)."""
         s, ss = self.settings, self.session
+        check_isolation(s)
         ss.check_workspace()
         with workspace_lock(ss.results_dir), ss.graceful_signals():
             ss.repair_ledger()
@@ -590,6 +615,9 @@ class Loop:
             last = ss.ledger.last(1)
             why = f"; last: {last[0]['reason']}" if last and last[0].get("reason") else ""
             return f"{self.proposer.name} failed {failures} times in a row ({flag} {limit}){why}"
+        low_disk = ss.low_disk()
+        if low_disk:
+            return low_disk
         if deadline is not None and time.time() + self._expected_trial_seconds() > deadline:
             return "time is up: the next trial could not finish before the --hours deadline"
         return None
@@ -602,6 +630,9 @@ class Loop:
 
     def _loop(self, deadline: float | None) -> str:
         ss = self.session
+        low_disk = ss.low_disk()
+        if low_disk:
+            return low_disk
         if ss.baseline_record() is None:
             if deadline is not None and time.time() + self._expected_trial_seconds() > deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
@@ -708,6 +739,7 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
     For an agent that drives itself: it edits the target, calls this, reads the verdict.
     The first call on a branch runs the baseline of the unmodified target first.
     """
+    check_isolation(settings)
     ss = Session(settings, workdir, console)
     ss.check_workspace()
     with workspace_lock(ss.results_dir), ss.graceful_signals():
@@ -726,6 +758,9 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
         if outside:
             ss.console.line(f"reverted changes outside {settings.target}: {', '.join(outside)}")
         ss.prepare_data()
+        low_disk = ss.low_disk()
+        if low_disk:
+            raise LoopError(low_disk)
         ss.state = RunState(tag=ss.tag, pid=os.getpid(), run_started_at=time.time())
         save_state(ss.results_dir, ss.state)
         if ss.baseline_record() is None:

@@ -10,6 +10,11 @@ hit), and any process that still carries the trial's private token in its enviro
 which finds daemons that double-forked and left the session before any sample saw them.
 ``run_trial`` returns only when none of them is alive.
 
+With ``log_cap_bytes`` the log keeps the first and the last half of the output around one
+line saying how much was cut (``autoloop.runlog``); with ``isolate`` the trial runs in a
+network namespace of its own (``autoloop.isolate``), entered between fork and exec so the
+session, token and subreaper arrangements above are unchanged.
+
 Decisions where DESIGN.md is silent:
   * The child's ``AUTOLOOP_RESULT`` is always the file the runner reads (``result_path``,
     else the spec's own ``AUTOLOOP_RESULT``); an inherited value is dropped, so a trial
@@ -45,6 +50,9 @@ from pathlib import Path
 
 import psutil
 from pydantic import BaseModel, Field, field_validator
+
+from autoloop.isolate import enter_network_namespace, isolation_available
+from autoloop.runlog import RunLog
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +100,11 @@ class TrialSpec(BaseModel):
     require_result: bool = False
     # A file fed to the command's stdin (an agent's prompt); None -> /dev/null, as for trials.
     stdin_path: Path | None = None
+    # Keep the log under this size: its first and last halves around a line saying what was
+    # cut (None or 0: no cap). The tail is what classification and fix requests read.
+    log_cap_bytes: int | None = Field(default=None, ge=0)
+    # Run the command in a network namespace of its own: no network (autoloop.isolate).
+    isolate: bool = False
 
     @field_validator("command", mode="before")
     @classmethod
@@ -120,6 +133,7 @@ class TrialOutcome(BaseModel):
     launch_error: str | None = None    # the command could not start ("command not found: uv")
     last_progress: str | None = None   # the last "step ..." line seen
     leftover_processes: int = 0        # descendants still alive after the main process ended, killed
+    log_cut_bytes: int = 0             # output cut from the middle of the log by its cap
 
 
 def _format_seconds(seconds: float) -> str:
@@ -144,45 +158,11 @@ def build_env(budget_s: float, seed: int, result_path: Path | None, data_dir: Pa
     return env
 
 
-# ---------------------------------------------------------------------------------
-# The log: one file written by the reader thread (and by the runner for its own notes).
-
-
-class _Log:
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "wb", buffering=0)  # unbuffered: the file grows as the trial prints
-        self._lock = threading.Lock()
-        self.notes: list[str] = []
-
-    def write(self, data: bytes) -> None:
-        with self._lock:
-            if self._file.closed:
-                return
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[self._file.write(view):]
-            except OSError as exc:  # disk full: keep draining the pipe, or the trial would block
-                self._file.close()
-                self.notes.append(f"[autoloop] log writing stopped: {exc}")
-
-    def note(self, text: str) -> None:
-        """A line of the runner's own, marked so that nobody takes it for trial output."""
-        line = f"[autoloop] {text}"
-        self.notes.append(line)
-        self.write(line.encode() + b"\n")
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
-
-
 class _Reader(threading.Thread):
     """Drains the trial's merged output into the log, keeping a bounded tail and the latest
     progress and metric lines. Never blocks the runner: a flood only costs this thread."""
 
-    def __init__(self, fd: int, log: _Log, metric: str, on_progress: Callable[[str], None] | None):
+    def __init__(self, fd: int, log: RunLog, metric: str, on_progress: Callable[[str], None] | None):
         super().__init__(name="autoloop-trial-reader", daemon=True)
         self._fd = fd
         self._log = log
@@ -522,7 +502,7 @@ def _child_env(spec: TrialSpec, result_path: Path | None, token: str) -> dict[st
     return env
 
 
-def _launch_failure(spec: TrialSpec, log: _Log, timeout_s: float, exit_code: int, error: str) -> TrialOutcome:
+def _launch_failure(spec: TrialSpec, log: RunLog, timeout_s: float, exit_code: int, error: str) -> TrialOutcome:
     log.note(error)
     log.close()
     now = time.time()
@@ -531,7 +511,7 @@ def _launch_failure(spec: TrialSpec, log: _Log, timeout_s: float, exit_code: int
                         log_tail=log.notes[-1], started_at=now, ended_at=now)
 
 
-def _supervise(proc: subprocess.Popen, tree: _Tree, log: _Log, spec: TrialSpec, deadline: float,
+def _supervise(proc: subprocess.Popen, tree: _Tree, log: RunLog, spec: TrialSpec, deadline: float,
                stop_event: threading.Event | None) -> tuple[str | None, int]:
     """Sample the tree until the main process exits or a limit ends it:
     (killed_reason, peak RSS of the tree in bytes)."""
@@ -582,7 +562,7 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
     token = uuid.uuid4().hex
     env = _child_env(spec, result_path, token)
     program = spec.command[0]
-    log = _Log(spec.log_path)
+    log = RunLog(spec.log_path, spec.log_cap_bytes)
     if not Path(spec.cwd).is_dir():
         return _launch_failure(spec, log, spec.timeout_s, 127, f"workspace not found: {spec.cwd}")
 
@@ -590,14 +570,21 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
         started_at, t0 = time.time(), time.monotonic()
         stdin = open(spec.stdin_path, "rb") if spec.stdin_path is not None else subprocess.DEVNULL
         try:
+            # preexec_fn runs between fork and exec; ruff calls it unsafe with threads because
+            # the child may need a lock another thread held at the fork. The isolation code
+            # takes none (see autoloop.isolate), and without --isolate there is no preexec_fn.
             proc = subprocess.Popen(spec.command, cwd=spec.cwd, env=env, stdin=stdin,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=enter_network_namespace if spec.isolate else None)  # noqa: PLW1509
         except FileNotFoundError:
             return _launch_failure(spec, log, spec.timeout_s, 127, f"command not found: {program}")
         except PermissionError:
             return _launch_failure(spec, log, spec.timeout_s, 126, f"command not executable: {program}")
         except OSError as exc:
             return _launch_failure(spec, log, spec.timeout_s, 126, f"cannot start {program}: {exc.strerror or exc}")
+        except subprocess.SubprocessError:  # only preexec_fn raises it: the namespace was refused
+            why = isolation_available()[1] or "the kernel refused it"
+            return _launch_failure(spec, log, spec.timeout_s, 126, f"--isolate: cannot enter a network namespace ({why})")
         finally:
             if stdin is not subprocess.DEVNULL:
                 stdin.close()  # the child has its own copy of the descriptor
@@ -633,5 +620,5 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
         metric_name=spec.metric, metric=metric, metric_error=metric_error, summary=_parse_summary(tail),
         result=result, peak_rss_mb=peak / 2**20, wall_seconds=wall_seconds, log_path=spec.log_path,
         log_tail=tail, started_at=started_at, ended_at=time.time(), timeout_s=spec.timeout_s,
-        last_progress=reader.last_progress, leftover_processes=leftovers,
+        last_progress=reader.last_progress, leftover_processes=leftovers, log_cut_bytes=log.cut_bytes,
     )
