@@ -367,6 +367,28 @@ def test_a_proposer_that_tampers_while_proposing_is_restored_before_the_run(tmp_
     assert "(before the run)" in autoloop(repo, "status", data_dir=data_copy, env=env, check=True).stdout
 
 
+def test_autoloop_trial_checks_against_the_first_snapshot_of_its_branch(tmp_path, data_copy, harness_copy):
+    """A self-driving agent works between `autoloop trial` calls: what it changed in the
+    harness meanwhile is found (a fresh snapshot per call would have blessed it)."""
+    harness, env = harness_copy
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0), "program.md": PROGRAM})
+    trial = ["trial", "--budget", "2", "--timeout", "25", "--tag", "t", "--device", "cpu",
+             "--command", f"{sys.executable} train.py"]
+    (repo / "train.py").write_text(fake_train(0.95))
+    first = autoloop(repo, *trial, "-m", "lower", data_dir=data_copy, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    pristine_eval = (harness / "evaluate.py").read_bytes()
+    (harness / "evaluate.py").write_text("# the agent rewrote the scorer\n")
+    (repo / "train.py").write_text(fake_train(0.9))
+    second = autoloop(repo, *trial, "-m", "lower again", data_dir=data_copy, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    ledger = assert_invariants(repo)
+    assert [(r["kind"], r["status"]) for r in ledger] == [("baseline", "keep"), ("candidate", "keep"),
+                                                          ("candidate", "keep")]
+    assert ledger[-1]["extra"]["tampered_before_run"] == ["autoloop/evaluate.py"]
+    assert (harness / "evaluate.py").read_bytes() == pristine_eval
+
+
 def test_a_kill_between_the_trial_and_the_restore_is_recovered(tmp_path, data_copy):
     repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0), "program.md": PROGRAM})
     queue_file(repo, "01.py", fake_train(0.9, TAMPER_DATA), "append to val.bin")
