@@ -100,6 +100,8 @@ def _digest(path: Path) -> tuple[str, int, int, int, str | None]:
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(path)
         return hashlib.sha256(b"symlink\0" + os.fsencode(target)).hexdigest(), 0, 0, 0, target
+    if not stat.S_ISREG(st.st_mode):   # a folder, FIFO, socket: never opened (a FIFO would block)
+        return hashlib.sha256(b"special\0%o" % stat.S_IFMT(st.st_mode)).hexdigest(), 0, 0, 0, None
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -207,7 +209,7 @@ class Guard:
     def _take(path: Path, blobs: Path, backup: bool, strict: bool, check_mtime: bool) -> Entry | None:
         try:
             sha, size, mode, mtime, link = _digest(path)
-            keep = backup and link is None
+            keep = backup and link is None and stat.S_ISREG(os.lstat(path).st_mode)
             if keep and not (blobs / sha).exists():
                 tmp = blobs / f".{sha}.{os.getpid()}.tmp"
                 shutil.copyfile(path, tmp)

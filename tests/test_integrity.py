@@ -164,6 +164,18 @@ def test_harness_bytecode_and_mtime_are_protected(tmp_path):
     assert guard.verify() == []
 
 
+def test_a_fifo_or_folder_put_among_the_data_never_blocks_the_check(tmp_path):
+    guard, pkg, ws, data = snap(tmp_path)
+    os.mkfifo(data / "pipe")                  # opening it to hash it would wait for a writer forever
+    (data / "val.bin").unlink()
+    (data / "val.bin").mkdir()
+    (data / "val.bin" / "inside").write_bytes(b"x")
+    found = guard.check(tmp_path / "evidence")
+    assert found.paths == [f"{DATA_LABEL}/pipe", f"{DATA_LABEL}/val.bin", f"{DATA_LABEL}/val.bin/inside"]
+    assert found.unrestorable == [] and (data / "val.bin").read_bytes() == bytes(range(256)) * 8
+    assert not (data / "pipe").exists()
+
+
 def test_program_md_created_by_a_trial_is_removed(tmp_path):
     pkg, ws, data = make_inputs(tmp_path)
     (ws / "program.md").unlink()
