@@ -65,6 +65,9 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
                         "strict: keep any gain > min-delta (default auto: noise once an estimate exists)")
     p.add_argument("--noise-z", type=float, metavar="Z", help="z of the noise rule (default 2.0)")
     p.add_argument("--max-rss-gb", type=float, metavar="GB", help="kill a trial whose processes use more memory than this")
+    p.add_argument("--sanity-bound", type=float, metavar="X",
+                   help="re-run a trial whose gain exceeds X x |best| before keeping it, and keep it only if the "
+                        "re-run beats the best too (default 0.1, i.e. 10%%; 0: off)")
     p.add_argument("--corpus", metavar="SOURCE", help="'stdlib' (default) or a directory, file or glob of text")
     p.add_argument("--data-dir", metavar="DIR", help="prepared data folder (default: per-user cache)")
     p.add_argument("--device", metavar="DEV", help="cpu, cuda, cuda:N or mps (default: auto-detect)")
@@ -80,7 +83,8 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
 _SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction", "tag", "min_delta", "seed",
                   "max_rss_gb", "corpus", "data_dir", "device", "hours", "max_trials", "proposer", "queue_dir",
                   "max_proposer_failures", "resume", "agent", "agent_cmd", "agent_timeout", "max_fix_attempts",
-                  "max_agent_failures", "noise_runs", "keep_rule", "noise_z", "remeasure"]
+                  "max_agent_failures", "noise_runs", "keep_rule", "noise_z", "remeasure",
+                  "sanity_bound"]
 _SETTING_FLAGS += ["log_cap_mb", "min_free_gb", "isolate"]
 
 

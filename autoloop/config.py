@@ -147,6 +147,17 @@ class Settings(BaseModel):
     noise_z: float = Field(default=2.0, gt=0)  # keep when improvement > max(min_delta, z x noise)
     remeasure: bool = False                    # re-run the best noise_runs times at start
     max_rss_gb: float | None = Field(default=None, gt=0)   # kill a trial whose tree grows past this
+    # Integrity (README "Integrity"): a single-run gain over sanity_bound x |best| is re-run
+    # before it can be kept; 0 turns the check off.
+    sanity_bound: float = Field(default=0.1, ge=0, allow_inf_nan=False)
+
+    @field_validator("sanity_bound", mode="before")
+    @classmethod
+    def _sanity_bound_number(cls, v: Any) -> Any:
+        if isinstance(v, bool):   # `sanity_bound = true` is a mistake, not 1.0
+            raise ValueError(f"must be a number, got {_show(v)}")
+        return v
+
     # -- data ----------------------------------------------------------------------------------
     corpus: str = "stdlib"
     data_dir: str | None = None

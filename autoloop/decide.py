@@ -145,16 +145,39 @@ class Judgement:
 
 def judge_runs(runs: list[float], best: float | None, direction: Direction = "min", min_delta: float = 0.0,
                *, noise: float | None = None, z: float = 2.0, rule: str = "auto",
-               can_confirm: bool = True) -> Judgement:
+               can_confirm: bool = True,
+               sanity_bound: float = 0.0) -> Judgement:
     """Keep, discard or confirm a candidate from the metrics of its runs (one or more seeds).
 
     strict: keep when the mean improves on the best by more than min_delta (autoresearch).
     noise:  keep when it improves by more than max(min_delta, z x noise); an improvement
             that is positive but not above that threshold is re-run once (``confirm``,
             only while ``can_confirm`` and the candidate has a single run) and then kept
-            only if the mean of its runs still clears the threshold, else discarded as
-            ``within noise``.
+            only if the mean of its n runs clears max(min_delta, z x noise / sqrt(n)),
+            else discarded as ``within noise``.
     """
+    # Sanity bound, under any rule: a first run that beats the best by more than
+    # sanity_bound x |best| is more often a broken measurement (a leak into the validation
+    # data, a metric computed on the wrong bytes) than a breakthrough. It is re-run once
+    # (while can_confirm), and afterwards kept only if the re-run by itself beats the best
+    # too; then the mean must still clear the usual rule below. 0 turns it off.
+    if sanity_bound > 0 and best is not None and math.isfinite(best) and runs and runs[0] is not None:
+        bound = sanity_bound * abs(best)
+        first = improvement(runs[0], best, direction)
+        if first > bound:
+            used = effective_rule(rule, noise)
+            finite = [x for x in runs if x is not None and math.isfinite(x)]
+            mean = sum(finite) / len(finite) if finite else float("nan")
+            delta = improvement(mean, best, direction)
+            if len(runs) == 1 and can_confirm:
+                return Judgement("confirm", f"suspiciously large gain ({_num(first)} > sanity bound "
+                                 f"{sanity_bound:g} x |best| = {_num(bound)}): confirming with a re-run",
+                                 delta, mean, confidence(delta, noise), used)
+            last = runs[-1]
+            if len(runs) > 1 and not (last is not None and improvement(last, best, direction) > 0):
+                return Judgement("discard", f"the re-run did not reproduce a suspiciously large gain "
+                                 f"(re-run {_num(last) if last is not None else last} vs best {_num(best)})",
+                                 delta, mean, confidence(delta, noise), used)
     used = effective_rule(rule, noise)
     xs = [x for x in runs if x is not None]
     mean = sum(xs) / len(xs) if xs else float("nan")

@@ -37,6 +37,7 @@ from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.decide import decide, judge_runs, noise_estimate
 from autoloop.diskspace import low_disk_reason
 from autoloop.isolate import isolation_available
+from autoloop.integrity import IntegrityError, Tampering, open_guard, recover_inputs, tampered_reason
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
@@ -175,6 +176,7 @@ class Session:
         self._progress_saved_at = 0.0
         self.data_dir: Path | None = None
         self.fingerprint: str | None = None
+        self.guard = None    # integrity.Guard over harness, program.md and data; set by prepare_data
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -190,7 +192,7 @@ class Session:
         if report:
             self.console.line(f"ledger: {report}")
 
-    def prepare_data(self) -> None:
+    def prepare_data(self, reuse_snapshot: bool = False) -> None:
         spec = CorpusSpec(source=self.settings.corpus)
         info = ensure_prepared(spec, self.settings.data_dir)
         self.data_dir = info.data_dir
@@ -201,6 +203,11 @@ class Session:
         if baseline and baseline.fingerprint and baseline.fingerprint != self.fingerprint:
             raise LoopError(f"the data changed since this branch's baseline (fingerprint {baseline.fingerprint}, "
                             f"now {self.fingerprint}); results would not be comparable: start a new --tag")
+        try:
+            self.guard = open_guard(self.results_dir, self.ws.root, self.data_dir, self.tag, reuse=reuse_snapshot,
+                                    evidence_dir=self.results_dir / "quarantine" / "prepared-data")
+        except IntegrityError as e:
+            raise LoopError(str(e)) from None
 
     def baseline_record(self) -> LedgerRecord | None:
         for record in self.ledger.records():
@@ -243,6 +250,12 @@ class Session:
                 finish_log(self.results_dir / self.log_rel(state.trial, state.attempt))
             except OSError as e:
                 self.console.line(f"recovery: the log of the interrupted trial stays in pieces ({e})")
+        # Killed after the trial but before its check: put the measurement's inputs back first.
+        tampered = recover_inputs(self.results_dir, self.tamper_dir(state.trial, state.attempt))
+        if tampered:
+            self.console.line(f"recovery: {tampered_reason(tampered.paths)} (by the interrupted attempt); restored")
+        if tampered.unrestorable:
+            raise LoopError(tampered.message)
         index_lock = self.ws.root / ".git" / "index.lock"
         if index_lock.exists():
             # We hold the workspace lock, so no git command of ours is running: the lock was
@@ -271,7 +284,9 @@ class Session:
                 trial=state.trial, attempt=state.attempt or 1, kind=state.kind or "candidate",
                 started_at=state.attempt_started_at or now, ended_at=now, proposer=state.proposer or "-",
                 parent=state.best, commit=candidate, description=state.description or "interrupted",
-                status="crash", crash="fundamental", reason=f"interrupted (orchestrator stopped during {state.phase})",
+                status="crash", crash="fundamental", reason=f"interrupted (orchestrator stopped during {state.phase})"
+                + (f"; {tampered_reason(tampered.paths)}" if tampered else ""),
+                extra={"tampered": tampered.paths} if tampered else {},
                 metric_name=self.settings.metric, seed=self.settings.seed, best=best, best_metric=state.best_metric,
                 log_path=self.log_rel(state.trial, state.attempt),
             )
@@ -294,6 +309,10 @@ class Session:
 
     def quarantine_dir(self, trial, attempt) -> Path:
         return self.results_dir / "quarantine" / f"{trial}-{attempt}"
+
+    def tamper_dir(self, trial, attempt) -> Path:
+        """Where the changed versions of protected inputs go when they are restored."""
+        return self.results_dir / "quarantine" / f"{trial}-{attempt}-tampered"
 
     # -- one attempt ---------------------------------------------------------------------
 
@@ -319,6 +338,11 @@ class Session:
         """Commit the target's edit (unless baseline/confirm), run it, judge it, record it,
         and leave the branch at the best commit."""
         s = self.settings
+        # A proposer may have changed a protected input while proposing: restored, the run
+        # is then a valid measurement, and the record says what was found.
+        before = self.check_inputs(plan.trial, plan.attempt)
+        if before.unrestorable:
+            raise LoopError(before.message)
         started = time.time()
         self.enter("committing", trial=plan.trial, attempt=plan.attempt, kind=plan.kind,
                    description=plan.description, proposer=plan.proposer, best=plan.parent,
@@ -354,9 +378,14 @@ class Session:
                             stop_event=self.stop_event, on_start=self._remember_children)
 
         self.enter("judging")
+        after = self.check_inputs(plan.trial, plan.attempt)   # restored before the record is appended
         record = self.judge(plan, commit, outcome, started, diff_lines)
         if outcome.log_cut_bytes:
             record.extra["log_cut_bytes"] = outcome.log_cut_bytes
+        if before:
+            record.extra["tampered_before_run"] = before.paths
+        if after:
+            self.invalidate(record, plan, after.paths)
         self.ledger.append(record)
         fault_point("recorded", plan.trial)
         if record.extra.get("confirm") == "pending" and not self.stop_event.is_set():
@@ -368,7 +397,29 @@ class Session:
             self.ws.reset_to(record.best)
         self.enter("idle", candidate=None, child_pids=[], progress=None)
         self.console.line(self.verdict_line(label, record, plan.parent_metric))
+        if after.unrestorable:
+            raise LoopError(after.message)
         return record
+
+    def check_inputs(self, trial: int, attempt: int) -> Tampering:
+        """Verify the measurement's protected inputs and restore what changed (integrity.py)."""
+        if self.guard is None:
+            return Tampering()
+        found = self.guard.check(self.tamper_dir(trial, attempt))
+        if found:
+            where = self.tamper_dir(trial, attempt).relative_to(self.ws.root)
+            self.console.line(f"#{trial}: {tampered_reason(found.paths)}; restored (changed versions in {where})")
+        return found
+
+    def invalidate(self, record: LedgerRecord, plan: AttemptPlan, paths: list[str]) -> None:
+        """A protected input changed during the trial: its number cannot be trusted."""
+        if record.metric is not None:
+            record.extra["invalid_metric"] = record.metric
+        record.status, record.crash, record.reason = "crash", "fundamental", tampered_reason(paths)
+        record.metric = record.noise = record.confidence = None
+        record.best, record.best_metric = (None, None) if plan.kind == "baseline" else (plan.parent, plan.parent_metric)
+        record.extra.pop("confirm", None)
+        record.extra["tampered"] = paths
 
     def _on_progress(self, label: str, line: str) -> None:
         """Live line on the terminal; the state file too (for `autoloop status`), at most every 2 s."""
@@ -440,7 +491,7 @@ class Session:
             return record
         noise = self.noise()
         j = judge_runs(runs, plan.parent_metric, s.direction, s.min_delta, noise=noise, z=s.noise_z,
-                       rule=s.keep_rule, can_confirm=plan.can_confirm)
+                       rule=s.keep_rule, can_confirm=plan.can_confirm, sanity_bound=s.sanity_bound)
         record.noise, record.confidence, record.reason = noise, j.confidence, j.reason
         if len(runs) > 1:
             record.extra["runs"] = runs
@@ -757,7 +808,7 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
         outside = ss.ws.scope_guard(ss.quarantine_dir(ss.ledger.next_trial(), 1), base=base)
         if outside:
             ss.console.line(f"reverted changes outside {settings.target}: {', '.join(outside)}")
-        ss.prepare_data()
+        ss.prepare_data(reuse_snapshot=True)   # the agent worked since the last call: check against that
         low_disk = ss.low_disk()
         if low_disk:
             raise LoopError(low_disk)

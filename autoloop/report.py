@@ -164,6 +164,19 @@ def is_noise_sample(record: LedgerRecord) -> bool:
     return "noise_samples" in record.extra
 
 
+def tampered_attempts(records: list[LedgerRecord]) -> list[dict]:
+    """Attempts that found a protected input of the measurement changed (integrity.py):
+    "during" the attempt (its trial is invalid: crash, fundamental) or "before" its run
+    (a proposer changed it; restored, so the run stood). Restored in both cases."""
+    out = []
+    for r in records:
+        for key, when in (("tampered", "during"), ("tampered_before_run", "before")):
+            if r.extra.get(key):
+                out.append({"trial": r.trial, "attempt": r.attempt, "when": when, "status": r.status,
+                            "description": r.description, "paths": list(r.extra[key])})
+    return out
+
+
 def status_data(results_dir: Path, now: float | None = None) -> dict:
     """A JSON-ready snapshot of the loop: current attempt, best, counts, pace, time left."""
     now = now or time.time()
@@ -221,6 +234,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "deadline": state.deadline,
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
         "stop_reason": state.stop_reason if state.phase == "stopped" else None,
+        "tampered": tampered_attempts(records),
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
                   "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
     }
@@ -271,6 +285,13 @@ def status_text(data: dict) -> str:
         lines.append(f"time left: {_coarse(data['time_left_s'])}")
     if data.get("noise") is not None:
         lines.append(f"noise: σ {data['noise']:.6f} (the noise rule needs a gain beyond z x σ)")
+    if data.get("tampered"):
+        found = data["tampered"]
+        shown = "; ".join(f"#{trial_label(t['trial'], t['attempt'])} {', '.join(t['paths'][:3])}"
+                          + (f" +{len(t['paths']) - 3} more" if len(t["paths"]) > 3 else "")
+                          + (" (before the run)" if t["when"] == "before" else "") for t in found[-5:])
+        lines.append(f"TAMPERED: {len(found)} attempt{'s' if len(found) != 1 else ''} changed a protected input "
+                     f"(restored): {shown}")
     return "\n".join(lines)
 
 
@@ -468,6 +489,23 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
                 out.append(f"- #{trial_label(r.trial, r.attempt)} {_md(r.description)}: {_md(r.reason)}"
                            + (f" (log `results/{r.log_path}`)" if r.log_path else ""))
             out.append("")
+
+    # -- integrity
+    out += ["## Integrity", ""]
+    tampered = tampered_attempts(records)
+    if not tampered:
+        out += ["No attempt changed the harness, `program.md` or the prepared data.", ""]
+    else:
+        out += [f"**{len(tampered)} attempt{'s' if len(tampered) != 1 else ''} changed an input of the measurement** "
+                "(the harness, `program.md` or the prepared data). Each was restored from "
+                "`results/.pristine/`; the changed versions are in `results/quarantine/<trial>-<attempt>-tampered/`. "
+                "Found during an attempt: that attempt is invalid (crash). Found before a run: a proposer made the "
+                "change, and the run, made on the restored inputs, stood.", ""]
+        for t in tampered:
+            out.append(f"- #{trial_label(t['trial'], t['attempt'])} {_md(t['description'])} ({t['when']} the "
+                       f"{'attempt' if t['when'] == 'during' else 'run'}, {t['status']}): "
+                       + ", ".join(f"`{p}`" for p in t["paths"]))
+        out.append("")
 
     # -- noise
     out += ["## Noise", ""]

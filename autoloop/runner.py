@@ -473,8 +473,12 @@ def _read_metric(spec: TrialSpec, result_path: Path | None, nonce: str | None,
         return None, f"result file unreadable: {exc}", None
     if not isinstance(result, dict):
         return None, "result file unreadable: not a JSON object", None
+    # Missing and wrong nonces are told apart: a result file without one was not written by
+    # autoloop.evaluate under this harness; one with another nonce is another trial's.
+    if nonce and not result.get("nonce"):
+        return None, "result file has no nonce (not written for this trial by autoloop.evaluate)", result
     if nonce and result.get("nonce") != nonce:
-        return None, "result nonce mismatch", result
+        return None, "result nonce mismatch (the result file belongs to another trial)", result
     value = result.get(name, result.get("value") if result.get("metric") == name else None)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None, f"result file has no numeric {name}", result

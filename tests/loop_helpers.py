@@ -56,6 +56,10 @@ def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeou
         # The existing end-to-end tests count ledger rows of a night without noise runs;
         # tests/test_noise.py covers them.
         args = (*args, "--noise-runs", "0")
+    if args and args[0] in ("run", "trial") and "--sanity-bound" not in args:
+        # Nor the sanity re-run of large gains (GOOD beats SLOW by far more than 10 %);
+        # tests/test_integrity.py covers it.
+        args = (*args, "--sanity-bound", "0")
     cmd = [sys.executable, "-m", "autoloop.cli", *args]
     full_env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu", **(env or {})}
     proc = subprocess.run(cmd, cwd=repo, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -197,6 +197,7 @@ def test_result_within_print_rounding_agrees(tmp_path):
     (("-", "nan"), {}, "val_bpb is nan"),
     (("nan", "-"), {}, "val_bpb is nan"),
     (("1.25", "1.250000", "someone-else"), {"AUTOLOOP_NONCE": "n0nce"}, "result nonce mismatch"),
+    (("1.25", "1.250000", ""), {"AUTOLOOP_NONCE": "n0nce"}, "result file has no nonce"),
     (("garbage", "1.250000"), {}, "result file unreadable: "),
 ])
 def test_unusable_metric_is_a_fundamental_failure(tmp_path, args, env, error):

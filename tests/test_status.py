@@ -86,7 +86,8 @@ def test_status_during_and_after_a_real_run(tiny_data_dir, tmp_path):
     log = tmp_path / "run.log"     # redirected, as under nohup: no terminal
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", "run", "--budget", "8", "--timeout", "120",
-                                 "--proposer", "queue", "--tag", "t", "--hours", "1", "--noise-runs", "0"],
+                                 "--proposer", "queue", "--tag", "t", "--hours", "1", "--noise-runs", "0",
+                                 "--sanity-bound", "0"],
                                 cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         state_file = repo / "results" / "state.json"
