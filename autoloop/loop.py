@@ -810,6 +810,17 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
                             f"switch to it or pass --tag NAME")
         else:
             ss.ws.start_branch(ss.tag, resume=False)   # a new branch at HEAD keeps the edit
+        events: list[str] = []
+        best = ss.best()[0]
+        if best and load_state(ss.results_dir).tag == ss.tag and ss.ws.head() != best:
+            # An agent that committed its edit (or amended the best, or reset): the net
+            # change on top of the best is the candidate, the branch goes back to the best.
+            try:
+                events = git_guard.reconcile(ss.ws, ss.tag, best, ss.ledger.next_trial(), 1).events
+            except WorkspaceError as e:
+                raise LoopError(str(e)) from None
+            if events:
+                ss.console.line(f"git: {'; '.join(events)}")
         base = ss.ws.head()
         outside = ss.ws.scope_guard(ss.quarantine_dir(ss.ledger.next_trial(), 1), base=base)
         if outside:
@@ -829,5 +840,5 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
             raise LoopError(f"{settings.target} has no change to try; edit it first")
         best, best_metric = ss.best()
         record = ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
-                                            best, best_metric, outside))
+                                            best, best_metric, outside, git_events=events))
         return ss.confirm(record, best, best_metric)

@@ -7,7 +7,6 @@ from the constants the agents set: no training, each night takes a few seconds.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -193,6 +192,32 @@ def test_well_behaved_agent_has_no_git_events(repo, tiny_data_dir):
     assert agent_refs(repo) == {}
 
 
+def test_trial_command_takes_a_self_driving_agents_commits(repo, tiny_data_dir):
+    """`autoloop trial` after the agent committed its edit itself: the commit is the change tried."""
+    def trial(message: str) -> subprocess.CompletedProcess:
+        return autoloop(repo, "trial", "-m", message, "--command", f"{sys.executable} train.py", "--budget", "2",
+                        "--tag", "t", data_dir=tiny_data_dir)
+
+    (repo / "train.py").write_text(TRAIN.replace("X = 1.0", "X = 0.5"))
+    assert trial("lower X").returncode == 0
+    best = git(repo, "rev-parse", "HEAD")
+    (repo / "train.py").write_text(TRAIN.replace("X = 1.0", "X = 0.25"))
+    git(repo, "commit", "-q", "-am", "lower X again")
+    proc = trial("lower X again")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "git: agent committed 1 commit(s)" in proc.stdout
+    record = last(repo)
+    assert (record["status"], record["metric"]) == ("keep", 1.25)
+    assert record["extra"]["git_events"] == ["agent committed 1 commit(s)"]
+    assert git(repo, "rev-parse", "HEAD~1") == best
+    assert_invariants(repo)
+
+    git(repo, "rm", "-q", "train.py")
+    proc = trial("nothing")
+    assert proc.returncode == 1 and proc.stderr.startswith("autoloop: train.py not found in ")
+    assert len(proc.stderr.splitlines()) == 1
+
+
 # ------------------------------------------------------------------------------ reconcile alone
 
 
@@ -210,7 +235,7 @@ def test_reconcile_restores_deleted_refs_and_abandons_a_merge(repo):
     # The agent: a commit, a conflicting merge, a detached HEAD, the branch and tag deleted.
     (repo / "train.py").write_text(TRAIN.replace("Y = 1.0", "Y = 2.0"))
     git(repo, "commit", "-q", "-am", "mine")
-    subprocess.run(["git", "merge", "-q", "side"], cwd=repo, capture_output=True)
+    subprocess.run(["git", "merge", "-q", "side"], cwd=repo, capture_output=True, check=False)  # conflicts
     assert (repo / ".git" / "MERGE_HEAD").exists()
     git(repo, "update-ref", "--no-deref", "HEAD", git(repo, "rev-parse", "HEAD"))
     git(repo, "branch", "-q", "-D", "autoloop/t")
@@ -252,13 +277,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_sigkill_during_the_agent_then_resume_ends_the_whole_agent_tree(repo, tiny_data_dir, tmp_path):
+@pytest.mark.parametrize("switch", [False, True])
+def test_sigkill_during_the_agent_then_resume_ends_the_whole_agent_tree(repo, tiny_data_dir, tmp_path, switch):
     night(repo, tiny_data_dir, "no_change.py", "--max-agent-failures", "1", resume=False)   # the baseline
+    best = git(repo, "rev-parse", "HEAD")
     pids_file = tmp_path / "pids"
     env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
-    cmd = [sys.executable, "-m", "autoloop.cli", "run", "--proposer", "agent", "--agent-cmd",
-           f"{FAKE / 'spawn_and_sleep.py'} {pids_file}", "--command", f"{sys.executable} train.py",
-           "--budget", "2", "--tag", "t", "--resume", "--noise-runs", "0"]
+    agent = f"{FAKE / 'spawn_and_sleep.py'} {pids_file}" + (" switch agent-work" if switch else "")
+    cmd = [sys.executable, "-m", "autoloop.cli", "run", "--proposer", "agent", "--agent-cmd", agent,
+           "--command", f"{sys.executable} train.py", "--budget", "2", "--tag", "t", "--resume", "--noise-runs", "0"]
     orchestrator = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True)
     pids = [int(p) for p in wait_for(pids_file, orchestrator).split()]
@@ -266,9 +293,23 @@ def test_sigkill_during_the_agent_then_resume_ends_the_whole_agent_tree(repo, ti
     orchestrator.communicate()
     assert all(alive(pid) for pid in pids)   # the agent, its child and its detached child
 
-    proc = night(repo, tiny_data_dir, "improve.py X=0.5")
+    proc = night(repo, tiny_data_dir, "improve.py X=0.25")
     assert "recovery: ended 3 process(es)" in proc.stdout
     assert not any(alive(pid) for pid in pids)
     ledger = assert_invariants(repo)
     assert [(r["trial"], r["status"]) for r in ledger[1:]] == [(1, "skip"), (2, "crash"), (3, "keep")]
-    assert ledger[2]["reason"] == "interrupted (orchestrator stopped during proposing)"
+    interrupted = ledger[2]
+    assert interrupted["reason"] == "interrupted (orchestrator stopped during proposing)"
+    assert ledger[3]["parent"] == best and ledger[3]["metric"] == 1.25
+    if switch:
+        # The agent's branch and commit stay; its edit is the interrupted candidate, kept
+        # under the trial's ref on top of the best.
+        assert interrupted["extra"]["git_events"] == [
+            "agent switched to branch agent-work", "agent committed 1 commit(s) on agent-work"]
+        assert "recovery: git: agent switched to branch agent-work" in proc.stdout
+        assert git(repo, "rev-parse", f"{interrupted['commit']}~1") == best
+        assert "X = 0.5" in git(repo, "show", f"{interrupted['commit']}:train.py")
+        assert git(repo, "log", "-1", "--format=%s", "agent-work") == "agent's own commit"
+        assert git(repo, "rev-parse", "main") == best
+    else:
+        assert interrupted["commit"] is None and "git_events" not in interrupted["extra"]
