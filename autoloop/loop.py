@@ -24,12 +24,13 @@ import statistics
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 from filelock import FileLock, Timeout
 
+from autoloop import git_guard
 from autoloop.classify import classify
 from autoloop.config import Settings, format_duration
 from autoloop.console import Console
@@ -41,7 +42,7 @@ from autoloop.integrity import IntegrityError, Tampering, open_guard, recover_in
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
-from autoloop.runner import TrialOutcome, TrialSpec, build_env, run_trial
+from autoloop.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env, run_trial
 from autoloop.runlog import finish_log
 from autoloop.state import RunState, load_state, save_state, set_phase
 from autoloop.workspace import Workspace, WorkspaceError
@@ -70,6 +71,7 @@ class AttemptPlan:
     prior_runs: list[float] | None = None     # metrics of earlier runs of the same commit
     noise_sample: tuple[int, int] | None = None   # (k, N): a run of the best to estimate noise
     can_confirm: bool = True                  # a within-noise gain may be re-run once
+    git_events: list[str] = field(default_factory=list)   # what the proposer did to git (git_guard)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -93,16 +95,67 @@ def workspace_lock(results_dir: Path):
         lock.release()
 
 
-def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0) -> int:
-    """End processes left by an interrupted run (same pid *and* start time only)."""
-    alive = []
+def leftover_processes(pids: list[tuple[int, float]], token: str | None = None) -> list[psutil.Process]:
+    """Every process an interrupted run left: the recorded ones (same pid *and* start time
+    only), everything carrying its token, everything in the session of either (agents and
+    trials run in sessions of their own), and their descendants.
+
+    A session id cannot be reused while the session has a member, so a session proven ours
+    by a live member holds nothing else; our own session is never one of them.
+    """
+    found: dict[int, psutil.Process] = {}
+    sessions: set[int] = set()
+    me = os.getpid()
+
+    def take(proc: psutil.Process) -> None:
+        found[proc.pid] = proc
+        try:
+            sessions.add(os.getsid(proc.pid))
+        except OSError:
+            pass
+
     for pid, created in pids:
         try:
             proc = psutil.Process(pid)
             if abs(proc.create_time() - created) < 1.0:
-                alive.append(proc)
+                take(proc)
         except psutil.Error:
             continue
+    procs = [p for p in psutil.process_iter() if p.pid != me]
+    if token:
+        for proc in procs:
+            try:
+                if proc.environ().get(TOKEN_VAR) == token:
+                    take(proc)
+            except psutil.Error:
+                continue
+    sessions.discard(os.getsid(0))
+    for proc in procs:
+        try:
+            if proc.pid not in found and os.getsid(proc.pid) in sessions:
+                found[proc.pid] = proc
+        except OSError:
+            continue
+    for proc in list(found.values()):
+        try:
+            for child in proc.children(recursive=True):
+                if child.pid != me:
+                    found.setdefault(child.pid, child)
+        except psutil.Error:
+            continue
+    living = []
+    for proc in found.values():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:   # a zombie has nothing left to end
+                living.append(proc)
+        except psutil.Error:
+            continue
+    return living
+
+
+def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0, token: str | None = None) -> int:
+    """End what an interrupted run left (see leftover_processes): SIGTERM, then SIGKILL."""
+    alive = leftover_processes(pids, token)
     for proc in alive:
         try:
             proc.terminate()
@@ -242,7 +295,7 @@ class Session:
         if state.tag and state.tag != self.tag:
             raise LoopError(f"an attempt of tag '{state.tag}' was interrupted; resume it with "
                             f"--resume --tag {state.tag} first")
-        ended = end_processes(state.child_pids)
+        ended = end_processes(state.child_pids, token=state.child_token)
         if ended:
             self.console.line(f"recovery: ended {ended} process(es) left by the interrupted trial")
         if state.trial is not None and state.attempt is not None:
@@ -270,12 +323,23 @@ class Session:
         else:
             best = state.best or self.ws.head()
             candidate = state.candidate
+            events: list[str] = []
+            deleted = False
+            if state.phase == "proposing" and state.best:
+                # The proposer may have committed, switched branch or reset before the kill.
+                try:
+                    guard = git_guard.reconcile(self.ws, self.tag, best, state.trial, state.attempt or 1)
+                except WorkspaceError as e:
+                    raise LoopError(str(e)) from None
+                events, deleted = guard.events, guard.target_deleted
+                if events:
+                    self.console.line(f"recovery: git: {'; '.join(events)}")
             head = self.ws.head()
             if candidate is None and head != best and self.ws.is_ancestor(best, head):
                 candidate = head   # committed, killed before the state said so
             if candidate is None and state.kind not in ("baseline", "confirm"):
                 self.ws.scope_guard(self.quarantine_dir(state.trial, state.attempt), base=best)
-                if self.ws.target_changed():
+                if self.ws.target_changed() and not deleted:
                     candidate = self.ws.commit_candidate(f"{state.description or 'interrupted candidate'}"
                                                          f"\n\nautoloop trial {state.trial}.{state.attempt} (interrupted)")
             ref = self.ws.save_trial_ref(self.tag, state.trial, state.attempt, candidate) if candidate else None
@@ -286,9 +350,10 @@ class Session:
                 parent=state.best, commit=candidate, description=state.description or "interrupted",
                 status="crash", crash="fundamental", reason=f"interrupted (orchestrator stopped during {state.phase})"
                 + (f"; {tampered_reason(tampered.paths)}" if tampered else ""),
-                extra={"tampered": tampered.paths} if tampered else {},
                 metric_name=self.settings.metric, seed=self.settings.seed, best=best, best_metric=state.best_metric,
                 log_path=self.log_rel(state.trial, state.attempt),
+                extra={**({"tampered": tampered.paths} if tampered else {}),
+                       **({"git_events": events} if events else {})},
             )
             if state.kind == "baseline":
                 record.best, record.best_metric = None, None
@@ -455,7 +520,7 @@ class Session:
             diff_lines=diff_lines, seed=plan.seed if plan.seed is not None else s.seed, fingerprint=result.get("fingerprint") or self.fingerprint,
             log_path=self.log_rel(plan.trial, plan.attempt), outside_changes=plan.outside_changes,
             best=plan.parent, best_metric=plan.parent_metric,
-            extra={k: v for k, v in {"source": plan.source}.items() if v},
+            extra={k: v for k, v in {"source": plan.source, "git_events": plan.git_events}.items() if v},
         )
         if verdict.kind != "ok":
             record.crash = verdict.kind
@@ -552,13 +617,14 @@ class Session:
         return format_verdict(label, record, best_before if record.status != "crash" else None)
 
     def record_skip(self, trial: int, attempt: int, proposer: str, reason: str, description: str = "-",
-                    outside: list[str] | None = None) -> None:
+                    outside: list[str] | None = None, git_events: list[str] | None = None) -> None:
         best, best_metric = self.best()
         now = time.time()
         self.ledger.append(LedgerRecord(
             trial=trial, attempt=attempt, started_at=now, ended_at=now, proposer=proposer, parent=best,
             description=description, status="skip", reason=reason, metric_name=self.settings.metric,
             best=best, best_metric=best_metric, outside_changes=outside or [],
+            extra={"git_events": git_events} if git_events else {},
         ))
         self.console.line(f"#{trial} skipped: {reason}")
 
@@ -706,43 +772,65 @@ class Loop:
                 failures = 0
                 trials_started += 1
 
-    def _propose(self, request: ProposalRequest) -> tuple[Proposal | None, str | None, list[str]]:
-        """(proposal, failure reason, files reverted); the edit is left in the work tree."""
+    def _propose(self, request: ProposalRequest) -> tuple[Proposal | None, str | None, list[str], list[str]]:
+        """(proposal, failure reason, files reverted, git events); the edit is left in the work tree."""
         ss = self.session
         base = ss.ws.head()
+        before = git_guard.snapshot(ss.ws, ss.tag)
+        request.process_token = secrets.token_hex(16)
         ss.enter("proposing", trial=request.trial, attempt=request.attempt, kind="fix" if request.fix else "candidate",
                  description=None, proposer=self.proposer.name, best=request.best_commit,
-                 best_metric=request.best_metric, candidate=None, attempt_started_at=time.time())
+                 best_metric=request.best_metric, candidate=None, attempt_started_at=time.time(),
+                 child_token=request.process_token)
         try:
-            proposal = self.proposer.propose(request)
+            proposal, failure = self.proposer.propose(request), None
         except ProposalFailed as e:
-            outside = ss.ws.scope_guard(ss.quarantine_dir(request.trial, request.attempt), base=base)
-            ss.ws.reset_to(base)
-            return None, str(e), outside
-        fault_point("proposed", request.trial)
+            proposal, failure = None, str(e)
+        else:
+            fault_point("proposed", request.trial)
+        # Git first: a proposer that committed, switched branch or reset must not have the
+        # scope guard (or a reset) act on some other branch than the loop's.
+        guard = self._reconcile_git(request, base, before)
         outside = ss.ws.scope_guard(ss.quarantine_dir(request.trial, request.attempt), base=base)
         if outside:
             self.console.line(f"#{request.trial}: reverted changes outside {self.settings.target}: {', '.join(outside)}")
-        if proposal is None:
+        if proposal is None or guard.target_deleted:
             ss.ws.reset_to(base)
-            return None, None, outside
+            if proposal is not None:   # nothing to run: recorded as a skip, like a failed proposal
+                failure = f"{self.proposer.name} deleted {self.settings.target}"
+            return None, failure, outside, guard.events
         if not ss.ws.target_changed():
-            return None, f"proposal made no change to {self.settings.target}", outside
-        return proposal, None, outside
+            return None, f"proposal made no change to {self.settings.target}", outside, guard.events
+        if proposal.derived and guard.commit_message:
+            # The agent said what it did in its commits rather than in the description file.
+            proposal.description = (f"{request.fix.description} (fix: {guard.commit_message})" if request.fix
+                                    else guard.commit_message)
+        return proposal, None, outside, guard.events
+
+    def _reconcile_git(self, request: ProposalRequest, base: str,
+                       before: git_guard.RefSnapshot) -> git_guard.Reconciled:
+        ss = self.session
+        try:
+            guard = git_guard.reconcile(ss.ws, ss.tag, base, request.trial, request.attempt, before)
+        except WorkspaceError as e:
+            raise LoopError(str(e)) from None
+        if guard.events:
+            self.console.line(f"#{request.trial}: git: {'; '.join(guard.events)}")
+        return guard
 
     def _one_trial(self, trial: int) -> str:
         """Propose and run one trial with its fix attempts: 'ran', 'failed' or 'exhausted'."""
         ss = self.session
         best, best_metric = ss.best()
-        proposal, failure, outside = self._propose(ss.proposal_request(trial, 1))
+        proposal, failure, outside, events = self._propose(ss.proposal_request(trial, 1))
         if proposal is None:
             ss.enter("idle")
             if failure is None:
                 return "exhausted"
-            ss.record_skip(trial, 1, self.proposer.name, failure, outside=outside)
+            ss.record_skip(trial, 1, self.proposer.name, failure, outside=outside, git_events=events)
             return "failed"
         record = ss.run_attempt(AttemptPlan(trial, 1, "candidate", proposal.description, self.proposer.name,
-                                            best, best_metric, outside, proposal.source))
+                                            best, best_metric, outside, proposal.source, git_events=events))
         attempt = 1
         record = self._confirm(record, best, best_metric)
         while (record.kind != "confirm" and record.crash == "trivial" and self.proposer.can_fix and attempt <= self.settings.max_fix_attempts
@@ -764,17 +852,18 @@ class Loop:
             log_tail = "\n".join((ss.results_dir / failed.log_path).read_text(errors="replace").splitlines()[-60:])
         fix = FixContext(crash=failed.crash or "trivial", reason=failed.reason, log_tail=log_tail,
                          description=failed.description)
-        proposal, failure, outside = self._propose(ss.proposal_request(trial, attempt, fix))
+        proposal, failure, outside, events = self._propose(ss.proposal_request(trial, attempt, fix))
         if proposal is not None and broken is not None and ss.ws.target_path.read_text() == broken:
             proposal, failure = None, "the fix made no change to the broken edit"
         if proposal is None:
             ss.ws.reset_to(best)
             ss.enter("idle")
             if failure:
-                ss.record_skip(trial, attempt, self.proposer.name, f"fix failed: {failure}", failed.description, outside)
+                ss.record_skip(trial, attempt, self.proposer.name, f"fix failed: {failure}", failed.description, outside,
+                               git_events=events)
             return None
         record = ss.run_attempt(AttemptPlan(trial, attempt, "fix", proposal.description, self.proposer.name,
-                                            best, best_metric, outside, proposal.source))
+                                            best, best_metric, outside, proposal.source, git_events=events))
         return self._confirm(record, best, best_metric)
 
     def _confirm(self, record: LedgerRecord, best: str, best_metric: float | None) -> LedgerRecord:
@@ -804,6 +893,17 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
                             f"switch to it or pass --tag NAME")
         else:
             ss.ws.start_branch(ss.tag, resume=False)   # a new branch at HEAD keeps the edit
+        events: list[str] = []
+        best = ss.best()[0]
+        if best and load_state(ss.results_dir).tag == ss.tag and ss.ws.head() != best:
+            # An agent that committed its edit (or amended the best, or reset): the net
+            # change on top of the best is the candidate, the branch goes back to the best.
+            try:
+                events = git_guard.reconcile(ss.ws, ss.tag, best, ss.ledger.next_trial(), 1).events
+            except WorkspaceError as e:
+                raise LoopError(str(e)) from None
+            if events:
+                ss.console.line(f"git: {'; '.join(events)}")
         base = ss.ws.head()
         outside = ss.ws.scope_guard(ss.quarantine_dir(ss.ledger.next_trial(), 1), base=base)
         if outside:
@@ -826,5 +926,5 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
             raise LoopError(f"{settings.target} has no change to try; edit it first")
         best, best_metric = ss.best()
         record = ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
-                                            best, best_metric, outside))
+                                            best, best_metric, outside, git_events=events))
         return ss.confirm(record, best, best_metric)

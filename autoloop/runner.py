@@ -563,7 +563,9 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
     if result_path is not None:
         result_path = Path(spec.cwd, result_path).absolute()
         result_path.unlink(missing_ok=True)  # a stale result must never be read as this trial's
-    token = uuid.uuid4().hex
+    # A caller that must find the tree again after its own death (the agent proposer,
+    # for recovery) chooses the token and records it first.
+    token = spec.env.get(TOKEN_VAR) or uuid.uuid4().hex
     env = _child_env(spec, result_path, token)
     program = spec.command[0]
     log = RunLog(spec.log_path, spec.log_cap_bytes)

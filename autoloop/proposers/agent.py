@@ -250,7 +250,7 @@ class AgentProposer:
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
         from autoloop.config import format_duration
-        from autoloop.runner import TrialSpec, run_trial
+        from autoloop.runner import TOKEN_VAR, TrialSpec, run_trial
 
         workspace = Path(request.workspace)
         results_dir = Path(request.results_dir) if request.results_dir else workspace / "results"
@@ -269,6 +269,8 @@ class AgentProposer:
         env = {"AUTOLOOP_PROMPT_FILE": str(prompt_file), "AUTOLOOP_DESCRIPTION_FILE": str(description_file),
                "AUTOLOOP_TARGET": request.target, "AUTOLOOP_TRIAL": str(request.trial),
                "AUTOLOOP_ATTEMPT": str(request.attempt)}
+        if request.process_token:
+            env[TOKEN_VAR] = request.process_token
         target = workspace / request.target
         before = target.read_bytes() if target.exists() else None
 
@@ -296,12 +298,13 @@ class AgentProposer:
         if after == before:
             raise ProposalFailed(f"agent made no change to {request.target} ({log})")
         description = read_description(description_file)
+        derived = description is None
         if description is None:
             description = describe_change((before or b"").decode("utf-8", "replace"),
                                           (after or b"").decode("utf-8", "replace"), request.target)
             if request.fix is not None:
                 description = f"{request.fix.description} (fix: {description})"
-        return Proposal(description=description, source=f"{AGENTS_DIR}/{log_path.name}")
+        return Proposal(description=description, source=f"{AGENTS_DIR}/{log_path.name}", derived=derived)
 
 
 def _fill(arg: str, values: dict[str, str]) -> str:

@@ -39,12 +39,16 @@ class ProposalRequest:
     # orchestrator was killed can end what it left behind.
     stop_event: threading.Event | None = None
     on_start: Callable[[list[tuple[int, float]]], None] | None = None
+    # Given to every process the proposer starts (runner.TOKEN_VAR) and saved in the state
+    # file first: a restart finds them all by it, even those that left the process tree.
+    process_token: str | None = None
 
 
 @dataclass
 class Proposal:
     description: str                # one line: what this change tries
     source: str | None = None       # where it came from (patch file, agent log), for the ledger
+    derived: bool = False           # the description was made from the diff, not given by the proposer
 
 
 class ProposalFailed(Exception):
