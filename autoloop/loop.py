@@ -38,7 +38,7 @@ from autoloop.decide import decide, judge_runs, noise_estimate
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
-from autoloop.runner import TrialOutcome, TrialSpec, build_env, run_trial
+from autoloop.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env, run_trial
 from autoloop.state import RunState, load_state, save_state, set_phase
 from autoloop.workspace import Workspace, WorkspaceError
 
@@ -89,29 +89,89 @@ def workspace_lock(results_dir: Path):
         lock.release()
 
 
-def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0) -> int:
-    """End processes left by an interrupted run (same pid *and* start time only)."""
-    alive = []
-    for pid, created in pids:
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - created) < 1.0:
-                alive.append(proc)
-        except psutil.Error:
+def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0, results_dir: Path | None = None) -> int:
+    """End everything an interrupted trial (or agent run) left running; returns how many.
+
+    state.json names the main process by pid and start time, once the runner has told
+    it. The runner starts that process as the leader of a session of its own, with a
+    private token (runner.TOKEN_VAR) in the environment every descendant inherits, and
+    with AUTOLOOP_RESULT (a trial) or AUTOLOOP_PROMPT_FILE (an agent) pointing into
+    results/. Ending the main process alone would orphan its workers (a data loader's,
+    a compiler's, any helper), and a kill before state.json named the main process would
+    orphan all of it: they would keep running, holding memory and the GPU, with nobody
+    left to end them. So the interrupted run is: the main process (same pid and start
+    time); every process of its session started no earlier and carrying a token; with
+    ``results_dir``, every process carrying a token whose AUTOLOOP_RESULT or
+    AUTOLOOP_PROMPT_FILE lies in it (the caller holds the workspace lock, so no live run
+    of this workspace owns such a process); and every process carrying one of those
+    tokens (a daemon that left the session with setsid). A reused pid or session id
+    never matches: the start time or the token tells them apart.
+    """
+    sessions = {pid: created for pid, created in pids}
+    prefixes = tuple({str(Path(results_dir).absolute()) + os.sep, str(Path(results_dir).resolve()) + os.sep}
+                     if results_dir is not None else ())
+    found: dict[int, psutil.Process] = {}
+    tokens: set[str] = set()
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
             continue
-    for proc in alive:
         try:
-            proc.terminate()
-        except psutil.Error:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace_s)
+            created = proc.create_time()
+            if proc.pid in sessions and abs(created - sessions[proc.pid]) < 1.0:
+                found[proc.pid] = proc
+            sid = os.getsid(proc.pid)
+            known = (sid in sessions and created >= sessions[sid] - 1.0) or proc.pid in found
+            if not (known or prefixes):
+                continue
+            env = proc.environ()
+            token = env.get(TOKEN_VAR)
+            if token and (known or any(env.get(k, "").startswith(prefixes)
+                                       for k in ("AUTOLOOP_RESULT", "AUTOLOOP_PROMPT_FILE"))):
+                found[proc.pid] = proc
+                tokens.add(token)
+        except (psutil.Error, OSError):
+            continue
+    if tokens:
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != os.getpid() and proc.environ().get(TOKEN_VAR) in tokens:
+                    found[proc.pid] = proc
+            except (psutil.Error, OSError):
+                continue
+    alive = list(found.values())
+    for proc in alive:
+        for sig in (signal.SIGTERM, signal.SIGCONT):   # a stopped process acts on SIGTERM once continued
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+    still = _wait_gone(alive, grace_s)
     for proc in still:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(still, timeout=grace_s)
+    _wait_gone(still, grace_s)
     return len(alive)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each process has exited; the ones still running after `timeout`. A
+    zombie counts as gone: it runs nothing, and an orphan's is its new parent's to reap
+    (psutil.wait_procs would wait the whole timeout for it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        living = []
+        for proc in procs:
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    living.append(proc)
+            except psutil.Error:
+                pass
+        if not living or time.monotonic() >= deadline:
+            return living
+        procs = living
+        time.sleep(0.05)
 
 
 def fault_point(name: str, trial: int | None, attempt: int | None = None) -> None:
@@ -223,7 +283,10 @@ class Session:
         if state.tag and state.tag != self.tag:
             raise LoopError(f"an attempt of tag '{state.tag}' was interrupted; resume it with "
                             f"--resume --tag {state.tag} first")
-        ended = end_processes(state.child_pids)
+        # A kill between the ledger append and the results.tsv rewrite leaves the table a
+        # row short; the ledger is the truth, the table is rebuilt from it.
+        self.ledger.write_tsv()
+        ended = end_processes(state.child_pids, results_dir=self.results_dir)
         if ended:
             self.console.line(f"recovery: ended {ended} process(es) left by the interrupted trial")
         index_lock = self.ws.root / ".git" / "index.lock"
