@@ -2,8 +2,8 @@
 
 A tmp git repo holds a fast fake train.py (0.2-0.5 s per run; ``val_bpb`` from its
 constants plus seeded noise, also written to the result file with the run's nonce, as
-autoloop.evaluate does) and a queue of changes to it: small moves of one constant, plus a
-few that crash (a NameError, a non-zero exit) or hang past the timeout. Each cycle:
+autoloop.evaluate does) and a queue of changes to it: a seeded random walk of its constants
+(some beat the best, most do not), a few of them broken so that they crash (a NameError, a non-zero exit) or hang past the timeout. Each cycle:
 
 1. start ``autoloop run`` (``--resume`` once the branch exists) as a subprocess;
 2. wait a seeded random time (0-3 s by default) and SIGKILL the orchestrator's pid only:
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
@@ -48,6 +49,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 TAG = "soak"
 CONSTANTS = {"LR_A": 0.3, "LR_B": 12.0, "WIDTH_C": 0.02, "SCALE_D": 5.0}
+OPTIMUM = {"LR_A": 0.08, "LR_B": 3.0, "WIDTH_C": 0.05, "SCALE_D": 5.0}   # as OPT in FAKE_TRAIN
 
 FAKE_TRAIN = '''"""Fake train.py for benchmarks/soak.py: a known value, seeded noise, 0.2-0.5 s."""
 import hashlib
@@ -111,10 +113,18 @@ def make_repo(repo: Path, queue_size: int, rng: random.Random) -> str:
     git(repo, "commit", "-q", "-m", "fake train.py")
     queue = repo / "results" / "queue"
     queue.mkdir(parents=True)
+    # A random walk of the constants, drifting towards the optimum: some versions beat the
+    # best so far (keeps, confirmations), most do not.
+    values = dict(CONSTANTS)
     for i in range(queue_size):
-        name, old = rng.choice(list(CONSTANTS.items()))
-        new = round(old * rng.choice((0.5, 0.7, 1.4, 2.0)) * rng.uniform(0.9, 1.1), 5)
-        text = FAKE_TRAIN.replace(f"\n{name} = {old}\n", f"\n{name} = {new}\n", 1)
+        name = rng.choice(list(values))
+        old = values[name]
+        towards = 1.0 if OPTIMUM[name] > old else -1.0
+        step = rng.choice((1.15, 1.3, 1.6)) ** (towards if rng.random() < 0.6 else -towards)
+        values[name] = new = round(old * step, 5)
+        text = FAKE_TRAIN
+        for key, value in values.items():
+            text = text.replace(f"\n{key} = {CONSTANTS[key]}\n", f"\n{key} = {value}\n", 1)
         description = f"{name} {old} -> {new}"
         roll = rng.random()
         if roll < 0.06:   # a trivial crash: the queue cannot fix it, the loop moves on
@@ -130,7 +140,7 @@ def make_repo(repo: Path, queue_size: int, rng: random.Random) -> str:
 # ------------------------------------------------------------------------------ invariants
 
 
-def leftover_processes(repo: Path) -> list[str]:
+def leftover_processes(repo: Path) -> list[psutil.Process]:
     """Live processes (zombies excluded) whose command line, working directory or
     AUTOLOOP_* environment points into the repo: trials, their children, agents, git."""
     root, found = str(repo), []
@@ -144,8 +154,12 @@ def leftover_processes(repo: Path) -> list[str]:
         except psutil.Error:
             continue
         if hit:
-            found.append(f"{proc.pid} {' '.join(proc.info['cmdline'] or [])[:80]}")
+            found.append(proc)
     return found
+
+
+def describe_process(proc: psutil.Process) -> str:
+    return f"{proc.pid} {' '.join(proc.info['cmdline'] or [])[:80]}"
 
 
 def read_ledger(repo: Path) -> list[dict]:
@@ -209,7 +223,7 @@ def check(repo: Path, initial: str) -> dict[str, str]:
             bad["state_in_flight"] = phase
     left = leftover_processes(repo)
     if left:
-        bad["process_left"] = "; ".join(left[:3])
+        bad["process_left"] = "; ".join(map(describe_process, left[:3]))
     return bad
 
 
@@ -333,6 +347,9 @@ def main() -> int:
     try:
         return soak(args, work)
     finally:
+        for proc in leftover_processes(work):   # what a violation left running: ours to end
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
