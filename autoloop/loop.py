@@ -95,10 +95,17 @@ def workspace_lock(results_dir: Path):
         lock.release()
 
 
-def leftover_processes(pids: list[tuple[int, float]], token: str | None = None) -> list[psutil.Process]:
+def leftover_processes(pids: list[tuple[int, float]], token: str | None = None,
+                       results_dir: Path | None = None) -> list[psutil.Process]:
     """Every process an interrupted run left: the recorded ones (same pid *and* start time
     only), everything carrying its token, everything in the session of either (agents and
     trials run in sessions of their own), and their descendants.
+
+    With ``results_dir``, also every process carrying a runner token (runner.TOKEN_VAR)
+    whose AUTOLOOP_RESULT (a trial) or AUTOLOOP_PROMPT_FILE (an agent) lies in it, and then
+    everything carrying one of those tokens: a kill that landed before state.json named
+    the main process would otherwise orphan the whole run. Safe because the caller holds
+    the workspace lock: no live run of this workspace owns such a process.
 
     A session id cannot be reused while the session has a member, so a session proven ours
     by a live member holds nothing else; our own session is never one of them.
@@ -122,10 +129,21 @@ def leftover_processes(pids: list[tuple[int, float]], token: str | None = None) 
         except psutil.Error:
             continue
     procs = [p for p in psutil.process_iter() if p.pid != me]
-    if token:
+    tokens = {token} if token else set()
+    if results_dir is not None:
+        prefixes = tuple({str(Path(results_dir).absolute()) + os.sep, str(Path(results_dir).resolve()) + os.sep})
         for proc in procs:
             try:
-                if proc.environ().get(TOKEN_VAR) == token:
+                env = proc.environ()
+                if env.get(TOKEN_VAR) and any(env.get(k, "").startswith(prefixes)
+                                              for k in ("AUTOLOOP_RESULT", "AUTOLOOP_PROMPT_FILE")):
+                    tokens.add(env[TOKEN_VAR])
+            except psutil.Error:
+                continue
+    if tokens:
+        for proc in procs:
+            try:
+                if proc.environ().get(TOKEN_VAR) in tokens:
                     take(proc)
             except psutil.Error:
                 continue
@@ -153,22 +171,45 @@ def leftover_processes(pids: list[tuple[int, float]], token: str | None = None) 
     return living
 
 
-def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0, token: str | None = None) -> int:
-    """End what an interrupted run left (see leftover_processes): SIGTERM, then SIGKILL."""
-    alive = leftover_processes(pids, token)
+def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0, token: str | None = None,
+                  results_dir: Path | None = None) -> int:
+    """End what an interrupted run left (see leftover_processes): SIGTERM (and SIGCONT), then
+    SIGKILL. Ending the main process alone would orphan its workers and daemons, holding
+    memory and the GPU with nobody left to end them."""
+    alive = leftover_processes(pids, token, results_dir)
     for proc in alive:
-        try:
-            proc.terminate()
-        except psutil.Error:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace_s)
+        for sig in (signal.SIGTERM, signal.SIGCONT):   # a stopped process acts on SIGTERM once continued
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+    still = _wait_gone(alive, grace_s)
     for proc in still:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(still, timeout=grace_s)
+    _wait_gone(still, grace_s)
     return len(alive)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each process has exited; the ones still running after `timeout`. A
+    zombie counts as gone: it runs nothing, and an orphan's is its new parent's to reap
+    (psutil.wait_procs would wait the whole timeout for it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        living = []
+        for proc in procs:
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    living.append(proc)
+            except psutil.Error:
+                pass
+        if not living or time.monotonic() >= deadline:
+            return living
+        procs = living
+        time.sleep(0.05)
 
 
 def fault_point(name: str, trial: int | None, attempt: int | None = None) -> None:
@@ -295,7 +336,10 @@ class Session:
         if state.tag and state.tag != self.tag:
             raise LoopError(f"an attempt of tag '{state.tag}' was interrupted; resume it with "
                             f"--resume --tag {state.tag} first")
-        ended = end_processes(state.child_pids, token=state.child_token)
+        # A kill between the ledger append and the results.tsv rewrite leaves the table a
+        # row short; the ledger is the truth, the table is rebuilt from it.
+        self.ledger.write_tsv()
+        ended = end_processes(state.child_pids, token=state.child_token, results_dir=self.results_dir)
         if ended:
             self.console.line(f"recovery: ended {ended} process(es) left by the interrupted trial")
         if state.trial is not None and state.attempt is not None:
