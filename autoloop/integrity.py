@@ -3,10 +3,14 @@
 A trial (and a proposer) runs as the user and can write anywhere the user can. Three
 inputs decide what a trial's number means, and none of them is the target file:
 
-* the harness: the ``*.py`` files of the autoloop package actually imported (its
+* the harness: the ``*.py`` files of the autoloop package that trials import (its
   ``evaluate.py`` scores every trial), recursively, and the bytecode that existed
   beside them when the snapshot was taken (a ``.pyc`` rewritten with the source's
-  mtime and size in its header would be loaded instead of the source);
+  mtime and size in its header would be loaded instead of the source). Trials import a
+  private copy, ``results/.harness/autoloop`` (put first on their PYTHONPATH), made from
+  the package this process imported when the session starts: restoring it can never undo
+  an edit of the user's own autoloop source (a developer's checkout, while a night or the
+  test suite runs), and an edit of that source cannot reach a running night's trials;
 * ``program.md`` in the workspace, present or absent (a trial that writes one would
   speak to the next agent);
 * every file of the prepared data directory, and no new ones.
@@ -57,9 +61,41 @@ class IntegrityError(Exception):
     """A protected input changed and cannot be restored; the message is one line for the user."""
 
 
+HARNESS_COPY_DIR = ".harness"
+
+
 def harness_dir() -> Path:
-    """The autoloop package this process imported: the code that scores every trial."""
+    """The autoloop package this process imported: the source of the trials' private copy."""
     return Path(autoloop.__file__).resolve().parent
+
+
+def harness_path(results_dir: Path) -> Path:
+    """The folder trials get first on their PYTHONPATH: it holds the private ``autoloop`` copy."""
+    return Path(results_dir).resolve() / HARNESS_COPY_DIR
+
+
+def _not_python(folder: str, names: list[str]) -> set[str]:
+    """copytree's ignore: only the Python sources (the templates are symlinks into a checkout)."""
+    return {n for n in names if n == "__pycache__" or not (n.endswith(".py") or os.path.isdir(os.path.join(folder, n)))
+            or os.path.islink(os.path.join(folder, n))}
+
+
+def copy_harness(results_dir: Path) -> Path:
+    """(Re)make the private copy of the imported package that trials import; returns its root.
+
+    Written beside and swapped in whole, so a kill mid-copy leaves either the old copy or
+    the new one."""
+    dest = harness_path(results_dir) / "autoloop"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".autoloop-", dir=dest.parent))
+    shutil.copytree(harness_dir(), staging / "autoloop", ignore=_not_python)
+    if dest.exists():
+        old = dest.parent / f".old-{os.getpid()}-{time.time_ns()}"
+        os.replace(dest, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(staging / "autoloop", dest)
+    shutil.rmtree(staging, ignore_errors=True)
+    return dest
 
 
 def tampered_reason(paths: list[str]) -> str:
@@ -435,8 +471,8 @@ def open_guard(results_dir: Path, workspace: Path, data_dir: Path | None, tag: s
     """
     store = Path(results_dir) / PRISTINE_DIR
     old = Guard.load(store)
-    harness = harness_dir()
-    if reuse and old is not None and _compatible(old, harness, Path(workspace), data_dir, tag):
+    harness = harness_path(results_dir) / "autoloop"
+    if reuse and old is not None and harness.is_dir() and _compatible(old, harness, Path(workspace), data_dir, tag):
         return old
     if data_dir is not None:
         bad = prepared_mismatch(data_dir)
@@ -446,6 +482,7 @@ def open_guard(results_dir: Path, workspace: Path, data_dir: Path | None, tag: s
         if bad:
             raise IntegrityError(f"the prepared data in {data_dir} does not match its meta.json ({', '.join(bad)} "
                                  f"changed); delete {data_dir} and run `autoloop prepare`")
+    copy_harness(results_dir)
     return Guard.snapshot(store, harness=harness, workspace=workspace, data_dir=data_dir, tag=tag)
 
 
@@ -459,13 +496,15 @@ def _compatible(old: Guard, harness: Path, workspace: Path, data_dir: Path | Non
 def recover_inputs(results_dir: Path, evidence_dir: Path | None) -> Tampering:
     """After an interrupted attempt: restore what it changed, from the last snapshot.
 
-    A harness that is not the one snapshotted (another install, another version) is left
-    out: the user changed it on purpose, and restoring would undo an upgrade.
+    The harness area is the session's private copy (``copy_harness``), ours to restore; a
+    snapshot of some other harness (an older layout, another version) is left out: the next
+    session makes a fresh copy anyway.
     """
     guard = Guard.load(Path(results_dir) / PRISTINE_DIR)
     if guard is None:
         return Tampering()
     area = guard.area("harness")
-    if area is not None and (area.root != harness_dir() or guard.meta.get("autoloop") != autoloop.__version__):
+    if area is not None and (area.root != harness_path(results_dir) / "autoloop"
+                             or guard.meta.get("autoloop") != autoloop.__version__):
         guard = guard.without("harness")
     return guard.check(evidence_dir)

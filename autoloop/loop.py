@@ -38,7 +38,7 @@ from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.decide import decide, judge_runs, noise_estimate
 from autoloop.diskspace import low_disk_reason
 from autoloop.isolate import isolation_available
-from autoloop.integrity import IntegrityError, Tampering, open_guard, recover_inputs, tampered_reason
+from autoloop.integrity import IntegrityError, Tampering, harness_path, open_guard, recover_inputs, tampered_reason
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
@@ -472,7 +472,8 @@ class Session:
         spec = TrialSpec(
             command=s.command_argv, cwd=self.ws.root,
             env=build_env(s.budget, plan.seed if plan.seed is not None else s.seed, runs / f"{plan.trial}-{plan.attempt}.result.json",
-                          self.data_dir, s.device, nonce),
+                          self.data_dir, s.device, nonce,
+                          harness_path=harness_path(self.results_dir) if self.guard is not None else None),
             log_path=runs / f"{plan.trial}-{plan.attempt}.log",
             result_path=runs / f"{plan.trial}-{plan.attempt}.result.json",
             budget_s=s.budget, timeout_s=s.timeout_s, metric=s.metric, max_rss_gb=s.max_rss_gb,

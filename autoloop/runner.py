@@ -142,11 +142,14 @@ def _format_seconds(seconds: float) -> str:
 
 
 def build_env(budget_s: float, seed: int, result_path: Path | None, data_dir: Path | None = None,
-              device: str | None = None, nonce: str | None = None) -> dict[str, str]:
+              device: str | None = None, nonce: str | None = None,
+              harness_path: Path | None = None) -> dict[str, str]:
     """The AUTOLOOP_* environment of the harness -> train.py contract.
 
     Unset optional values are left out, so train.py's own defaults (or the caller's
     environment) apply. PYTHONUNBUFFERED makes the log stream as the trial runs.
+    ``harness_path`` goes first on PYTHONPATH: the folder holding the private copy of the
+    harness that the trial imports (integrity.copy_harness).
     """
     if budget_s <= 0:
         raise ValueError(f"budget must be positive, got {budget_s} s")
@@ -155,6 +158,9 @@ def build_env(budget_s: float, seed: int, result_path: Path | None, data_dir: Pa
     optional = {"AUTOLOOP_RESULT": result_path, "AUTOLOOP_DATA_DIR": data_dir,
                 "AUTOLOOP_DEVICE": device, "AUTOLOOP_NONCE": nonce}
     env.update({key: str(value) for key, value in optional.items() if value})
+    if harness_path is not None:
+        inherited = os.environ.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(harness_path) + (os.pathsep + inherited if inherited else "")
     return env
 
 
