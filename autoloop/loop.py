@@ -489,7 +489,14 @@ class Session:
 
         self.enter("judging")
         after = self.check_inputs(plan.trial, plan.attempt)   # restored before the record is appended
+        # After the integrity check (which keeps its own evidence of program.md): files the run
+        # wrote into the repository are put back, so a kept commit leaves a clean tree.
+        wrote = self.ws.undo_run_writes(self.quarantine_dir(plan.trial, plan.attempt) / "run")
         record = self.judge(plan, commit, outcome, started, diff_lines)
+        if wrote:
+            record.extra["run_wrote"] = wrote
+            self.console.line(f"{label}: the run wrote {', '.join(wrote)} in the repository; put back "
+                              f"(its versions in {(self.quarantine_dir(plan.trial, plan.attempt) / 'run').relative_to(self.ws.root)})")
         if outcome.log_cut_bytes:
             record.extra["log_cut_bytes"] = outcome.log_cut_bytes
         if before:

@@ -203,6 +203,24 @@ class Workspace:
         except (ValueError, BadName, GitCommandError):
             raise WorkspaceError(f"unknown commit {rev!r} in {self.root}") from None
 
+    def undo_run_writes(self, quarantine_dir: Path) -> list[str]:
+        """After a run: put back whatever the trial wrote into the repository (a notes file, a
+        checkpoint beside train.py, train.py itself), each changed version kept in
+        quarantine_dir; returns the sorted paths. The candidate is the commit that ran: what
+        the run wrote is not part of it, and left in place it would dirty a kept commit's
+        tree or be taken for the next proposal's edit."""
+        touched = self.scope_guard(quarantine_dir)
+        if self.target_changed():
+            src = self.target_path
+            if src.is_file():
+                self._quarantine_copy(src, Path(quarantine_dir) / self.target)
+            try:
+                self.repo.git.checkout("HEAD", "--", self.target)
+            except GitCommandError as err:
+                raise WorkspaceError(f"cannot restore {self.target}: {_git_error(err)}") from None
+            touched = sorted({*touched, self.target})
+        return touched
+
     def target_changed(self) -> bool:
         """The target differs from HEAD in the work tree or in the index (deletion counts)."""
         for args in (("HEAD",), ("--cached", "HEAD")):

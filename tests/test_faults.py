@@ -147,7 +147,17 @@ def outside_quarantined(repo: Path, row: dict, tmp: Path) -> None:
 
 def flood_read(repo: Path, row: dict, tmp: Path) -> None:
     assert row["metric"] == pytest.approx(1.75)
-    assert (repo / "results" / row["log_path"]).stat().st_size > 200 * 2**20
+    log = repo / "results" / row["log_path"]
+    assert log.stat().st_size <= 32 * 2**20 + 4096 and row["extra"]["log_cut_bytes"] > 160 * 2**20   # capped
+    with open(log, "rb") as f:
+        f.seek(-4096, os.SEEK_END)
+        assert b"val_bpb: 1.75" in f.read()                         # the tail survives the cap
+
+
+def run_writes_put_back(repo: Path, row: dict, tmp: Path) -> None:
+    assert row["extra"]["run_wrote"] == ["notes.md"]
+    assert (repo / "notes.md").read_text() == "notes\n"
+    assert (repo / "results" / "quarantine" / "1-1" / "run" / "notes.md").read_text().endswith("edited by train.py\n")
 
 
 def metric_not_taken(repo: Path, row: dict, tmp: Path) -> None:
@@ -231,7 +241,7 @@ FAULTS = [
           night="result", train=result_train(None, "0.5")),
     Fault("result-file-wrong-nonce", "crash", "fundamental", "result nonce mismatch", night="result",
           train=result_train('{"metric": "val_bpb", "val_bpb": 0.5, "nonce": "0123456789abcdef"}', "0.5")),
-    Fault("result-file-without-nonce", "crash", "fundamental", "result nonce mismatch", night="result",
+    Fault("result-file-without-nonce", "crash", "fundamental", "result file has no nonce", night="result",
           train=result_train('{"metric": "val_bpb", "val_bpb": 0.5}', "0.5")),
     Fault("stdout-disagrees-with-result-file", "crash", "fundamental",
           "result file val_bpb 1.250000 disagrees with stdout 0.5", night="result",
@@ -252,11 +262,10 @@ FAULTS = [
           check=outside_quarantined),
     Fault("agent-leaves-a-daemon", "keep", None, "improved", agent=f"{AGENTS / 'leave_daemon.py'} {{tmp}}/pids LR=0.5",
           check=agent_daemon_ended),
-    # -- not handled yet
-    Fault("kept-trial-edits-a-tracked-file", "crash", "fundamental", "tampered",
+    # -- the run writes into the repository: put back, kept in quarantine, recorded
+    Fault("kept-trial-edits-a-tracked-file", "keep", None, None,
           train='open("notes.md", "a").write("edited by train.py\\n")\nprint("val_bpb: 0.5")\n',
-          pending="a kept trial that edited notes.md leaves the tree dirty (the edit is never reverted nor "
-                  "recorded) and the next --resume refuses to start; expected from the integrity checks"),
+          check=run_writes_put_back),
 ]
 
 
