@@ -2,16 +2,17 @@
 
 A fake train.py (milliseconds per run) reports ``val_bpb = true_value(constants) + N(0, sigma)``
 on stdout, the way a foreign ``--command`` does. ``true_value`` is a known bowl over six
-constants, three of which have no effect at all (optimum: every constant at its OPT), so for every kept commit we know whether
-it truly got better. The noise of each run is drawn from a hash of (AUTOLOOP_SEED, the
+constants (optimum: every constant at its OPT; how much each matters: LANDSCAPES), so for
+every kept commit we know whether it truly got better. The noise of each run is drawn from a hash of (AUTOLOOP_SEED, the
 train.py text, a per-workspace run counter): different for every run, reproducible for a
 whole night. Everything else is real: the loop, git, the ledger, the mutate proposer.
 
-For each keep rule it prints: keeps (changes kept, noise samples excluded), false keeps
-(kept though the true value did not improve) and their rate, the true improvement
-reached (true value of the baseline minus that of the final best), trials and runs spent.
+For each landscape and keep rule it prints: keeps (changes kept, noise samples excluded),
+false keeps (kept though the true value did not improve) and their rate, worse keeps (the
+true value got worse), the true improvement reached (true value of the baseline minus that
+of the final best) at the end and after k runs (a shorter night), trials and runs spent.
 
-    python benchmarks/noise.py                       # 5 nights x up to 200 trials, sigma 0.01
+    python benchmarks/noise.py                       # both landscapes, 10 nights x up to 200 trials, sigma 0.01
     python benchmarks/noise.py --trials 50 --sigma 0.02
 """
 
@@ -148,11 +149,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--sigma", type=float, default=0.01)
-    ap.add_argument("--nights", type=int, default=6, help="nights per rule, seeds 42, 43, ... (totals are printed)")
+    ap.add_argument("--nights", type=int, default=10, help="nights per rule, seeds 42, 43, ... (totals are printed)")
     ap.add_argument("--noise-runs", type=int, default=2, help="for the noise rule (strict gets 0, as autoresearch)")
     ap.add_argument("--noise-z", type=float, default=2.0, help="z of the noise rule")
     ap.add_argument("--landscape", choices=[*LANDSCAPES, "both"], default="both")
-    ap.add_argument("--checkpoints", default="30,60,120",
+    ap.add_argument("--checkpoints", default="20,30,45,60,90",
                     help="also print the true gain after this many runs (a shorter night), comma-separated")
     args = ap.parse_args()
     checkpoints = tuple(int(k) for k in args.checkpoints.split(",") if k)
