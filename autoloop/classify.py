@@ -41,7 +41,7 @@ class Classification(NamedTuple):
 
 @dataclass(frozen=True)
 class Evidence:
-    state: str       # stopped | timeout | max_rss | launch | ok | metric_error | no_metric | failed
+    state: str       # job | job_timeout | stopped | timeout | max_rss | launch | ok | metric_error | no_metric | failed
     signal: str      # the signal that ended the main process ("SIGSEGV"), "" when it exited
     exception: str   # the final Python exception: its line and message continuation, "" if none
     log: str         # the log tail
@@ -119,6 +119,9 @@ SHAPE_MISMATCH = "|".join([
 ])
 
 RULES: list[Rule] = [
+    # The scheduler ended the job that ran it, or the job died (executor slurm).
+    Rule(state("job_timeout"), "timeout", "{job_error}"),
+    Rule(state("job"), "fundamental", "{job_error}"),
     # The harness ended it.
     Rule(state("stopped"), "fundamental", "interrupted"),
     Rule(state("timeout"), "timeout", "hard timeout {timeout} exceeded"),
@@ -215,6 +218,8 @@ def _signal_name(outcome) -> tuple[str, str]:
 
 
 def _state(outcome) -> str:
+    if getattr(outcome, "job_error", None):
+        return "job_timeout" if outcome.timed_out else "job"
     if outcome.killed_reason == "stopped":
         return "stopped"
     if outcome.timed_out or outcome.killed_reason == "timeout":
@@ -257,6 +262,7 @@ def evidence_of(outcome) -> Evidence:
         "metric": f"{outcome.metric:.6f}" if outcome.metric is not None else "",
         "metric_error": outcome.metric_error or "",
         "launch_error": getattr(outcome, "launch_error", None) or "",
+        "job_error": getattr(outcome, "job_error", None) or "",
         "exception": exception_text.splitlines()[0] if exception_text else "",
         "at": location,
         "signal": signal_shown,

@@ -78,6 +78,24 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
                    help="stop before a trial when the workspace, results or data disk has less free (default 2; 0: off)")
     p.add_argument("--isolate", action="store_true",
                    help="run trials without network access, in a network namespace of their own (Linux)")
+    p.add_argument("--executor", choices=["local", "slurm"],
+                   help="where trials run: local (default) or slurm, one job per trial through submitit")
+    p.add_argument("--slurm-cluster", choices=["slurm", "local", "debug"],
+                   help="submitit cluster: slurm (default, sbatch), or local/debug to try it without a cluster")
+    p.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
+    p.add_argument("--slurm-gpus-per-trial", type=_count, metavar="N", help="GPUs per trial job (default 1)")
+    p.add_argument("--slurm-time-limit", metavar="DURATION",
+                   help="the job's time limit, e.g. 20m (default: the trial timeout + 5m, rounded up to minutes)")
+    p.add_argument("--slurm-option", dest="slurm_options", action="append", type=_slurm_option, metavar="KEY=VALUE",
+                   help="extra sbatch option as submitit names it, e.g. account=myproj or mem=64G (repeatable)")
+    p.add_argument("--slurm-folder", metavar="DIR", help="submitit's job files (default results/slurm)")
+
+
+def _slurm_option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
 
 
 _SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction", "tag", "min_delta", "seed",
@@ -86,6 +104,8 @@ _SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction
                   "max_agent_failures", "noise_runs", "keep_rule", "noise_z", "remeasure",
                   "sanity_bound"]
 _SETTING_FLAGS += ["log_cap_mb", "min_free_gb", "isolate"]
+_SETTING_FLAGS += ["executor", "slurm_cluster", "slurm_partition", "slurm_gpus_per_trial", "slurm_time_limit",
+                   "slurm_options", "slurm_folder"]
 
 
 def _settings(args):
@@ -94,6 +114,8 @@ def _settings(args):
     # `is not`, not `in`: 0 == False, and --max-fix-attempts 0 is a real value.
     overrides = {k: getattr(args, k) for k in _SETTING_FLAGS
                  if getattr(args, k, None) is not None and getattr(args, k, None) is not False}
+    if overrides.get("slurm_options"):
+        overrides["slurm_options"] = dict(overrides["slurm_options"])   # [(key, value)] from --slurm-option
     return load_settings(Path(args.directory).resolve(), overrides)
 
 

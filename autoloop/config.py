@@ -121,6 +121,7 @@ def date_tag(now: float | None = None) -> str:
 _NUMERIC_FIELDS = {"budget", "timeout", "hours", "max_trials", "min_delta", "seed", "max_rss_gb",
                    "agent_timeout", "max_proposer_failures", "max_fix_attempts", "max_agent_failures"}
 _NUMERIC_FIELDS |= {"log_cap_mb", "min_free_gb"}
+_NUMERIC_FIELDS |= {"slurm_gpus_per_trial", "slurm_time_limit"}
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
 
@@ -178,6 +179,27 @@ class Settings(BaseModel):
     log_cap_mb: float = Field(default=32.0, ge=0, allow_inf_nan=False)   # per run log; 0: no cap
     min_free_gb: float = Field(default=2.0, ge=0, allow_inf_nan=False)   # stop below this; 0: no check
     isolate: bool = False                      # trials without network (Linux network namespaces)
+    # -- executor: where trials run (README "Running trials on a cluster") ---------------------
+    executor: Literal["local", "slurm"] = "local"          # slurm: one submitit job per trial
+    slurm_cluster: Literal["slurm", "local", "debug"] = "slurm"   # local/debug: submitit without a cluster
+    slurm_partition: str | None = None
+    slurm_gpus_per_trial: int = Field(default=1, ge=0)
+    slurm_time_limit: float | None = None      # the job's limit (a duration); None -> timeout + 5m
+    slurm_options: dict[str, str | int | float | bool] = Field(default_factory=dict)  # extra sbatch options
+    slurm_folder: str = "results/slurm"        # submitit's job files; relative to the workspace
+
+    @field_validator("slurm_time_limit", mode="before")
+    @classmethod
+    def _slurm_time_limit(cls, v: Any) -> float | None:
+        return None if v is None else cls._duration(v)
+
+    @model_validator(mode="after")
+    def _slurm_limit_after_timeout(self) -> "Settings":
+        # The scheduler would kill every trial before the harness's own timeout could.
+        if self.slurm_time_limit is not None and self.slurm_time_limit <= self.timeout_s:
+            raise ValueError(f"slurm_time_limit: must be longer than the trial timeout ({format_duration(self.timeout_s)}), "
+                             f"got {format_duration(self.slurm_time_limit)}")
+        return self
 
     # Where the file settings came from (for messages); not a setting itself.
     _source: str | None = PrivateAttr(default=None)
@@ -389,7 +411,12 @@ def load_settings(workdir: Path, overrides: dict | None = None) -> Settings:
     source, table = read_config_file(workdir)
     merged = _normalise(table, source or "", flag_style=False)
     cli = {k: v for k, v in (overrides or {}).items() if v is not None}
-    merged.update(_normalise(cli, "", flag_style=True))   # CLI wins
+    cli_values = _normalise(cli, "", flag_style=True)
+    if "slurm_options" in cli_values and isinstance(merged.get("slurm_options", (None,))[0], dict):
+        # --slurm-option KEY=VALUE adds to the file's table rather than replacing it.
+        cli_values["slurm_options"] = ({**merged["slurm_options"][0], **cli_values["slurm_options"][0]},
+                                       cli_values["slurm_options"][1])
+    merged.update(cli_values)   # CLI wins
     settings = build_settings({k: v for k, (v, _) in merged.items()},
                               {k: label for k, (_, label) in merged.items()})
     settings._source = source

@@ -37,12 +37,13 @@ from autoloop.console import Console
 from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.decide import decide, judge_runs, noise_estimate
 from autoloop.diskspace import low_disk_reason
+from autoloop.executors import ExecutorError, cancel_job, make_executor
 from autoloop.isolate import isolation_available
 from autoloop.integrity import IntegrityError, Tampering, harness_path, open_guard, recover_inputs, tampered_reason
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
-from autoloop.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env, run_trial
+from autoloop.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
 from autoloop.runlog import finish_log
 from autoloop.state import RunState, load_state, save_state, set_phase
 from autoloop.workspace import Workspace, WorkspaceError
@@ -271,6 +272,10 @@ class Session:
         self.data_dir: Path | None = None
         self.fingerprint: str | None = None
         self.guard = None    # integrity.Guard over harness, program.md and data; set by prepare_data
+        try:   # where trials run (autoloop.executors): here, or as slurm jobs
+            self.executor = make_executor(settings, self.ws.root)
+        except ExecutorError as e:
+            raise LoopError(str(e)) from None
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -339,6 +344,9 @@ class Session:
         # A kill between the ledger append and the results.tsv rewrite leaves the table a
         # row short; the ledger is the truth, the table is rebuilt from it.
         self.ledger.write_tsv()
+        cancelled = cancel_job(state.job)   # a job of the interrupted trial still queued or running
+        if cancelled:
+            self.console.line(f"recovery: {cancelled}")
         ended = end_processes(state.child_pids, token=state.child_token, results_dir=self.results_dir)
         if ended:
             self.console.line(f"recovery: ended {ended} process(es) left by the interrupted trial")
@@ -405,7 +413,7 @@ class Session:
             self.console.line(f"recovery: trial {state.trial}.{state.attempt} was interrupted during "
                               f"{state.phase}; recorded as crash, candidate kept at {ref or '(none)'}")
         self.ws.reset_to(best)
-        self.state = set_phase(self.results_dir, state, "idle", candidate=None, child_pids=[], progress=None)
+        self.state = set_phase(self.results_dir, state, "idle", candidate=None, child_pids=[], job=None, progress=None)
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -484,8 +492,9 @@ class Session:
         )
         label = f"#{plan.trial}" + (f".{plan.attempt}" if plan.attempt > 1 else "")
         self.console.line(f"{label} {plan.kind}: {plan.description} [{commit[:7]}] training {format_duration(s.budget)}")
-        outcome = run_trial(spec, on_progress=lambda line: self._on_progress(label, line),
-                            stop_event=self.stop_event, on_start=self._remember_children)
+        outcome = self.executor.run(spec, on_progress=lambda line: self._on_progress(label, line),
+                                    stop_event=self.stop_event, on_start=self._remember_children,
+                                    on_job=self._remember_job)
 
         self.enter("judging")
         after = self.check_inputs(plan.trial, plan.attempt)   # restored before the record is appended
@@ -499,6 +508,7 @@ class Session:
                               f"(its versions in {(self.quarantine_dir(plan.trial, plan.attempt) / 'run').relative_to(self.ws.root)})")
         if outcome.log_cut_bytes:
             record.extra["log_cut_bytes"] = outcome.log_cut_bytes
+        record.extra.update(outcome.job)   # executor slurm: executor, cluster, job_id
         if before:
             record.extra["tampered_before_run"] = before.paths
         if after:
@@ -512,7 +522,7 @@ class Session:
             return record
         if record.best and self.ws.head() != record.best:
             self.ws.reset_to(record.best)
-        self.enter("idle", candidate=None, child_pids=[], progress=None)
+        self.enter("idle", candidate=None, child_pids=[], job=None, progress=None)
         self.console.line(self.verdict_line(label, record, plan.parent_metric))
         if after.unrestorable:
             raise LoopError(after.message)
@@ -552,6 +562,10 @@ class Session:
 
     def _remember_children(self, pids: list[tuple[int, float]]) -> None:
         self.state = self.state.model_copy(update={"child_pids": pids})
+        save_state(self.results_dir, self.state)
+
+    def _remember_job(self, job: dict) -> None:
+        self.state = self.state.model_copy(update={"job": job})
         save_state(self.results_dir, self.state)
 
     def judge(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, started: float,

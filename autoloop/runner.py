@@ -134,6 +134,11 @@ class TrialOutcome(BaseModel):
     last_progress: str | None = None   # the last "step ..." line seen
     leftover_processes: int = 0        # descendants still alive after the main process ended, killed
     log_cut_bytes: int = 0             # output cut from the middle of the log by its cap
+    # Executor slurm (autoloop.executors): the job that ran the trial (executor, cluster,
+    # job_id; copied into the ledger record's extra), and why it gave no normal outcome
+    # (cancelled by the scheduler, its node died, ...).
+    job: dict = Field(default_factory=dict)
+    job_error: str | None = None
 
 
 def _format_seconds(seconds: float) -> str:

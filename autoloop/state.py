@@ -39,6 +39,7 @@ class RunState(BaseModel):
     attempt_started_at: float | None = None
     child_pids: list[tuple[int, float]] = Field(default_factory=list)  # (pid, create_time) to end on recovery
     child_token: str | None = None       # AUTOLOOP_TRIAL_TOKEN of the agent's processes, to end on recovery
+    job: dict | None = None              # the executor's job running the trial (executor slurm), to cancel on recovery
     progress: str | None = None          # the latest progress line of the running trial
     stop_reason: str | None = None
     stopped_at: float | None = None

@@ -1,0 +1,294 @@
+"""Executors (autoloop/executors/): where a trial runs.
+
+The slurm executor is tested through submitit's own LocalExecutor (cluster "local": every
+job is a real controller and worker subprocess on this machine, as on a node) and its
+DebugExecutor (in this process); sbatch itself is only inspected, never run. Jobs that die
+are killed for real (SIGKILL of the worker running the trial).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import init_repo
+from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger
+
+from autoloop.classify import classify
+from autoloop.config import ConfigError, build_settings
+from autoloop.executors import ExecutorError, LocalExecutor, make_executor
+from autoloop.runner import TOKEN_VAR, TrialSpec
+
+pytest.importorskip("submitit")
+
+from autoloop.executors.slurm import SlurmExecutor  # noqa: E402
+
+# ------------------------------------------------------------------------------ fake trials
+
+REPORT = textwrap.dedent("""\
+    import sys
+    print("step 00001 (100.0%) | loss: 1.0", flush=True)
+    print("---")
+    print("val_bpb: 1.234500")
+    """)
+# Prints a progress line and waits (to be stopped or killed).
+HANG = textwrap.dedent("""\
+    import time
+    print("step 00001 (1.0%) | loss: 9.0", flush=True)
+    time.sleep(120)
+    """)
+# Kills the job running it (its parent: the worker that runs run_trial on the node), then
+# lingers as an orphan that only the executor's sweep can end.
+KILL_JOB = textwrap.dedent("""\
+    import os, signal, time
+    print("step 00001 (1.0%) | loss: 9.0", flush=True)
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(120)
+    """)
+
+
+def spec_for(tmp_path: Path, script: str, name: str = "1-1", timeout: float = 60) -> TrialSpec:
+    work = tmp_path / "ws"
+    work.mkdir(exist_ok=True)
+    (work / "train.py").write_text(script)
+    runs = tmp_path / "results" / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    return TrialSpec(command=[sys.executable, "train.py"], cwd=work, log_path=runs / f"{name}.log",
+                     budget_s=1, timeout_s=timeout, sample_interval_s=0.05, grace_s=2)
+
+
+def slurm(tmp_path: Path, cluster: str = "local") -> SlurmExecutor:
+    return SlurmExecutor(cluster, tmp_path / "results" / "slurm", {"time": 5, "gpus_per_node": 0}, poll_s=0.1)
+
+
+def token_holders(token: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TOKEN_VAR) == token and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+# ------------------------------------------------------------------------------ settings and sbatch
+
+
+@pytest.fixture
+def fake_sbatch(tmp_path, monkeypatch) -> Path:
+    """An sbatch on PATH that refuses everything: the executor may be built, nothing submitted."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "srun", "scancel"):
+        tool = bin_dir / name
+        tool.write_text("#!/bin/sh\necho 'fake: no cluster here' >&2\nexit 1\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir
+
+
+def test_sbatch_parameters_come_from_the_settings(tmp_path, fake_sbatch):
+    settings = build_settings({"executor": "slurm", "slurm_partition": "gpu", "slurm_gpus_per_trial": 2,
+                               "timeout": "10m", "budget": "5m", "slurm_time_limit": "30m",
+                               "slurm_options": {"account": "proj", "mem": "64G", "cpus-per-task": 8}})
+    executor = make_executor(settings, tmp_path)
+    params = executor.submitit.parameters
+    assert params["partition"] == "gpu" and params["gpus_per_node"] == 2 and params["time"] == 30
+    assert params["account"] == "proj" and params["mem"] == "64G" and params["cpus_per_task"] == 8
+    assert executor.folder == tmp_path / "results" / "slurm"
+    text = executor.submitit._make_submission_file_text("python -m submitit.core._submit x", "uid")
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=2", "#SBATCH --time=30",
+                 "#SBATCH --account=proj", "#SBATCH --mem=64G", "#SBATCH --cpus-per-task=8"):
+        assert line in text, line
+    # default limit: the trial timeout plus the margin, whole minutes
+    default = make_executor(build_settings({"executor": "slurm", "timeout": "10m", "budget": "5m"}), tmp_path)
+    assert default.submitit.parameters["time"] == 15 and "partition" not in default.submitit.parameters
+
+
+def test_local_is_the_default_and_never_needs_submitit(tmp_path):
+    assert isinstance(make_executor(build_settings({}), tmp_path), LocalExecutor)
+    code = ("import sys; sys.modules['submitit'] = None\n"
+            "from autoloop.config import build_settings\nfrom autoloop.executors import make_executor\n"
+            "print(type(make_executor(build_settings({}), '.')).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "LocalExecutor"
+
+
+def test_bad_executor_settings_are_one_line_errors(tmp_path, fake_sbatch, monkeypatch):
+    with pytest.raises(ExecutorError, match=r"^slurm_options: unknown sbatch option 'acount' \(did you mean 'account'\?\)$"):
+        make_executor(build_settings({"executor": "slurm", "slurm_options": {"acount": "x"}}), tmp_path)
+    with pytest.raises(ExecutorError, match="set by slurm_partition"):
+        make_executor(build_settings({"executor": "slurm", "slurm_options": {"partition": "x"}}), tmp_path)
+    with pytest.raises(ConfigError, match="slurm_time_limit: must be longer than the trial timeout"):
+        build_settings({"executor": "slurm", "budget": 60, "slurm_time_limit": "2m"})
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ExecutorError, match="sbatch and srun not found on PATH"):
+        make_executor(build_settings({"executor": "slurm"}), tmp_path)
+    make_executor(build_settings({"executor": "slurm", "slurm_cluster": "local"}), tmp_path)   # no sbatch needed
+
+
+def test_cli_refuses_bad_slurm_settings_in_one_line(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": REPORT})
+    args = ["run", "--executor", "slurm", "--slurm-cluster", "local", "--max-trials", "1", "--budget", "1",
+            "--proposer", "queue"]
+    proc = autoloop(repo, *args, "--slurm-option", "bogus=1", data_dir=tiny_data_dir)
+    assert proc.returncode == 1 and proc.stderr.strip() == "autoloop: slurm_options: unknown sbatch option 'bogus'", \
+        proc.stderr
+    proc = autoloop(repo, *args, "--slurm-option", "novalue", data_dir=tiny_data_dir)
+    assert proc.returncode == 2 and "expected KEY=VALUE" in proc.stderr and "Traceback" not in proc.stderr
+    code = ("import sys; sys.modules['submitit'] = None\n"
+            "from autoloop.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir)})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().startswith("autoloop: ") and len(proc.stderr.strip().splitlines()) == 1
+    assert "submitit" in proc.stderr
+
+
+# ------------------------------------------------------------------------------ one trial
+
+
+@pytest.mark.parametrize("cluster", ["local", "debug"])
+def test_a_trial_as_a_job_gives_the_same_outcome_as_locally(tmp_path, cluster):
+    here = LocalExecutor().run(spec_for(tmp_path, REPORT, "1-1"))
+    progress, jobs, starts = [], [], []
+    there = slurm(tmp_path, cluster).run(spec_for(tmp_path, REPORT, "1-2"), on_progress=progress.append,
+                                         on_job=jobs.append, on_start=starts.append)
+    assert there.metric == here.metric == 1.2345
+    assert (there.exit_code, there.signal, there.killed_reason, there.summary) == \
+           (here.exit_code, here.signal, here.killed_reason, here.summary)
+    assert classify(there) == classify(here)
+    assert there.job["executor"] == "slurm" and there.job["cluster"] == cluster and there.job["job_id"]
+    assert jobs and jobs[0]["job_id"] == there.job["job_id"]
+    assert progress and progress[-1].startswith("step 00001")
+    assert "val_bpb: 1.234500" in there.log_path.read_text()   # the node wrote the usual log
+    if cluster == "local":
+        assert starts == [[(jobs[0]["pid"], jobs[0]["create_time"])]]   # the controller, for recovery
+
+
+def test_a_job_killed_on_its_node_is_a_classified_crash_and_leaves_nothing(tmp_path):
+    spec = spec_for(tmp_path, KILL_JOB)
+    spec.env[TOKEN_VAR] = "token-of-the-killed-job"   # kept by the executor: the trial's processes carry it
+    outcome = slurm(tmp_path).run(spec)
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental", verdict
+    job_id = outcome.job["job_id"]
+    assert verdict.reason.startswith(f"job {job_id} ended without a trial outcome"), verdict
+    assert outcome.metric is None and outcome.job_error
+    assert f"job {job_id}" in spec.log_path.read_text()   # the evidence is in the trial's log too
+    assert not token_holders("token-of-the-killed-job")   # the orphaned trial was ended
+
+
+def test_a_job_function_that_raises_is_a_classified_crash(tmp_path):
+    spec = spec_for(tmp_path, REPORT)
+    spec.log_path.mkdir()   # the node cannot open its log: run_trial raises there
+    outcome = slurm(tmp_path).run(spec)
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental"
+    assert "ended without a trial outcome" in verdict.reason and "IsADirectoryError" in verdict.reason, verdict
+
+
+def test_stop_event_cancels_the_job_and_ends_the_trial(tmp_path):
+    spec = spec_for(tmp_path, HANG)
+    stop = threading.Event()
+    outcome = slurm(tmp_path).run(spec, on_progress=lambda line: stop.set(), stop_event=stop)
+    assert outcome.killed_reason == "stopped" and outcome.job_error is None
+    assert classify(outcome).reason == "interrupted"
+    assert "stop requested" in spec.log_path.read_text()   # run_trial on the node ended the tree
+    assert outcome.leftover_processes == 0
+
+
+def test_a_scheduler_signal_on_the_node_is_a_crash_not_a_stop(tmp_path):
+    spec = spec_for(tmp_path, HANG)
+    jobs: list[dict] = []
+
+    def cancel_like_the_scheduler(line: str) -> None:
+        os.kill(jobs[0]["pid"], signal.SIGTERM)   # what scancel does: SIGTERM to the job
+
+    outcome = slurm(tmp_path).run(spec, on_progress=cancel_like_the_scheduler, on_job=jobs.append)
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental" and verdict.reason.startswith(f"job {jobs[0]['job_id']} was ended by the scheduler")
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+def fake_train(value: float, action: str = "") -> str:
+    return f"VALUE = {value!r}\n" + textwrap.dedent(action) + 'print("---")\nprint(f"val_bpb: {VALUE:.6f}")\n'
+
+
+def night(*extra: str) -> list[str]:
+    return ["run", "--budget", "2", "--timeout", "25", "--proposer", "queue", "--tag", "t", "--device", "cpu",
+            "--command", f"{sys.executable} train.py", "--executor", "slurm", "--slurm-cluster", "local", *extra]
+
+
+def test_a_night_on_the_local_cluster(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_better.py", fake_train(0.9), "better")
+    queue_file(repo, "02_dies.py", fake_train(0.5, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"),
+               "kills its job")
+    queue_file(repo, "03_worse.py", fake_train(1.1), "worse")
+    proc = autoloop(repo, *night(), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = assert_invariants(repo)
+    assert [(r["description"], r["status"]) for r in ledger] == [
+        ("baseline", "keep"), ("better", "keep"), ("kills its job", "crash"), ("worse", "discard")]
+    died = ledger[2]
+    assert died["crash"] == "fundamental" and died["reason"].startswith(f"job {died['extra']['job_id']} ended"), died
+    assert (repo / "results" / died["log_path"]).exists()
+    for record in ledger:
+        assert record["extra"]["executor"] == "slurm" and record["extra"]["job_id"], record
+    assert ledger[-1]["best_metric"] == 0.9
+    state = json.loads((repo / "results" / "state.json").read_text())
+    assert state["job"] is None and state["phase"] == "stopped"
+
+
+def test_recovery_cancels_the_job_of_a_killed_orchestrator(tmp_path, tiny_data_dir):
+    marker = tmp_path / "started"
+    hang = fake_train(0.8, f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\ntime.sleep(120)\n")
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_hang.py", hang, "hangs")
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    cmd = [sys.executable, "-m", "autoloop.cli", *night("--noise-runs", "0", "--sanity-bound", "0")]
+    orchestrator = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):   # until the hanging trial runs (a bound, not a timing assertion)
+            if marker.exists() or orchestrator.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert marker.exists(), "the trial never started"
+        job = json.loads((repo / "results" / "state.json").read_text())["job"]
+        controller = psutil.Process(job["pid"])
+        os.kill(orchestrator.pid, signal.SIGKILL)
+        orchestrator.wait()
+        assert controller.is_running()   # the job outlived its orchestrator
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    proc = autoloop(repo, *night("--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "recovery: cancelled local job" in proc.stdout
+    assert not controller.is_running() or controller.status() == psutil.STATUS_ZOMBIE
+    ledger = assert_invariants(repo)
+    hung = [r for r in ledger if r["description"] == "hangs"]
+    assert hung and hung[0]["status"] == "crash" and hung[0]["reason"].startswith("interrupted"), ledger
+    leftovers = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("AUTOLOOP_RESULT", "").startswith(str(repo)) and p.status() != psutil.STATUS_ZOMBIE:
+                leftovers.append(p)
+        except psutil.Error:
+            continue
+    assert not leftovers
