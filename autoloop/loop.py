@@ -502,8 +502,8 @@ class Session:
                 self.invalidate(record, plan, after.paths)
             self.before_append(record, plan)
             self.ledger.append(record)
-            self.after_append(record)
             fault_point("recorded", plan.trial)
+            self.after_append(record)
         if record.extra.get("confirm") == "pending" and not self.stop_event.is_set():
             # The caller re-runs this commit at once (still checked out); the state stays
             # on this recorded attempt, so a kill now restores the best on --resume.

@@ -505,6 +505,8 @@ class WorkerPool:
             elif (load_state(ss.results_dir).in_flight and load_state(ss.results_dir).tag == ss.tag) or \
                     any(st.tag == ss.tag for _, st in interrupted):
                 raise LoopError("the last run of this tag was interrupted; pass --resume to recover and continue")
+            if s.resume and interrupted:
+                self._repair_main_checkout()
             try:
                 ss.ws.ensure_clean()
                 if not s.resume:
@@ -537,6 +539,15 @@ class WorkerPool:
                     raise LoopError(str(self.error)) from None
                 raise self.error
             return reason
+
+    def _repair_main_checkout(self) -> None:
+        """Killed while a worker moved the loop's branch (a reset of the main checkout): we hold
+        the workspace lock, so an index.lock is a leftover, and the checkout goes to the best."""
+        ss = self.main
+        (Path(ss.ws.repo.git_dir) / "index.lock").unlink(missing_ok=True)
+        best = ss.best()[0]
+        if best and ss.ws.current_branch() == ss.ws.branch_name(ss.tag) and ss.ws.head() != best:
+            ss.ws.reset_to(best)
 
     def _recover_workers(self, interrupted: list[tuple[int, RunState]]) -> None:
         """Each worker's interrupted attempt recorded (candidate kept under its trial ref)."""

@@ -77,7 +77,7 @@ def repo(tmp_path) -> Path:
     return init_repo(tmp_path / "repo", {"train.py": FAKE})
 
 
-def check_worker_invariants(repo: Path, queued: list[str], tag: str = "t") -> list[dict]:
+def check_worker_invariants(repo: Path, queued: list[str] | None, tag: str = "t") -> list[dict]:
     """The single loop's invariants, adapted to workers, plus: no queued change lost or run
     twice, the best only ever improves along the ledger, the worker column agrees."""
     ledger = read_ledger(repo)
@@ -94,9 +94,10 @@ def check_worker_invariants(repo: Path, queued: list[str], tag: str = "t") -> li
     # every queued change proposed exactly once (first attempts; replays carry the source too)
     # (an attempt a kill interrupted is recorded from the state file, which has no source)
     sources = [r["extra"].get("source") for r in ledger if r["attempt"] == 1 and r["kind"] != "baseline"
-               and "interrupted" not in r["reason"]]
-    assert sorted(sources) == sorted(queued), sources
-    assert not [p for p in (repo / "results" / "queue").glob("*.py")]
+               and "orchestrator stopped" not in r["reason"]]
+    if queued is not None:
+        assert sorted(sources) == sorted(queued), sources
+        assert not [p for p in (repo / "results" / "queue").glob("*.py")]
     # the best only improves, in ledger order, and every kept commit is on the branch
     metrics = [r["best_metric"] for r in ledger if r["best"]]
     assert metrics == sorted(metrics, reverse=True), metrics
@@ -193,24 +194,59 @@ def test_candidates_while_the_best_stays_are_judged_as_usual(repo, tiny_data_dir
     assert git(repo, "rev-parse", "HEAD") == ledger[0]["commit"]
 
 
-def test_kill_9_with_two_workers_in_flight_then_resume(repo, tiny_data_dir):
-    queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="never recorded"))   # holds until killed
-    queue(repo, "02_lower_b.py", fake(B=0.7))
-    queue(repo, "03_lower_b_a_little.py", fake(B=0.9))
-    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
-    cmd = [sys.executable, "-m", "autoloop.cli", *args("--noise-runs", "0", "--sanity-bound", "0")]
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    # Wait (no timing: reading the orchestrator's own output) until one worker holds the
-    # waiting trial and the other has recorded a trial of its own, then kill -9.
+def wait_for(proc: subprocess.Popen, repo: Path, description: str, recorded_source: str) -> None:
+    """Read the orchestrator's output until the trial `description` is training and the
+    change `recorded_source` is in the ledger (no timing: the run says so itself)."""
     seen = []
     for line in proc.stdout:
         seen.append(line)
         records = read_ledger(repo) if (repo / "results" / "ledger.jsonl").exists() else []
-        waiting = any("lower a" in l and "training" in l for l in seen)
-        if waiting and any(r["extra"].get("source") == "02_lower_b.py" for r in records):
-            break
-    else:
-        pytest.fail("".join(seen))
+        waiting = any(description in seen_line and "training" in seen_line for seen_line in seen)
+        if waiting and any(r["extra"].get("source") == recorded_source for r in records):
+            return
+    pytest.fail("".join(seen))
+
+
+def start(repo: Path, tiny_data_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    cmd = [sys.executable, "-m", "autoloop.cli", *args("--noise-runs", "0", "--sanity-bound", "0")]
+    return subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigint_stops_both_workers_cleanly(repo, tiny_data_dir):
+    queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="never recorded"))   # holds until stopped
+    queue(repo, "02_lower_b.py", fake(B=0.7))
+    proc = start(repo, tiny_data_dir)
+    wait_for(proc, repo, "lower a", "02_lower_b.py")
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out
+    ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
+    [stopped] = by_source(ledger, "01_lower_a.py")
+    assert stopped["status"] == "crash" and "SIGINT" in stopped["reason"]
+    assert by_source(ledger, "02_lower_b.py")[0]["status"] == "keep"
+    status = autoloop(repo, "status", data_dir=tiny_data_dir, check=True).stdout
+    assert "stopped: stopped by SIGINT" in status
+
+
+def test_mutate_with_two_workers_never_tries_one_move_twice_on_one_best(repo, tiny_data_dir):
+    proc = autoloop(repo, *[a if a != "queue" else "mutate" for a in args("--max-trials", "6")],
+                    data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "reached --max-trials 6" in proc.stdout
+    ledger = check_worker_invariants(repo, None)
+    moves = [(r["parent"], r["description"]) for r in ledger if r["kind"] == "candidate"]
+    assert len({t for t in moves}) == len(moves) == 6, moves
+    assert {r["worker"] for r in ledger[1:]} == {0, 1}
+
+
+def test_kill_9_with_two_workers_in_flight_then_resume(repo, tiny_data_dir):
+    queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="never recorded"))   # holds until killed
+    queue(repo, "02_lower_b.py", fake(B=0.7))
+    queue(repo, "03_lower_b_a_little.py", fake(B=0.9))
+    proc = start(repo, tiny_data_dir)
+    # One worker holds the waiting trial, the other has recorded a trial of its own: kill -9.
+    wait_for(proc, repo, "lower a", "02_lower_b.py")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     states = {p.name: json.loads(p.read_text()) for p in (repo / "results").glob("state-w*.json")}
@@ -233,3 +269,23 @@ def test_kill_9_with_two_workers_in_flight_then_resume(repo, tiny_data_dir):
     # the trial process the kill orphaned was ended by the recovery
     assert not [line for line in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
                 .splitlines() if str(repo) in line]
+
+
+def test_kill_9_between_a_keep_and_the_branch_move_then_resume(repo, tiny_data_dir):
+    queue(repo, "01_lower_a.py", fake(A=0.5))
+    queue(repo, "02_lower_b.py", fake(B=0.7))
+    queue(repo, "03_lower_b_a_little.py", fake(B=0.9))
+    killed = autoloop(repo, *args(), data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "recorded:1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    proc = autoloop(repo, *args("--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = check_worker_invariants(repo, None)
+    # each queued change claimed once, run at most once; what the kill interrupted is recorded
+    assert not list((repo / "results" / "queue").glob("*.py"))
+    assert sorted(p.name for p in (repo / "results" / "queue" / "done").glob("*.py")) == [
+        "01_lower_a.py", "02_lower_b.py", "03_lower_b_a_little.py"]
+    sources = [r["extra"]["source"] for r in ledger if r["attempt"] == 1 and r["extra"].get("source")]
+    assert len(sources) == len(set(sources)), sources
+    recovered = [r for r in ledger if "orchestrator stopped" in r["reason"]]
+    assert len(recovered) <= 2
+    assert "recovery" in proc.stdout
