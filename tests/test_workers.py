@@ -289,3 +289,20 @@ def test_kill_9_between_a_keep_and_the_branch_move_then_resume(repo, tiny_data_d
     recovered = [r for r in ledger if "orchestrator stopped" in r["reason"]]
     assert len(recovered) <= 2
     assert "recovery" in proc.stdout
+
+
+def test_an_agent_works_in_its_worker_worktree(repo, tiny_data_dir):
+    # The fake agent edits ./train.py: a worker's agent must run in that worker's worktree
+    # (an edit of the main checkout would leave the worktree unchanged: a skip, and a dirty tree).
+    agent = Path(__file__).resolve().parent / "fake_agents" / "improve.py"
+    argv = [a for a in args("--max-trials", "2") if a not in ("--proposer", "queue")]
+    proc = autoloop(repo, *argv, "--proposer", "agent", "--agent-cmd", f"{sys.executable} {agent} A=0.5",
+                    data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = check_worker_invariants(repo, None)
+    kept = [r for r in ledger[1:] if r["status"] == "keep"]
+    assert len(kept) == 1 and "A = 0.5" in git(repo, "show", f"{kept[0]['commit']}:train.py")
+    for r in ledger[1:]:
+        if r is not kept[0]:
+            # the same edit again: already in the best, or no change on top of it
+            assert r["reason"].startswith("stale: ") or "no change" in r["reason"], r
