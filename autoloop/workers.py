@@ -87,13 +87,16 @@ def worker_envs(settings: Settings, n: int, cuda_count: int | None = None) -> tu
         if device is not None:
             raise LoopError(f"--workers {n} with --device {device} needs {n} CUDA devices, {count} visible; "
                             f"pass --devices or fewer --workers")
+        gpus = f" ({count} GPU(s) visible: fewer than the workers; --devices assigns them)" if count else ""
+    else:
+        gpus = ""
     cores = os.cpu_count() or 1
     threads = str(max(1, cores // n))
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     if device in (None, "cpu") or device.startswith("cuda"):
         env.update(AUTOLOOP_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
     return [dict(env) for _ in range(n)], (f"devices: {n} workers share {cores} CPU cores, "
-                                           f"{threads} thread(s) per trial")
+                                           f"{threads} thread(s) per trial{gpus}")
 
 
 # ------------------------------------------------------------------------------ git
@@ -365,7 +368,7 @@ class Worker(Loop):
                         return
                     trial = pool.reserve(self.k)
                     ss.start = ss.ledger.best()
-                    ss.ws.reset_to(ss.start[0])   # always propose on the current best
+                ss.ws.reset_to(ss.start[0])   # always propose on the current best
                 ss.replays, ss.pending_replay = 0, None
                 outcome = "failed"
                 try:
@@ -600,4 +603,7 @@ class WorkerPool:
             for k in range(self.n):
                 remove_worktree(self.main.ws, self.worktree(k), self.branch(k))
                 state_path(self.results_dir, worker_state_name(k)).unlink(missing_ok=True)
+        if self.error is None and self.main.stop_event.is_set():
+            # A signal ends the run even when a worker had found another reason first.
+            return f"stopped by {self.main.stop_signal or 'request'}"
         return self.reason or "stopped"

@@ -260,7 +260,14 @@ def test_kill_9_with_two_workers_in_flight_then_resume(repo, tiny_data_dir):
     proc = autoloop(repo, *args("--resume"), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "recovery" in proc.stdout
-    ledger = check_worker_invariants(repo, ["02_lower_b.py", "03_lower_b_a_little.py"])
+    ledger = check_worker_invariants(repo, None)
+    # every queued change claimed once and run at most once (03 may have been in flight too)
+    assert not list((repo / "results" / "queue").glob("*.py"))
+    assert len(list((repo / "results" / "queue" / "done").glob("*.py"))) == 3
+    sources = [r["extra"]["source"] for r in ledger if r["attempt"] == 1 and r["extra"].get("source")]
+    assert len(sources) == len(set(sources)) and "02_lower_b.py" in sources, sources
+    described = {r["description"] for r in ledger if r["attempt"] == 1}
+    assert {"lower a", "lower b"} <= described, described
     [interrupted] = [r for r in ledger if "interrupted" in r["reason"] and r["description"] == "lower a"]
     assert interrupted["status"] == "crash" and interrupted["attempt"] == 1 and interrupted["worker"] in (0, 1)
     # its candidate is kept under its trial ref, and carries the change
@@ -306,3 +313,41 @@ def test_an_agent_works_in_its_worker_worktree(repo, tiny_data_dir):
         if r is not kept[0]:
             # the same edit again: already in the best, or no change on top of it
             assert r["reason"].startswith("stale: ") or "no change" in r["reason"], r
+
+
+# ---------------------------------------------------------------------------------------------
+# devices and settings (no trials)
+
+
+def test_worker_devices(monkeypatch):
+    from autoloop.config import Settings
+    from autoloop.loop import LoopError
+    from autoloop.workers import worker_envs
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    envs, why = worker_envs(Settings(workers=2, devices=[3, 5]), 2)
+    assert envs == [{"CUDA_VISIBLE_DEVICES": "3", "AUTOLOOP_DEVICE": "cuda"},
+                    {"CUDA_VISIBLE_DEVICES": "5", "AUTOLOOP_DEVICE": "cuda"}]
+    envs, why = worker_envs(Settings(workers=2), 2, cuda_count=8)   # enough GPUs: one each
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1"] and "one GPU per worker" in why
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    envs, why = worker_envs(Settings(workers=4), 4, cuda_count=2)   # too few: all on the CPU, cores shared
+    assert envs == [{"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "AUTOLOOP_DEVICE": "cpu",
+                     "CUDA_VISIBLE_DEVICES": ""}] * 4
+    assert "share 16 CPU cores, 4 thread(s) per trial" in why and "2 GPU(s) visible" in why
+    with pytest.raises(LoopError, match="needs 2 CUDA devices, 1 visible"):
+        worker_envs(Settings(workers=2, device="cuda"), 2, cuda_count=1)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--workers", "2", "--devices", "0"], "1 listed for 2 workers"),
+    (["--workers", "2", "--devices", "0,0"], "listed twice"),
+    (["--workers", "2", "--devices", "gpu0,gpu1"], "CUDA device numbers"),
+    (["--workers", "0"], "expected a positive number"),
+])
+def test_bad_worker_flags_are_one_line_errors(repo, tiny_data_dir, flags, message):
+    proc = autoloop(repo, "run", "--tag", "t", *flags, data_dir=tiny_data_dir)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    # one error line (argparse's usage lines before it for a malformed flag), no traceback
+    assert "Traceback" not in proc.stderr and message in proc.stderr.strip().splitlines()[-1]
+    assert not (repo / "results" / "ledger.jsonl").exists()
