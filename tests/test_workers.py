@@ -181,6 +181,28 @@ def test_two_candidates_editing_the_same_line_the_later_is_stale(repo, tiny_data
     assert row["status"] == "discard" and row["worker"] == str(stale["worker"])
 
 
+def test_confirmation_re_runs_work_with_workers_and_replays(repo, tiny_data_dir):
+    # --sanity-bound 0.1: a gain over 0.2 is re-run before it can be kept (the confirmation
+    # path of the noise rule). b (gain 0.1) is kept at once; a (gain 0.5) asks for a re-run,
+    # but the best has moved: replayed on b, where its gain (0.5) asks for a re-run again,
+    # which it passes with the best unmoved.
+    queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="lower b"))
+    queue(repo, "02_lower_b.py", fake(B=0.9))
+    proc = autoloop(repo, *args("--sanity-bound", "0.1"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
+    [b] = by_source(ledger, "02_lower_b.py")
+    assert b["status"] == "keep" and b["metric"] == 0.9 + 1.0
+    first, replay, confirm = by_source(ledger, "01_lower_a.py")
+    assert first["extra"]["replay"] == "pending" and "confirm" not in first["extra"]
+    assert replay["extra"]["replay_of"] == first["commit"] and replay["status"] == "discard"
+    assert replay["extra"]["confirm"] == "pending" and "sanity bound" in replay["reason"]
+    assert confirm["kind"] == "confirm" and confirm["commit"] == replay["commit"] and confirm["status"] == "keep"
+    assert confirm["metric"] == pytest.approx(1.4) and confirm["extra"]["runs"] == pytest.approx([1.4, 1.4])
+    assert [r["attempt"] for r in (first, replay, confirm)] == [1, 2, 3]
+    assert git(repo, "rev-parse", "HEAD") == confirm["commit"]
+
+
 def test_candidates_while_the_best_stays_are_judged_as_usual(repo, tiny_data_dir):
     # Both lose against the baseline: no replay, no stale, plain discards from both workers.
     queue(repo, "01_raise_a.py", fake(A=1.5))
