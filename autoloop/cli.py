@@ -106,6 +106,7 @@ _SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction
 _SETTING_FLAGS += ["log_cap_mb", "min_free_gb", "isolate"]
 _SETTING_FLAGS += ["executor", "slurm_cluster", "slurm_partition", "slurm_gpus_per_trial", "slurm_time_limit",
                    "slurm_options", "slurm_folder"]
+_SETTING_FLAGS += ["workers", "devices"]
 
 
 def _settings(args):
@@ -129,6 +130,10 @@ def cmd_run(args) -> int:
     root = _repo_root(args.directory)
     proposer, why = make_proposer(settings, root)
     console.line(why)
+    if settings.workers > 1:
+        from autoloop.workers import WorkerPool
+        WorkerPool(settings, root, proposer, console).run()
+        return 0
     Loop(settings, root, proposer, console).run()
     return 0
 
@@ -274,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-run the best commit --noise-runs times first and re-estimate the noise")
     p.add_argument("--resume", action="store_true",
                    help="continue the existing branch, recovering an interrupted trial first")
+    p.add_argument("--workers", type=_positive_int, metavar="N",
+                   help="run N trials at once, each in its own git worktree under worktrees/ (default 1)")
+    p.add_argument("--devices", metavar="LIST",
+                   help="CUDA devices of the workers, one each: 0,1,2,3 (default: one GPU per worker when "
+                        "there are enough, else all on CPU, sharing the cores)")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_run)
 

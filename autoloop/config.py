@@ -122,6 +122,7 @@ _NUMERIC_FIELDS = {"budget", "timeout", "hours", "max_trials", "min_delta", "see
                    "agent_timeout", "max_proposer_failures", "max_fix_attempts", "max_agent_failures"}
 _NUMERIC_FIELDS |= {"log_cap_mb", "min_free_gb"}
 _NUMERIC_FIELDS |= {"slurm_gpus_per_trial", "slurm_time_limit"}
+_NUMERIC_FIELDS |= {"workers"}
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
 
@@ -200,6 +201,22 @@ class Settings(BaseModel):
             raise ValueError(f"slurm_time_limit: must be longer than the trial timeout ({format_duration(self.timeout_s)}), "
                              f"got {format_duration(self.slurm_time_limit)}")
         return self
+
+    # -- parallel workers (README "Parallel workers", workers.py) -------------------------------
+    workers: int = Field(default=1, ge=1, le=64)   # trials run at once, each in its own git worktree
+    devices: list[int] | None = None           # CUDA device of each worker; None -> one each if enough, else CPU
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, v: Any) -> Any:
+        if isinstance(v, str):   # "0,1,2" from the command line
+            parts = [p.strip() for p in v.split(",")]
+            if not all(p.isdigit() for p in parts):
+                raise ValueError(f"must be CUDA device numbers separated by commas (e.g. 0,1), got {v!r}")
+            v = [int(p) for p in parts]
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError(f"a device is listed twice: {v}")
+        return v
 
     # Where the file settings came from (for messages); not a setting itself.
     _source: str | None = PrivateAttr(default=None)
@@ -293,6 +310,13 @@ class Settings(BaseModel):
         if 0 < v < MIN_LOG_CAP_MB:
             raise ValueError(f"must be 0 (no cap) or at least {MIN_LOG_CAP_MB:g}, got {v:g}")
         return v
+
+    @model_validator(mode="after")
+    def _devices_per_worker(self) -> "Settings":
+        if self.devices is not None and len(self.devices) < self.workers:
+            raise ValueError(f"devices: {len(self.devices)} listed for {self.workers} workers; "
+                             f"give one per worker")
+        return self
 
     @model_validator(mode="after")
     def _timeout_after_budget(self) -> "Settings":

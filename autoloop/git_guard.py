@@ -70,7 +70,8 @@ def snapshot(ws: Workspace, tag: str) -> RefSnapshot:
     refs = {}
     for line in out.splitlines():
         name, _, sha = line.partition(" ")
-        if name:
+        # Refs other threads of the loop move meanwhile (parallel workers) are not the agent's doing.
+        if name and not name.startswith(ws.foreign_refs or ("\0",)):
             refs[name] = sha
     return RefSnapshot(refs)
 
@@ -271,7 +272,7 @@ def _restore_refs(ws: Workspace, tag: str, before: RefSnapshot, branch_ref: str,
             events.append(f"agent moved {short} to {_short(moved_to)} (restored to {_short(sha)})")
         ws.repo.git.update_ref("-m", "autoloop: restored after the proposer", ref, sha)
     for ref in sorted(set(now) - set(before.refs) - {branch_ref}):
-        if ref.startswith(_GUARDED):
+        if ref.startswith(_GUARDED) and not ref.startswith(ws.foreign_refs or ("\0",)):
             events.append(f"agent created {_label(ref)} (left in place)")
 
 

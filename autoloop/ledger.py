@@ -19,7 +19,7 @@ Files, all under the workspace's ``results/``:
     append (temp file in the same folder, fsync, ``os.replace``), so readers see the
     old or the new file, never half of one. Columns (``TSV_COLUMNS``)::
 
-        commit  val_bpb  memory_gb  status  description  crash  trial  seconds  confidence
+        commit  val_bpb  memory_gb  status  description  crash  trial  seconds  confidence  worker
 
     The first five are exactly karpathy/autoresearch's, so its tools keep working.
     ``commit``: short 7-char sha, ``-`` when nothing was committed.
@@ -39,6 +39,8 @@ Files, all under the workspace's ``results/``:
     ``confidence``: the improvement over the best in units of the noise estimate
     (``3.2`` = 3.2 sigma better, negative = worse), ``%.1f``; ``-`` when there is no
     noise estimate or nothing to compare with (baseline, noise samples, crashes).
+    ``worker``: the parallel worker that ran the attempt (``autoloop run --workers N``:
+    ``0``..``N-1``); ``-`` for the single loop, the baseline and its noise samples.
 
     Records with status ``skip`` (a proposal that failed before anything ran) are
     in the ledger but NOT in results.tsv, whose status column is only
@@ -78,7 +80,7 @@ CrashClass = Literal["trivial", "fundamental", "timeout"]
 AttemptKind = Literal["baseline", "candidate", "fix", "confirm"]
 
 TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description", "crash", "trial", "seconds",
-               "confidence"]
+               "confidence", "worker"]
 
 LEDGER_NAME = "ledger.jsonl"
 TSV_NAME = "results.tsv"
@@ -124,6 +126,7 @@ class LedgerRecord(BaseModel):
     best_metric: float | None = None   # best metric after this record's decision
     outside_changes: list[str] = Field(default_factory=list)  # files reverted by the scope guard
     extra: dict = Field(default_factory=dict)
+    worker: int | None = None          # parallel worker that ran it (workers.py); None: the single loop
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +168,7 @@ def tsv_row(record: LedgerRecord) -> list[str] | None:
         trial_label(record.trial, record.attempt),
         f"{seconds:.1f}",
         "-" if crashed or record.confidence is None else f"{record.confidence:.1f}",
+        "-" if record.worker is None else str(record.worker),
     ]
 
 

@@ -23,7 +23,7 @@ import signal
 import statistics
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +45,7 @@ from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Propos
 from autoloop.report import format_verdict, live_line
 from autoloop.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
 from autoloop.runlog import finish_log
-from autoloop.state import RunState, load_state, save_state, set_phase
+from autoloop.state import STATE_FILE, RunState, load_state, save_state, set_phase
 from autoloop.workspace import Workspace, WorkspaceError
 
 LOCK_NAME = ".autoloop.lock"
@@ -73,6 +73,7 @@ class AttemptPlan:
     noise_sample: tuple[int, int] | None = None   # (k, N): a run of the best to estimate noise
     can_confirm: bool = True                  # a within-noise gain may be re-run once
     git_events: list[str] = field(default_factory=list)   # what the proposer did to git (git_guard)
+    replay_of: str | None = None              # workers: a confirm that commits a candidate replayed on a new best
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -276,6 +277,8 @@ class Session:
             self.executor = make_executor(settings, self.ws.root)
         except ExecutorError as e:
             raise LoopError(str(e)) from None
+        self.state_name = STATE_FILE    # a parallel worker keeps its own (workers.py)
+        self.trial_env: dict[str, str] = {}   # added to every trial's environment (a worker's device, threads)
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -334,7 +337,7 @@ class Session:
 
     def recover(self) -> None:
         """Bring an attempt interrupted by a crash of the orchestrator to a clean end."""
-        state = load_state(self.results_dir)
+        state = load_state(self.results_dir, self.state_name)
         self.state = state
         if not state.in_flight:
             return
@@ -361,7 +364,7 @@ class Session:
             self.console.line(f"recovery: {tampered_reason(tampered.paths)} (by the interrupted attempt); restored")
         if tampered.unrestorable:
             raise LoopError(tampered.message)
-        index_lock = self.ws.root / ".git" / "index.lock"
+        index_lock = Path(self.ws.repo.git_dir) / "index.lock"   # a linked worktree's own git dir too
         if index_lock.exists():
             # We hold the workspace lock, so no git command of ours is running: the lock was
             # left by a git process killed with us.
@@ -413,7 +416,8 @@ class Session:
             self.console.line(f"recovery: trial {state.trial}.{state.attempt} was interrupted during "
                               f"{state.phase}; recorded as crash, candidate kept at {ref or '(none)'}")
         self.ws.reset_to(best)
-        self.state = set_phase(self.results_dir, state, "idle", candidate=None, child_pids=[], job=None, progress=None)
+        self.state = set_phase(self.results_dir, state, "idle", self.state_name, candidate=None, child_pids=[],
+                               job=None, progress=None)
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -448,7 +452,7 @@ class Session:
         )
 
     def enter(self, phase: str, **fields) -> None:
-        self.state = set_phase(self.results_dir, self.state, phase, **fields)
+        self.state = set_phase(self.results_dir, self.state, phase, self.state_name, **fields)
         fault_point(phase, self.state.trial, self.state.attempt)
 
     def run_attempt(self, plan: AttemptPlan) -> LedgerRecord:
@@ -464,7 +468,7 @@ class Session:
         self.enter("committing", trial=plan.trial, attempt=plan.attempt, kind=plan.kind,
                    description=plan.description, proposer=plan.proposer, best=plan.parent,
                    best_metric=plan.parent_metric, candidate=None, attempt_started_at=started)
-        if plan.kind in ("baseline", "confirm"):
+        if plan.kind in ("baseline", "confirm") and not plan.replay_of:
             commit = self.ws.head()
         else:
             message = f"{plan.description}\n\nautoloop trial {plan.trial}.{plan.attempt} ({plan.proposer})"
@@ -481,7 +485,8 @@ class Session:
             command=s.command_argv, cwd=self.ws.root,
             env=build_env(s.budget, plan.seed if plan.seed is not None else s.seed, runs / f"{plan.trial}-{plan.attempt}.result.json",
                           self.data_dir, s.device, nonce,
-                          harness_path=harness_path(self.results_dir) if self.guard is not None else None),
+                          harness_path=harness_path(self.results_dir) if self.guard is not None else None)
+                | self.trial_env,
             log_path=runs / f"{plan.trial}-{plan.attempt}.log",
             result_path=runs / f"{plan.trial}-{plan.attempt}.result.json",
             budget_s=s.budget, timeout_s=s.timeout_s, metric=s.metric, max_rss_gb=s.max_rss_gb,
@@ -497,24 +502,27 @@ class Session:
                                     on_job=self._remember_job)
 
         self.enter("judging")
-        after = self.check_inputs(plan.trial, plan.attempt)   # restored before the record is appended
-        # After the integrity check (which keeps its own evidence of program.md): files the run
-        # wrote into the repository are put back, so a kept commit leaves a clean tree.
-        wrote = self.ws.undo_run_writes(self.quarantine_dir(plan.trial, plan.attempt) / "run")
-        record = self.judge(plan, commit, outcome, started, diff_lines)
-        if wrote:
-            record.extra["run_wrote"] = wrote
-            self.console.line(f"{label}: the run wrote {', '.join(wrote)} in the repository; put back "
-                              f"(its versions in {(self.quarantine_dir(plan.trial, plan.attempt) / 'run').relative_to(self.ws.root)})")
-        if outcome.log_cut_bytes:
-            record.extra["log_cut_bytes"] = outcome.log_cut_bytes
-        record.extra.update(outcome.job)   # executor slurm: executor, cluster, job_id
-        if before:
-            record.extra["tampered_before_run"] = before.paths
-        if after:
-            self.invalidate(record, plan, after.paths)
-        self.ledger.append(record)
-        fault_point("recorded", plan.trial)
+        with self.deciding():
+            after = self.check_inputs(plan.trial, plan.attempt)   # restored before the record is appended
+            # After the integrity check (which keeps its own evidence of program.md): files the run
+            # wrote into the repository are put back, so a kept commit leaves a clean tree.
+            wrote = self.ws.undo_run_writes(self.quarantine_dir(plan.trial, plan.attempt) / "run")
+            record = self.judge(plan, commit, outcome, started, diff_lines)
+            if wrote:
+                record.extra["run_wrote"] = wrote
+                self.console.line(f"{label}: the run wrote {', '.join(wrote)} in the repository; put back (its "
+                                  f"versions in {(self.quarantine_dir(plan.trial, plan.attempt) / 'run').relative_to(self.ws.root)})")
+            if outcome.log_cut_bytes:
+                record.extra["log_cut_bytes"] = outcome.log_cut_bytes
+            record.extra.update(outcome.job)   # executor slurm: executor, cluster, job_id
+            if before:
+                record.extra["tampered_before_run"] = before.paths
+            if after:
+                self.invalidate(record, plan, after.paths)
+            self.before_append(record, plan)
+            self.ledger.append(record)
+            fault_point("recorded", plan.trial)
+            self.after_append(record)
         if record.extra.get("confirm") == "pending" and not self.stop_event.is_set():
             # The caller re-runs this commit at once (still checked out); the state stays
             # on this recorded attempt, so a kill now restores the best on --resume.
@@ -527,6 +535,17 @@ class Session:
         if after.unrestorable:
             raise LoopError(after.message)
         return record
+
+    # Hooks for parallel workers (workers.py), which judge against a best other workers move:
+    # the decision, the record and the move of the loop's branch happen under one lock.
+    def deciding(self):
+        return nullcontext()
+
+    def before_append(self, record: LedgerRecord, plan: AttemptPlan) -> None:
+        pass
+
+    def after_append(self, record: LedgerRecord) -> None:
+        pass
 
     def check_inputs(self, trial: int, attempt: int) -> Tampering:
         """Verify the measurement's protected inputs and restore what changed (integrity.py)."""
@@ -558,15 +577,15 @@ class Session:
         if now - self._progress_saved_at >= 2.0:
             self._progress_saved_at = now
             self.state = self.state.model_copy(update={"progress": line})
-            save_state(self.results_dir, self.state)
+            save_state(self.results_dir, self.state, self.state_name)
 
     def _remember_children(self, pids: list[tuple[int, float]]) -> None:
         self.state = self.state.model_copy(update={"child_pids": pids})
-        save_state(self.results_dir, self.state)
+        save_state(self.results_dir, self.state, self.state_name)
 
     def _remember_job(self, job: dict) -> None:
         self.state = self.state.model_copy(update={"job": job})
-        save_state(self.results_dir, self.state)
+        save_state(self.results_dir, self.state, self.state_name)
 
     def judge(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, started: float,
               diff_lines: int) -> LedgerRecord:

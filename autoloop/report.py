@@ -209,6 +209,14 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
             "progress": state.progress, "loss": parsed.get("loss"), "percent": parsed.get("percent"),
             "alive": alive,
         }
+    workers = []
+    for path in sorted(results_dir.glob("state-w*.json")) if state.workers else []:
+        # Parallel workers (workers.py): each has its own attempt in flight.
+        ws = load_state(results_dir, path.name)
+        if ws.in_flight:
+            workers.append({"worker": path.stem.removeprefix("state-"), "trial": ws.trial, "attempt": ws.attempt,
+                            "kind": ws.kind, "phase": ws.phase, "description": ws.description,
+                            "elapsed_s": round(now - ws.attempt_started_at, 1) if ws.attempt_started_at else None})
     improvement = None
     if baseline and baseline.metric is not None and best_metric is not None:
         improvement = baseline.metric - best_metric
@@ -218,6 +226,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "running": alive,
         "phase": state.phase,
         "current": current,
+        "workers": workers,
         "best": {"commit": best_commit, "metric": best_metric,
                  "trial": best_record.trial if best_record else None,
                  "description": best_record.description if best_record else None,
@@ -256,6 +265,14 @@ def status_text(data: dict) -> str:
             if c["loss"] is not None:
                 extra.append(f"loss {c['loss']:.4f}")
             lines.append(f"  {', '.join(extra) or c['progress']}")
+    elif data.get("workers"):
+        verb = "running" if data["running"] else "interrupted"
+        for w in data["workers"]:
+            label = f"#{w['trial']}" + (f".{w['attempt']}" if (w["attempt"] or 1) > 1 else "")
+            elapsed = f", {_dur(w['elapsed_s'])} in" if w["elapsed_s"] is not None else ""
+            lines.append(f"{verb} {w['worker']}: {label} {w['kind']} '{w['description'] or '-'}' ({w['phase']}{elapsed})")
+        if not data["running"]:
+            lines.append("  no live orchestrator: resume with autoloop run --resume")
     elif data["stop_reason"]:
         lines.append(f"stopped: {data['stop_reason']}")
     elif data["running"]:

@@ -43,18 +43,24 @@ class RunState(BaseModel):
     progress: str | None = None          # the latest progress line of the running trial
     stop_reason: str | None = None
     stopped_at: float | None = None
+    workers: int | None = None           # parallel workers (their states: state-w<k>.json); None: one loop
 
     @property
     def in_flight(self) -> bool:
         return self.phase not in ("idle", "stopped")
 
 
-def state_path(results_dir: Path) -> Path:
-    return Path(results_dir) / STATE_FILE
+def state_path(results_dir: Path, name: str = STATE_FILE) -> Path:
+    return Path(results_dir) / name
 
 
-def load_state(results_dir: Path) -> RunState:
-    path = state_path(results_dir)
+def worker_state_name(worker: int) -> str:
+    """A parallel worker's own state file (workers.py): each has its attempt in flight."""
+    return f"state-w{worker}.json"
+
+
+def load_state(results_dir: Path, name: str = STATE_FILE) -> RunState:
+    path = state_path(results_dir, name)
     try:
         return RunState.model_validate_json(path.read_text())
     except FileNotFoundError:
@@ -64,8 +70,8 @@ def load_state(results_dir: Path) -> RunState:
         return RunState()
 
 
-def save_state(results_dir: Path, state: RunState) -> None:
-    path = state_path(results_dir)
+def save_state(results_dir: Path, state: RunState, name: str = STATE_FILE) -> None:
+    path = state_path(results_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "w") as f:
@@ -75,9 +81,9 @@ def save_state(results_dir: Path, state: RunState) -> None:
     os.replace(tmp, path)
 
 
-def set_phase(results_dir: Path, state: RunState, phase: Phase, **fields) -> RunState:
+def set_phase(results_dir: Path, state: RunState, phase: Phase, name: str = STATE_FILE, **fields) -> RunState:
     """Move to ``phase`` (updating ``fields``) and persist it before anything else happens."""
     now = time.time()
     updated = state.model_copy(update={"phase": phase, "phase_started_at": now, **fields})
-    save_state(results_dir, updated)
+    save_state(results_dir, updated, name)
     return updated

@@ -50,6 +50,10 @@ def _listing(paths: list[str]) -> str:
 class Workspace:
     """One experiment repository: the git work tree holding the target file."""
 
+    # Ref prefixes that other parts of the loop move while a proposer runs (parallel
+    # workers: the loop's branch, the other workers' branches); git_guard leaves them alone.
+    foreign_refs: tuple[str, ...] = ()
+
     def __init__(self, path: Path, target: str = "train.py", results_dir: str = "results") -> None:
         path = Path(path).resolve()
         try:

@@ -42,6 +42,9 @@ class ProposalRequest:
     # Given to every process the proposer starts (runner.TOKEN_VAR) and saved in the state
     # file first: a restart finds them all by it, even those that left the process tree.
     process_token: str | None = None
+    # Parallel workers (workers.py): what the other workers are trying right now, as
+    # ledger-like dicts (parent, kind, description), so that no two try the same move at once.
+    in_flight: list[dict] = field(default_factory=list)
 
 
 @dataclass

@@ -333,8 +333,8 @@ def _records(request: ProposalRequest) -> list[dict]:
     if request.results_dir is not None and (Path(request.results_dir) / "ledger.jsonl").exists():
         from autoloop.ledger import Ledger
 
-        return [r.model_dump(mode="json") for r in Ledger(Path(request.results_dir)).records()]
-    return list(request.ledger_tail)
+        return [r.model_dump(mode="json") for r in Ledger(Path(request.results_dir)).records()] + request.in_flight
+    return list(request.ledger_tail) + request.in_flight
 
 
 def tried_at(records: list[dict], best: str | None) -> set[tuple[str, object]]:

@@ -9,8 +9,8 @@ change is made, so a restart never proposes it twice, even if the change then cr
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -106,11 +106,13 @@ class QueueProposer:
     def propose(self, request: ProposalRequest) -> Proposal | None:
         if request.fix is not None:
             return None  # a queued change cannot be repaired: the loop moves on
-        queued = self.pending()
-        if not queued:
+        for queued in self.pending():
+            path = self._consume(queued)
+            if path is not None:
+                break
+        else:
             return None
-        path = self._consume(queued[0])
-        name = queued[0].name
+        name = queued.name
         target = Path(request.workspace) / request.target
         data = path.read_bytes()
         text = data.decode("utf-8", errors="replace")
@@ -125,15 +127,20 @@ class QueueProposer:
             description = description_from_patch(text)
         return Proposal(description=description or description_from_name(name), source=name)
 
-    def _consume(self, path: Path) -> Path:
-        """Move the file into done/ (never overwriting an earlier one of the same name)."""
+    def _consume(self, path: Path) -> Path | None:
+        """Claim the file by moving it into done/ (never overwriting an earlier one of the
+        same name); None when another worker claimed it first. The claim is one rename:
+        of two workers taking the same file, exactly one succeeds."""
         done = self.queue_dir / DONE_DIR
         done.mkdir(exist_ok=True)
         dest, n = done / path.name, 0
         while dest.exists():
             n += 1
             dest = done / f"{path.stem}.{n}{path.suffix}"
-        shutil.move(str(path), str(dest))
+        try:
+            os.rename(path, dest)   # atomic: the worker whose rename finds the file gone lost it
+        except FileNotFoundError:
+            return None
         return dest
 
     @staticmethod
