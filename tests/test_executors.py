@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from conftest import init_repo
-from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger
+from loop_helpers import assert_invariants, autoloop, queue_file
 
 from autoloop.classify import classify
 from autoloop.config import ConfigError, build_settings
