@@ -293,3 +293,24 @@ def test_mutate_runs_a_trial_through_the_loop(baselined_repo, tiny_data_dir):
     name, _, rest = trial["description"].partition(" ")
     assert name.isupper() and " -> " in rest
     assert git(repo, "diff", "--numstat", trial["parent"], trial["commit"]).split()[:2] == ["1", "1"]
+
+
+def test_a_chatty_agent_log_is_capped_like_a_trial_log(workspace, tmp_path):
+    """--log-cap-mb applies to the agent's log too: head, one line saying what was cut, tail."""
+    chatty = tmp_path / "chatty.py"
+    chatty.write_text(
+        "import pathlib, sys\n"
+        "sys.stdin.read()\n"
+        "for i in range(40000):\n"
+        "    print(f'thinking {i:06d} ' + 'x' * 40)\n"
+        "t = pathlib.Path('train.py')\n"
+        "t.write_text(t.read_text().replace('LR = 0.1', 'LR = 0.2'))\n"
+        "print('done editing')\n")
+    settings = Settings(agent_cmd=f"python {chatty}", log_cap_mb=0.125)
+    agent, _ = make_proposer(settings, workspace)
+    proposal = agent.propose(request(workspace))
+    assert proposal.description == "LR 0.1 -> 0.2"
+    log = (workspace / "results" / "agents" / "4-1.log").read_bytes()
+    assert len(log) < 0.125 * 2**20 + 4096 < 40000 * 55          # capped, far below the 2.2 MB printed
+    assert b"thinking 000000" in log and b"done editing" in log   # head and tail kept
+    assert b"of output cut here]" in log

@@ -244,6 +244,7 @@ class AgentProposer:
     timeout_s: float = 900.0
     label: str = "agent"      # preset name or '--agent-cmd', for messages
     grace_s: float = 5.0      # SIGTERM -> SIGKILL at the timeout
+    log_cap_bytes: int | None = None   # the agent's log keeps head and tail, as a trial's (runlog.py)
 
     name = "agent"
     can_fix = True
@@ -276,7 +277,8 @@ class AgentProposer:
 
         outcome = run_trial(
             TrialSpec(command=argv, cwd=workspace, env=env, log_path=log_path, stdin_path=prompt_file,
-                      budget_s=self.timeout_s, timeout_s=self.timeout_s, grace_s=self.grace_s),
+                      budget_s=self.timeout_s, timeout_s=self.timeout_s, grace_s=self.grace_s,
+                      log_cap_bytes=self.log_cap_bytes),
             stop_event=request.stop_event, on_start=request.on_start,
         )
         log = f"see results/{AGENTS_DIR}/{log_path.name}"
@@ -337,4 +339,5 @@ def make_agent_proposer(settings, workspace: Path) -> tuple[AgentProposer, str]:
     argv = split_command(template)
     hint = "check --agent-cmd" if label == "--agent-cmd" else "install it or use --agent-cmd"
     check_executable(argv[0], workspace, hint)
-    return AgentProposer(command=template, timeout_s=settings.agent_timeout, label=label), template
+    cap = int(settings.log_cap_mb * 2**20) or None
+    return AgentProposer(command=template, timeout_s=settings.agent_timeout, label=label, log_cap_bytes=cap), template
