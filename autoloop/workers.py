@@ -447,25 +447,13 @@ class WorkerPool:
             return [dict(d) for w, d in self.descriptions.items() if w != k]
 
     def stop_reason(self) -> str | None:
-        s, ss = self.settings, self.main
+        """The single loop's stop conditions (Loop._stop_reason), counting reserved trials as
+        started, plus the pool's own: a worker's fatal error, a proposer out of ideas."""
         if self.reason:
             return self.reason
-        if ss.stop_event.is_set():
-            return f"stopped by {ss.stop_signal or 'request'}"
-        if self.exhausted:
+        if self.exhausted and not self.main.stop_event.is_set():
             return f"proposer '{self.proposer.name}' has no more ideas"
-        if s.max_trials is not None and self.started + len(self.reserved) >= s.max_trials:
-            return f"reached --max-trials {s.max_trials}"
-        limit, flag = ((s.max_agent_failures, "--max-agent-failures") if self.proposer.name == "agent"
-                       else (s.max_proposer_failures, "--max-proposer-failures"))
-        if self.failures >= limit:
-            return f"{self.proposer.name} failed {self.failures} times in a row ({flag} {limit})"
-        low_disk = ss.low_disk()
-        if low_disk:
-            return low_disk
-        if self.deadline is not None and time.time() + self.loop._expected_trial_seconds() > self.deadline:
-            return "time is up: the next trial could not finish before the --hours deadline"
-        return None
+        return self.loop._stop_reason(self.started + len(self.reserved), self.failures, self.deadline)
 
     def stop(self, reason: str) -> None:
         self.reason = self.reason or reason
