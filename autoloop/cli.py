@@ -338,15 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autoloop.config import ConfigError
-    from autoloop.data import DataError
-    from autoloop.finalize import FinalizeError
-    from autoloop.ledger import LedgerError
-    from autoloop.loop import LoopError
-    from autoloop.proposers import ProposerError
-    from autoloop.report import ReportError
-    from autoloop.scaffold import ScaffoldError
-    from autoloop.workspace import WorkspaceError
+    from autoloop.errors import AutoloopError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -355,8 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except (ConfigError, DataError, FinalizeError, LedgerError, LoopError, ProposerError, ReportError,
-            ScaffoldError, WorkspaceError) as e:
+    except AutoloopError as e:   # every error meant for the user (errors.py)
         print(f"autoloop: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

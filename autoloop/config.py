@@ -37,13 +37,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from autoloop.errors import AutoloopError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
-class ConfigError(Exception):
+class ConfigError(AutoloopError):
     """A bad setting; the message is one line for the user."""
 
 

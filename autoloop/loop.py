@@ -37,6 +37,7 @@ from autoloop.console import Console
 from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.decide import decide, judge_runs, noise_estimate
 from autoloop.diskspace import low_disk_reason
+from autoloop.errors import NightError
 from autoloop.executors import ExecutorError, cancel_job, make_executor
 from autoloop.isolate import isolation_available
 from autoloop.integrity import IntegrityError, Tampering, harness_path, open_guard, recover_inputs, tampered_reason
@@ -53,7 +54,7 @@ PROGRAM_FILE = "program.md"
 LEDGER_TAIL_FOR_PROPOSER = 20
 
 
-class LoopError(Exception):
+class LoopError(NightError):
     """The loop cannot start or go on; the message is one line for the user."""
 
 

@@ -21,12 +21,15 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoloop.atomic import atomic_write
 from autoloop.config import format_duration
+from autoloop.errors import AutoloopError
+from autoloop.layout import Layout, branch_name
 from autoloop.ledger import Ledger, LedgerRecord, trial_label
 from autoloop.state import load_state
 
 
-class ReportError(Exception):
+class ReportError(AutoloopError):
     """Nothing to report on; the message is one line for the user."""
 
 
@@ -156,7 +159,7 @@ def _pid_alive(pid: int | None) -> bool:
 
 
 def _read_records(results_dir: Path) -> list[LedgerRecord]:
-    return Ledger(results_dir).records() if (results_dir / "ledger.jsonl").exists() else []
+    return Ledger(results_dir).records() if Layout(results_dir).ledger.exists() else []
 
 
 def is_noise_sample(record: LedgerRecord) -> bool:
@@ -210,11 +213,11 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
             "alive": alive,
         }
     workers = []
-    for path in sorted(results_dir.glob("state-w*.json")) if state.workers else []:
-        # Parallel workers (workers.py): each has its own attempt in flight.
+    for k, path in Layout(results_dir).worker_states() if state.workers else []:
+        # Parallel workers: each has its own attempt in flight.
         ws = load_state(results_dir, path.name)
         if ws.in_flight:
-            workers.append({"worker": path.stem.removeprefix("state-"), "trial": ws.trial, "attempt": ws.attempt,
+            workers.append({"worker": f"w{k}", "trial": ws.trial, "attempt": ws.attempt,
                             "kind": ws.kind, "phase": ws.phase, "description": ws.description,
                             "elapsed_s": round(now - ws.attempt_started_at, 1) if ws.attempt_started_at else None})
     improvement = None
@@ -337,7 +340,7 @@ def eval_seconds(results_dir: Path, records: list[LedgerRecord]) -> dict[tuple[i
     """eval_seconds of each attempt from its result file (runs/<trial>-<attempt>.result.json)."""
     out = {}
     for r in records:
-        path = Path(results_dir) / "runs" / f"{r.trial}-{r.attempt}.result.json"
+        path = Layout(Path(results_dir)).result(r.trial, r.attempt)
         try:
             value = json.loads(path.read_text()).get("eval_seconds")
         except (OSError, ValueError, AttributeError):
@@ -420,7 +423,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     crashes = [r for r in records if r.status == "crash"]
     skips = [r for r in records if r.status == "skip"]
     counts = Counter(r.status for r in records)
-    branch = f"autoloop/{tag}" if tag else "the autoloop branch"
+    branch = branch_name(tag) if tag else "the autoloop branch"
     first, last = min(r.started_at for r in records), max(r.ended_at for r in records)
 
     out = [f"# autoloop report: {branch}", ""]
@@ -584,28 +587,25 @@ class ReportFiles:
 def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
     """Write report.md and progress.png for the ledger in ``results_dir`` into ``output_dir``
     (default: ``results_dir``)."""
-    results_dir = Path(results_dir)
-    output_dir = Path(output_dir) if output_dir else results_dir
-    if not (results_dir / "ledger.jsonl").exists():
-        raise ReportError(f"no ledger at {results_dir / 'ledger.jsonl'}: nothing to report (run autoloop run first)")
-    records = Ledger(results_dir).records()
+    results = Layout(Path(results_dir))
+    output = Layout(Path(output_dir)) if output_dir else results
+    if not results.ledger.exists():
+        raise ReportError(f"no ledger at {results.ledger}: nothing to report (run autoloop run first)")
+    records = Ledger(results.root).records()
     if not records:
-        raise ReportError(f"{results_dir / 'ledger.jsonl'} has no records yet: nothing to report")
-    tag = tag or load_state(results_dir).tag
-    output_dir.mkdir(parents=True, exist_ok=True)
+        raise ReportError(f"{results.ledger} has no records yet: nothing to report")
+    tag = tag or load_state(results.root).tag
+    output.ensure()
 
     from autoloop import plot
 
-    picture, note = output_dir / "progress.png", None
+    picture, note = output.picture, None
     try:
         plot.write_progress_png(records, picture, tag=tag)
     except plot.PlotUnavailable as e:
         picture, note = None, str(e)
-    text = report_markdown(records, eval_seconds(results_dir, records), tag=tag,
+    text = report_markdown(records, eval_seconds(results.root, records), tag=tag,
                            picture=picture.name if picture else None,
                            picture_note=f"_No picture: {note}._" if note else None)
-    md = output_dir / "report.md"
-    tmp = md.with_name(f".{md.name}.tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(md)
-    return ReportFiles(md, picture, note)
+    atomic_write(output.report, text + "\n")
+    return ReportFiles(output.report, picture, note)

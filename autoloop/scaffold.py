@@ -8,6 +8,8 @@ from pathlib import Path
 
 import git
 
+from autoloop.errors import AutoloopError
+
 GITIGNORE = """# autoloop: ledger, logs and reports stay out of git, so resets never touch them.
 results/*
 !results/README.md
@@ -16,7 +18,7 @@ __pycache__/
 """
 
 
-class ScaffoldError(Exception):
+class ScaffoldError(AutoloopError):
     """The folder cannot be made into an experiment repository; one line for the user."""
 
 

@@ -9,16 +9,17 @@ made, and the pids of the processes it had started (to end them).
 from __future__ import annotations
 
 import json
-import os
-import threading
 import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from autoloop.atomic import atomic_write
+from autoloop.layout import STATE, Layout
+
 Phase = Literal["idle", "proposing", "committing", "running", "judging", "stopped"]
-STATE_FILE = "state.json"
+STATE_FILE = STATE
 
 
 class RunState(BaseModel):
@@ -51,12 +52,12 @@ class RunState(BaseModel):
 
 
 def state_path(results_dir: Path, name: str = STATE_FILE) -> Path:
-    return Path(results_dir) / name
+    return Layout(Path(results_dir)).state(name)
 
 
 def worker_state_name(worker: int) -> str:
-    """A parallel worker's own state file (workers.py): each has its attempt in flight."""
-    return f"state-w{worker}.json"
+    """A parallel worker's own state file: each has its attempt in flight."""
+    return Layout.worker_state_name(worker)
 
 
 def load_state(results_dir: Path, name: str = STATE_FILE) -> RunState:
@@ -73,12 +74,7 @@ def load_state(results_dir: Path, name: str = STATE_FILE) -> RunState:
 def save_state(results_dir: Path, state: RunState, name: str = STATE_FILE) -> None:
     path = state_path(results_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(state.model_dump(mode="json")))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(state.model_dump(mode="json")))
 
 
 def set_phase(results_dir: Path, state: RunState, phase: Phase, name: str = STATE_FILE, **fields) -> RunState:

@@ -16,6 +16,8 @@ from pathlib import Path
 import git
 from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
+from autoloop.errors import AutoloopError
+
 # Used for candidate commits when the user has no git identity configured (a fresh
 # machine, a container): git would refuse to commit, and the night would be lost.
 FALLBACK_NAME = "autoloop"
@@ -25,7 +27,7 @@ FALLBACK_EMAIL = "autoloop@localhost"
 _MAX_LISTED = 10
 
 
-class WorkspaceError(Exception):
+class WorkspaceError(AutoloopError):
     """The repository is not usable as a workspace; the message is one line for the user."""
 
 

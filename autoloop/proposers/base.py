@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from autoloop.errors import AutoloopError
+
 
 @dataclass
 class FixContext:
@@ -52,6 +54,10 @@ class Proposal:
     description: str                # one line: what this change tries
     source: str | None = None       # where it came from (patch file, agent log), for the ledger
     derived: bool = False           # the description was made from the diff, not given by the proposer
+
+
+class ProposerError(AutoloopError):
+    """No usable proposer for these settings; the message is one line for the user."""
 
 
 class ProposalFailed(Exception):

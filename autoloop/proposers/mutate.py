@@ -44,6 +44,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoloop.layout import Layout
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 
 # Constants the mutator never touches: they change what is measured or how it is
@@ -330,7 +331,7 @@ def parse_description(text: str) -> tuple[str, object, object] | None:
 def _records(request: ProposalRequest) -> list[dict]:
     """The whole ledger when the loop says where it is (memory must survive restarts and
     outlast the short tail), else the tail it passed."""
-    if request.results_dir is not None and (Path(request.results_dir) / "ledger.jsonl").exists():
+    if request.results_dir is not None and Layout(Path(request.results_dir)).ledger.exists():
         from autoloop.ledger import Ledger
 
         return [r.model_dump(mode="json") for r in Ledger(Path(request.results_dir)).records()] + request.in_flight
