@@ -27,7 +27,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 from filelock import FileLock, Timeout
 
 from autoloop import git_guard
@@ -44,7 +43,8 @@ from autoloop.integrity import IntegrityError, Tampering, harness_path, open_gua
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
-from autoloop.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
+from autoloop.procs import end_leftovers
+from autoloop.runner import TrialOutcome, TrialSpec, build_env
 from autoloop.runlog import finish_log
 from autoloop.state import STATE_FILE, RunState, load_state, save_state, set_phase
 from autoloop.workspace import Workspace, WorkspaceError
@@ -96,123 +96,6 @@ def workspace_lock(results_dir: Path):
         yield
     finally:
         lock.release()
-
-
-def leftover_processes(pids: list[tuple[int, float]], token: str | None = None,
-                       results_dir: Path | None = None) -> list[psutil.Process]:
-    """Every process an interrupted run left: the recorded ones (same pid *and* start time
-    only), everything carrying its token, everything in the session of either (agents and
-    trials run in sessions of their own), and their descendants.
-
-    With ``results_dir``, also every process carrying a runner token (runner.TOKEN_VAR)
-    whose AUTOLOOP_RESULT (a trial) or AUTOLOOP_PROMPT_FILE (an agent) lies in it, and then
-    everything carrying one of those tokens: a kill that landed before state.json named
-    the main process would otherwise orphan the whole run. Safe because the caller holds
-    the workspace lock: no live run of this workspace owns such a process.
-
-    A session id cannot be reused while the session has a member, so a session proven ours
-    by a live member holds nothing else; our own session is never one of them.
-    """
-    found: dict[int, psutil.Process] = {}
-    sessions: set[int] = set()
-    me = os.getpid()
-
-    def take(proc: psutil.Process) -> None:
-        found[proc.pid] = proc
-        try:
-            sessions.add(os.getsid(proc.pid))
-        except OSError:
-            pass
-
-    for pid, created in pids:
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - created) < 1.0:
-                take(proc)
-        except psutil.Error:
-            continue
-    procs = [p for p in psutil.process_iter() if p.pid != me]
-    tokens = {token} if token else set()
-    if results_dir is not None:
-        prefixes = tuple({str(Path(results_dir).absolute()) + os.sep, str(Path(results_dir).resolve()) + os.sep})
-        for proc in procs:
-            try:
-                env = proc.environ()
-                if env.get(TOKEN_VAR) and any(env.get(k, "").startswith(prefixes)
-                                              for k in ("AUTOLOOP_RESULT", "AUTOLOOP_PROMPT_FILE")):
-                    tokens.add(env[TOKEN_VAR])
-            except psutil.Error:
-                continue
-    if tokens:
-        for proc in procs:
-            try:
-                if proc.environ().get(TOKEN_VAR) in tokens:
-                    take(proc)
-            except psutil.Error:
-                continue
-    sessions.discard(os.getsid(0))
-    for proc in procs:
-        try:
-            if proc.pid not in found and os.getsid(proc.pid) in sessions:
-                found[proc.pid] = proc
-        except OSError:
-            continue
-    for proc in list(found.values()):
-        try:
-            for child in proc.children(recursive=True):
-                if child.pid != me:
-                    found.setdefault(child.pid, child)
-        except psutil.Error:
-            continue
-    living = []
-    for proc in found.values():
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:   # a zombie has nothing left to end
-                living.append(proc)
-        except psutil.Error:
-            continue
-    return living
-
-
-def end_processes(pids: list[tuple[int, float]], grace_s: float = 3.0, token: str | None = None,
-                  results_dir: Path | None = None) -> int:
-    """End what an interrupted run left (see leftover_processes): SIGTERM (and SIGCONT), then
-    SIGKILL. Ending the main process alone would orphan its workers and daemons, holding
-    memory and the GPU with nobody left to end them."""
-    alive = leftover_processes(pids, token, results_dir)
-    for proc in alive:
-        for sig in (signal.SIGTERM, signal.SIGCONT):   # a stopped process acts on SIGTERM once continued
-            try:
-                proc.send_signal(sig)
-            except psutil.Error:
-                pass
-    still = _wait_gone(alive, grace_s)
-    for proc in still:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    _wait_gone(still, grace_s)
-    return len(alive)
-
-
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait until each process has exited; the ones still running after `timeout`. A
-    zombie counts as gone: it runs nothing, and an orphan's is its new parent's to reap
-    (psutil.wait_procs would wait the whole timeout for it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        living = []
-        for proc in procs:
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    living.append(proc)
-            except psutil.Error:
-                pass
-        if not living or time.monotonic() >= deadline:
-            return living
-        procs = living
-        time.sleep(0.05)
 
 
 def fault_point(name: str, trial: int | None, attempt: int | None = None) -> None:
@@ -351,7 +234,7 @@ class Session:
         cancelled = cancel_job(state.job)   # a job of the interrupted trial still queued or running
         if cancelled:
             self.console.line(f"recovery: {cancelled}")
-        ended = end_processes(state.child_pids, token=state.child_token, results_dir=self.results_dir)
+        ended = end_leftovers(state.child_pids, token=state.child_token, results_dir=self.results_dir)
         if ended:
             self.console.line(f"recovery: ended {ended} process(es) left by the interrupted trial")
         if state.trial is not None and state.attempt is not None:
