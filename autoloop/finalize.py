@@ -41,7 +41,8 @@ from git.exc import GitCommandError
 from autoloop.errors import AutoloopError
 from autoloop.layout import Layout, final_branch_name, tag_of_branch
 from autoloop.ledger import Ledger, LedgerRecord
-from autoloop.report import best_before, metric_digits
+from autoloop.console import metric_digits
+from autoloop.queries import best_before
 from autoloop.state import load_state
 
 

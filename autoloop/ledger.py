@@ -322,28 +322,11 @@ class Ledger:
     def __len__(self) -> int:
         return len(self.records())
 
-    def next_trial(self) -> int:
-        """The number for a new trial: highest trial so far + 1; 0 (the baseline) when empty."""
-        records = self.records()
-        return max(r.trial for r in records) + 1 if records else 0
-
     def last(self, n: int) -> list[dict]:
         """The last n records as plain dicts (JSON-ready), oldest first."""
         if n <= 0:
             return []
         return [r.model_dump(mode="json") for r in self.records()[-n:]]
-
-    def best(self) -> tuple[str | None, float | None]:
-        """(best commit, best metric) as set by the latest record that has a ``best``;
-        (None, None) when no record has one yet."""
-        for record in reversed(self.records()):
-            if record.best is not None:
-                return record.best, record.best_metric
-        return None, None
-
-    def attempts_of(self, trial: int) -> list[LedgerRecord]:
-        """Every attempt of one trial, in the order they were recorded."""
-        return [r for r in self.records() if r.trial == trial]
 
     # -- repair -------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from autoloop import git_guard
+from autoloop import git_guard, queries
 from autoloop.classify import classify
 from autoloop.config import Settings, format_duration
 from autoloop.console import Console
@@ -42,7 +42,7 @@ from autoloop.isolate import isolation_available
 from autoloop.integrity import IntegrityError, Tampering, harness_path, open_guard, recover_inputs, tampered_reason
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
-from autoloop.report import format_verdict, live_line
+from autoloop.console import format_verdict, live_line
 from autoloop.procs import end_leftovers
 from autoloop.runner import TrialOutcome, TrialSpec, build_env
 from autoloop.runlog import finish_log
@@ -202,7 +202,7 @@ class Session:
         return None
 
     def best(self) -> tuple[str | None, float | None]:
-        return self.ledger.best()
+        return queries.best(self.ledger.records())
 
     def archive_other_tag(self) -> None:
         """A ledger of another tag moves to results/archive/ before a new tag starts."""
@@ -603,7 +603,7 @@ class Session:
             return record
         if self.stop_event.is_set():   # run_attempt already restored the best
             return record
-        attempt = max(r.attempt for r in self.ledger.attempts_of(record.trial)) + 1
+        attempt = queries.next_attempt(self.ledger.records(), record.trial)
         return self.run_attempt(AttemptPlan(
             record.trial, attempt, "confirm", record.description, record.proposer, best, best_metric, [],
             record.extra.get("source"), seed=self.settings.seed + attempt - 1, prior_runs=[record.metric],
@@ -611,7 +611,7 @@ class Session:
 
     def run_baseline(self) -> LedgerRecord:
         head = self.ws.head()
-        trial = self.ledger.next_trial()
+        trial = queries.next_trial(self.ledger.records())
         record = self.run_attempt(AttemptPlan(trial, 1, "baseline", "baseline", "-", head, None, []))
         if record.status != "keep":
             raise LoopError(f"the baseline run of the unmodified {self.settings.target} failed "
@@ -731,7 +731,7 @@ class Loop:
             reason = self._stop_reason(trials_started, failures, deadline)
             if reason:
                 return reason
-            trial = ss.ledger.next_trial()
+            trial = queries.next_trial(ss.ledger.records())
             outcome = self._one_trial(trial)
             if outcome == "exhausted":
                 return f"proposer '{self.proposer.name}' has no more ideas"
@@ -868,13 +868,13 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
             # An agent that committed its edit (or amended the best, or reset): the net
             # change on top of the best is the candidate, the branch goes back to the best.
             try:
-                events = git_guard.reconcile(ss.ws, ss.tag, best, ss.ledger.next_trial(), 1).events
+                events = git_guard.reconcile(ss.ws, ss.tag, best, queries.next_trial(ss.ledger.records()), 1).events
             except WorkspaceError as e:
                 raise LoopError(str(e)) from None
             if events:
                 ss.console.line(f"git: {'; '.join(events)}")
         base = ss.ws.head()
-        outside = ss.ws.scope_guard(ss.quarantine_dir(ss.ledger.next_trial(), 1), base=base)
+        outside = ss.ws.scope_guard(ss.quarantine_dir(queries.next_trial(ss.ledger.records()), 1), base=base)
         if outside:
             ss.console.line(f"reverted changes outside {settings.target}: {', '.join(outside)}")
         ss.prepare_data(reuse_snapshot=True)   # the agent worked since the last call: check against that
@@ -894,6 +894,6 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
         if not ss.ws.target_changed():
             raise LoopError(f"{settings.target} has no change to try; edit it first")
         best, best_metric = ss.best()
-        record = ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
+        record = ss.run_attempt(AttemptPlan(queries.next_trial(ss.ledger.records()), 1, "candidate", description, "self",
                                             best, best_metric, outside, git_events=events))
         return ss.confirm(record, best, best_metric)

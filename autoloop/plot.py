@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from autoloop.atomic import atomic_write
+from autoloop.queries import best_before, infer_direction
 from autoloop.ledger import LedgerRecord
 
 WIDTH_IN, HEIGHT_IN, DPI = 12.0, 6.75, 100   # 1200 x 675 pixels
@@ -80,8 +81,6 @@ def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | No
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise PlotUnavailable("matplotlib is not installed (pip install autoloop[plot])") from None
-
-    from autoloop.report import best_before, infer_direction
 
     direction = direction or infer_direction(records)
     judged = [r for r in records if r.status != "skip"]

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from git.exc import GitCommandError
 
+from autoloop import queries
 from autoloop.config import Settings, format_duration
 from autoloop.console import Console
 from autoloop.ledger import Ledger, LedgerRecord
@@ -232,7 +233,7 @@ class WorkerLedger(Ledger):
             if isinstance(record, LedgerRecord):
                 record.worker = self.worker
                 if record.status != "keep" and record.kind != "baseline":
-                    record.best, record.best_metric = self.best()
+                    record.best, record.best_metric = queries.best(self.records())
             super().append(record, write_tsv)
 
 
@@ -271,7 +272,7 @@ class WorkerSession(Session):
 
     def best(self) -> tuple[str | None, float | None]:
         # During a trial: the best it started from (what it is built on and judged against).
-        return self.start or self.ledger.best()
+        return self.start or queries.best(self.ledger.records())
 
     def deciding(self):
         return self.pool.lock
@@ -281,7 +282,7 @@ class WorkerSession(Session):
         self.pending_replay = None
         if plan.replay_of:
             record.extra["replay_of"] = plan.replay_of
-        current, current_metric = self.ledger.best()
+        current, current_metric = queries.best(self.ledger.records())
         if plan.kind == "baseline" or plan.noise_sample or current == plan.parent or current is None:
             return
         won = record.status == "keep" or record.extra.get("confirm") == "pending"
@@ -336,7 +337,7 @@ class Worker(Loop):
             return result
 
     def _fix(self, trial, attempt, failed, best, best_metric):
-        if self.session.ledger.best()[0] != best:
+        if queries.best(self.session.ledger.records())[0] != best:
             return None   # the fix would be built on a best the worktree no longer holds
         return super()._fix(trial, attempt, failed, best, best_metric)
 
@@ -350,7 +351,7 @@ class Worker(Loop):
             ss.start = (new_best, new_metric)
             # run_attempt left the worktree at the new best: the replayed change goes on top.
             ss.ws.target_path.write_text(merged)
-            attempt = max(r.attempt for r in ss.ledger.attempts_of(record.trial)) + 1
+            attempt = queries.next_attempt(ss.ledger.records(), record.trial)
             record = ss.run_attempt(AttemptPlan(
                 record.trial, attempt, "confirm", record.description, record.proposer, new_best, new_metric, [],
                 record.extra.get("source"), replay_of=record.commit))
@@ -367,7 +368,7 @@ class Worker(Loop):
                         pool.stop(reason)
                         return
                     trial = pool.reserve(self.k)
-                    ss.start = ss.ledger.best()
+                    ss.start = queries.best(ss.ledger.records())
                 ss.ws.reset_to(ss.start[0])   # always propose on the current best
                 ss.replays, ss.pending_replay = 0, None
                 outcome = "failed"
@@ -424,7 +425,7 @@ class WorkerPool:
 
     def reserve(self, k: int) -> int:
         """A trial number no other worker holds (the ledger's next one counts only records)."""
-        trial = max([self.main.ledger.next_trial(), *(t + 1 for t in self.reserved.values())])
+        trial = max([queries.next_trial(self.main.ledger.records()), *(t + 1 for t in self.reserved.values())])
         self.reserved[k] = trial
         return trial
 
