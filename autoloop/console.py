@@ -20,7 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from autoloop.config import format_duration
+from autoloop.durations import format_duration
 
 if TYPE_CHECKING:
     from autoloop.ledger import LedgerRecord

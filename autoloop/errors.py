@@ -15,5 +15,9 @@ class AutoloopError(Exception):
     """A problem the user can act on; the message is one line."""
 
 
+class ConfigError(AutoloopError):
+    """A bad setting, naming where it came from: ``--budget: ...``, ``autoloop.toml: budget: ...``."""
+
+
 class NightError(AutoloopError):
     """The night cannot start or go on (lock held, interrupted run, failed baseline, ...)."""

@@ -48,11 +48,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
+from autoloop.durations import default_timeout
 from autoloop.isolate import enter_network_namespace, isolation_available
 from autoloop.procs import TOKEN_VAR, ProcessTree, adopting_orphans
 from autoloop.runlog import RunLog
 
-__all__ = ["TOKEN_VAR", "TrialOutcome", "TrialSpec", "build_env", "run_trial"]
+__all__ = ["TOKEN_VAR", "TrialOutcome", "TrialSpec", "build_env", "default_timeout", "run_trial"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +69,6 @@ _NUMBER = rb"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 _PROGRESS_RE = re.compile(_LINE_START + re.escape(PROGRESS_PREFIX) + rb"[^\r\n]*")
 _EOL_RE = re.compile(rb"[\r\n]")
 _SUMMARY_LINE_RE = re.compile(r"^(\w+):\s*(" + _NUMBER.decode() + r")\s*$", re.IGNORECASE)
-
-
-def default_timeout(budget_s: float) -> float:
-    """The hard limit when none is configured: max(2 x budget, budget + 120 s)."""
-    return max(2 * budget_s, budget_s + 120)
 
 
 def default_command() -> list[str]:

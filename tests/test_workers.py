@@ -347,7 +347,7 @@ def test_worker_devices(monkeypatch):
     (["--workers", "2", "--devices", "0"], "1 listed for 2 workers"),
     (["--workers", "2", "--devices", "0,0"], "listed twice"),
     (["--workers", "2", "--devices", "gpu0,gpu1"], "CUDA device numbers"),
-    (["--workers", "0"], "expected a positive number"),
+    (["--workers", "0"], "--workers: must be at least 1, got 0"),
 ])
 def test_bad_worker_flags_are_one_line_errors(repo, tiny_data_dir, flags, message):
     proc = autoloop(repo, "run", "--tag", "t", *flags, data_dir=tiny_data_dir)

@@ -49,7 +49,7 @@ def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
 
 
 def _agent(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
-    from autoloop.config import format_duration
+    from autoloop.durations import format_duration
     from autoloop.proposers.agent import make_agent_proposer
 
     proposer, command = make_agent_proposer(settings, root)   # AgentSetupError is a ProposerError

@@ -250,7 +250,7 @@ class AgentProposer:
     can_fix = True
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
-        from autoloop.config import format_duration
+        from autoloop.durations import format_duration
         from autoloop.runner import TOKEN_VAR, TrialSpec, run_trial
 
         workspace = Path(request.workspace)
