@@ -44,28 +44,31 @@ def settings_from(args):
 
 def cmd_run(args) -> int:
     from autoloop.console import Console
-    from autoloop.loop import Loop
+    from autoloop.night import open_night
     from autoloop.proposers import make_proposer
+    from autoloop.scheduler import Scheduler
 
     settings = settings_from(args)
     console = Console()
     root = _repo_root(args.directory)
     proposer, why = make_proposer(settings, root)
     console.line(why)
-    if settings.workers > 1:
-        from autoloop.workers import WorkerPool
-        WorkerPool(settings, root, proposer, console).run()
-        return 0
-    Loop(settings, root, proposer, console).run()
+    with open_night(settings, root, console, "run") as night:
+        Scheduler(night, proposer).run()
     return 0
 
 
 def cmd_trial(args) -> int:
+    from autoloop.attempt import AttemptRunner, Slot
     from autoloop.console import Console
-    from autoloop.loop import run_single_trial
+    from autoloop.night import open_night
+    from autoloop.state import StateFile
+    from autoloop.trial import judge_edit
 
     settings = settings_from(args)
-    record = run_single_trial(settings, _repo_root(args.directory), args.message, Console())
+    with open_night(settings, _repo_root(args.directory), Console(), "trial") as night:
+        slot = Slot(night.ws, StateFile(night.layout.root), None, night.executor)
+        record = judge_edit(night, AttemptRunner(night, slot), args.message)
     # The last line is for the agent that called us: verdict and metric, easy to parse.
     metric = "-" if record.metric is None else f"{record.metric:.6f}"
     crash = f" {record.crash}" if record.crash else ""

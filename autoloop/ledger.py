@@ -124,8 +124,12 @@ class LedgerRecord(BaseModel):
     best: str | None = None            # best commit after this record's decision
     best_metric: float | None = None   # best metric after this record's decision
     outside_changes: list[str] = Field(default_factory=list)  # files reverted by the scope guard
-    extra: dict = Field(default_factory=dict)
-    worker: int | None = None          # parallel worker that ran it (workers.py); None: the single loop
+    extra: dict = Field(default_factory=dict)   # facts about the attempt; the engine never reads control flow here
+    worker: int | None = None          # parallel worker that ran it; None: the single loop
+    # What the decision asked for next in this trial: "confirm" (the same commit once more,
+    # another seed) or "replay" (its change merged onto a best another worker set); None:
+    # the decision was final. A record of what was decided, not an instruction to read back.
+    next: Literal["confirm", "replay"] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
