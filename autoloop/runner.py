@@ -15,7 +15,7 @@ line saying how much was cut (``autoloop.runlog``); with ``isolate`` the trial r
 network namespace of its own (``autoloop.isolate``), entered between fork and exec so the
 session, token and subreaper arrangements above are unchanged.
 
-Decisions where DESIGN.md is silent:
+Decisions the contracts leave open (docs/architecture.md, "Contracts"):
   * The child's ``AUTOLOOP_RESULT`` is always the file the runner reads (``result_path``,
     else the spec's own ``AUTOLOOP_RESULT``); an inherited value is dropped, so a trial
     can never write a result somewhere nobody looks.

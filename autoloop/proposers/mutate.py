@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoloop.layout import Layout
-from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
+from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 
 # Constants the mutator never touches: they change what is measured or how it is
 # reported, not how well the model learns.
@@ -67,7 +67,7 @@ _DESCRIPTION = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*) (?P<old>.+) -> (?P<new>.+
 Number = int | float  # bool is an int too; told apart where it matters
 
 
-class MutateError(Exception):
+class MutateError(ProposerError):
     """The target cannot be searched (not Python, no constants); one line for the user."""
 
 
