@@ -213,7 +213,7 @@ class Scheduler:
     def _fail(self, error: BaseException) -> None:
         with self.night.arbiter.lock:
             self.error = self.error or error
-            self.reason = self.reason or f"a worker failed: {error}"
+            self.reason = self.reason or f"{'a worker' if self.n > 1 else 'the loop'} failed: {error}"
         self.night.stop.event.set()   # the other slots' trials end now, recorded as interrupted
 
     # -- when to stop ---------------------------------------------------------------------
