@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from autoloop.durations import DURATION_HINT, default_timeout, format_duration, parse_duration
 from autoloop.durations import show as _show
 from autoloop.errors import ConfigError
-from autoloop.layout import DEFAULT_QUEUE_DIR, DEFAULT_SLURM_DIR
+from autoloop.layout import DEFAULT_QUEUE_DIR, DEFAULT_SLURM_DIR, branch_name
 
 __all__ = ["ConfigError", "DURATION_HINT", "Settings", "build_settings", "format_duration", "load_settings",
            "parse_duration"]
@@ -372,6 +372,11 @@ class Settings(BaseModel):
     def run_tag(self) -> str:
         """The tag in force: the configured one, else today's date ('nov29')."""
         return self.tag or date_tag()
+
+    @property
+    def branch(self) -> str:
+        """The loop's branch for the tag in force (layout.branch_name)."""
+        return branch_name(self.run_tag)
 
     @property
     def source(self) -> str | None:
