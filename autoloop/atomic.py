@@ -14,9 +14,12 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes | str, *, fsync: bool = True, mode: int = 0o644) -> None:
+def atomic_write(path: Path, data: bytes | str, *, fsync: bool = True, sync_dir: bool = True,
+                 mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` all at once. ``fsync=False`` (tests, benchmarks) skips
-    the syncs: a power loss may then lose the write, never tear it."""
+    the syncs: a power loss may then lose the write, never tear it. ``sync_dir=False`` syncs
+    the data but not the rename, for a file rewritten many times a minute whose older
+    version is as good after a power loss (the state file: the ledger is the truth)."""
     path = Path(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
@@ -35,7 +38,7 @@ def atomic_write(path: Path, data: bytes | str, *, fsync: bool = True, mode: int
         except FileNotFoundError:
             pass
         raise
-    if fsync:
+    if fsync and sync_dir:
         fsync_dir(path.parent)
 
 

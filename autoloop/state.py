@@ -81,7 +81,7 @@ def load_state(results_dir: Path, name: str = STATE_FILE) -> RunState:
 def save_state(results_dir: Path, state: RunState, name: str = STATE_FILE) -> None:
     path = state_path(results_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(state.model_dump(mode="json")))
+    atomic_write(path, json.dumps(state.model_dump(mode="json")), sync_dir=False)
 
 
 def set_phase(results_dir: Path, state: RunState, phase: Phase, name: str = STATE_FILE, **fields) -> RunState:
