@@ -77,20 +77,21 @@ def cmd_trial(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from autoloop.layout import Layout
     from autoloop.report import status_data, status_json, status_text
 
-    results = _repo_root(args.directory) / "results"
-    data = status_data(results)
+    data = status_data(Layout.of(_repo_root(args.directory)).root)
     print(status_json(data) if args.json else status_text(data))
     return 0
 
 
 def cmd_report(args) -> int:
+    from autoloop.layout import Layout
     from autoloop.report import write_report
 
     root = _repo_root(args.directory)
-    output = Path(args.output).resolve() if args.output else root / "results"
-    files = write_report(root / "results", output)
+    results = Layout.of(root).root
+    files = write_report(results, Path(args.output).resolve() if args.output else results)
     shown = [files.markdown] + ([files.picture] if files.picture else [])
     print("wrote " + " and ".join(_shown_path(p, root) for p in shown))
     if files.note:
