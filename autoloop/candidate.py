@@ -57,11 +57,9 @@ def proposal_request(settings, ws: Workspace, layout: Layout, records: list[Ledg
 
 
 def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[FixContext, str | None]:
-    """The fix request for a trivially crashed attempt, and its broken target, which is put
-    back in the work tree for the proposer to repair."""
+    """The fix request for a trivially crashed attempt, and its broken target (``prepare``
+    puts it back in the work tree for the proposer to repair)."""
     broken = ws.file_at(failed.commit, ws.target) if failed.commit else None
-    if broken is not None:
-        ws.target_path.write_text(broken)
     log_tail = ""
     if failed.log_path and (layout.root / failed.log_path).exists():
         log_tail = "\n".join((layout.root / failed.log_path).read_text(errors="replace").splitlines()[-FIX_LOG_LINES:])
@@ -84,6 +82,8 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
                      kind="fix" if request.fix else "candidate", description=None, proposer=proposer.name,
                      best=request.best_commit, best_metric=request.best_metric, candidate=None,
                      attempt_started_at=time.time(), child_token=request.process_token)
+    if broken is not None:   # after the state says so: a kill now is recovered like any proposal
+        ws.target_path.write_text(broken)
     try:
         proposal, failure = proposer.propose(request), None
     except ProposalFailed as e:
