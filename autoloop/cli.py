@@ -89,6 +89,10 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slurm-option", dest="slurm_options", action="append", type=_slurm_option, metavar="KEY=VALUE",
                    help="extra sbatch option as submitit names it, e.g. account=myproj or mem=64G (repeatable)")
     p.add_argument("--slurm-folder", metavar="DIR", help="submitit's job files (default results/slurm)")
+    # #20: experiment trackers
+    p.add_argument("--track", action="append", metavar="NAME",
+                   help="log every attempt as a run in wandb or mlflow (repeatable, or wandb,mlflow); "
+                        "needs pip install 'autoloop[wandb]' / 'autoloop[mlflow]'")
 
 
 def _slurm_option(text: str) -> tuple[str, str]:
@@ -107,6 +111,7 @@ _SETTING_FLAGS += ["log_cap_mb", "min_free_gb", "isolate"]
 _SETTING_FLAGS += ["executor", "slurm_cluster", "slurm_partition", "slurm_gpus_per_trial", "slurm_time_limit",
                    "slurm_options", "slurm_folder"]
 _SETTING_FLAGS += ["workers", "devices"]
+_SETTING_FLAGS += ["track"]   # #20
 
 
 def _settings(args):

@@ -218,6 +218,19 @@ class Settings(BaseModel):
             raise ValueError(f"a device is listed twice: {v}")
         return v
 
+    # -- watching the night (#20, README "Watching the night") ----------------------------------
+    track: list[Literal["wandb", "mlflow"]] = Field(default_factory=list)   # one tracker run per attempt
+
+    @field_validator("track", mode="before")
+    @classmethod
+    def _track(cls, v: Any) -> Any:
+        # "wandb,mlflow" from one flag, several --track flags, a TOML string or list.
+        items = [v] if isinstance(v, str) else v
+        if isinstance(items, list) and all(isinstance(i, str) for i in items):
+            names = [n.strip().lower() for i in items for n in i.split(",") if n.strip()]
+            return list(dict.fromkeys(names))
+        return v
+
     # Where the file settings came from (for messages); not a setting itself.
     _source: str | None = PrivateAttr(default=None)
 

@@ -41,6 +41,7 @@ from autoloop.executors import ExecutorError, cancel_job, make_executor
 from autoloop.isolate import isolation_available
 from autoloop.integrity import IntegrityError, Tampering, harness_path, open_guard, recover_inputs, tampered_reason
 from autoloop.ledger import Ledger, LedgerRecord
+from autoloop.observers import ObserverError, Observers, open_observers
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, Proposer, ProposalRequest
 from autoloop.report import format_verdict, live_line
 from autoloop.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
@@ -279,6 +280,7 @@ class Session:
             raise LoopError(str(e)) from None
         self.state_name = STATE_FILE    # a parallel worker keeps its own (workers.py)
         self.trial_env: dict[str, str] = {}   # added to every trial's environment (a worker's device, threads)
+        self.observers: Observers | None = None   # #20: git notes and trackers after each record (observers.py)
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -332,6 +334,21 @@ class Session:
             if (self.results_dir / name).exists():
                 os.replace(self.results_dir / name, dest / name)
         self.console.line(f"results of tag '{previous}' moved to {dest.relative_to(self.ws.root)}")
+
+    def open_observers(self) -> None:
+        """#20: git notes and --track trackers, brought up to date with the ledger (recovery's
+        records included) before the first new attempt."""
+        try:
+            self.observers = open_observers(self.ws.root, self.results_dir, self.tag, self.ledger, self.console,
+                                            self.settings.track, self.settings.target,
+                                            {"budget_s": self.settings.budget, "direction": self.settings.direction})
+        except ObserverError as e:
+            raise LoopError(str(e)) from None
+        self.observers.catch_up()
+
+    def close_observers(self) -> None:
+        if self.observers is not None:
+            self.observers.close()
 
     # -- recovery ------------------------------------------------------------------------
 
@@ -523,6 +540,8 @@ class Session:
             self.ledger.append(record)
             fault_point("recorded", plan.trial)
             self.after_append(record)
+        if self.observers is not None:   # #20: its git note and tracker run
+            self.observers.recorded(record)
         if record.extra.get("confirm") == "pending" and not self.stop_event.is_set():
             # The caller re-runs this commit at once (still checked out); the state stays
             # on this recorded attempt, so a kill now restores the best on --resume.
@@ -791,6 +810,7 @@ class Loop:
             except WorkspaceError as e:
                 raise LoopError(str(e)) from None
             ss.prepare_data()
+            ss.open_observers()   # #20: notes and trackers catch up, then follow each record
             started = time.time()
             deadline = started + s.hours * 3600 if s.hours else None
             ss.state = RunState(tag=ss.tag, pid=os.getpid(), run_started_at=started, deadline=deadline)
@@ -798,7 +818,10 @@ class Loop:
             self.console.line(f"autoloop on {ss.ws.branch_name(ss.tag)}: proposer {self.proposer.name}, budget "
                               f"{format_duration(s.budget)}, timeout {format_duration(s.timeout_s)}"
                               + (f", until {time.strftime('%H:%M', time.localtime(deadline))}" if deadline else ""))
-            reason = self._loop(deadline)
+            try:
+                reason = self._loop(deadline)
+            finally:
+                ss.close_observers()   # #20: let the trackers finish what is queued
             ss.state = set_phase(ss.results_dir, ss.state, "stopped", stop_reason=reason, stopped_at=time.time())
             best, best_metric = ss.best()
             self.console.line(f"stopped: {reason}. best {format_metric(best_metric)} at {best[:7] if best else '-'}")
@@ -994,6 +1017,7 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
         if outside:
             ss.console.line(f"reverted changes outside {settings.target}: {', '.join(outside)}")
         ss.prepare_data(reuse_snapshot=True)   # the agent worked since the last call: check against that
+        ss.open_observers()   # #20
         low_disk = ss.low_disk()
         if low_disk:
             raise LoopError(low_disk)
@@ -1010,6 +1034,9 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
         if not ss.ws.target_changed():
             raise LoopError(f"{settings.target} has no change to try; edit it first")
         best, best_metric = ss.best()
-        record = ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
-                                            best, best_metric, outside, git_events=events))
-        return ss.confirm(record, best, best_metric)
+        try:
+            record = ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
+                                                best, best_metric, outside, git_events=events))
+            return ss.confirm(record, best, best_metric)
+        finally:
+            ss.close_observers()   # #20

@@ -248,6 +248,7 @@ class WorkerSession(Session):
                                   pool.branch(k), pool.main.ws.branch_name(pool.tag))
         self.results_dir = pool.results_dir
         self.ledger = WorkerLedger(self.results_dir, k, pool.lock)
+        self.observers = pool.main.observers   # #20: one set of notes and trackers for all workers
         self.state_name = worker_state_name(k)
         self.stop_event = pool.main.stop_event
         self.trial_env = pool.envs[k] if pool.envs else {}
@@ -512,6 +513,7 @@ class WorkerPool:
             if best and ss.ws.head() != best:
                 ss.ws.reset_to(best)   # killed between a worker's record and the branch move
             ss.prepare_data()
+            ss.open_observers()   # #20: notes and trackers catch up (every worker's recovered attempt too)
             self.envs, why = worker_envs(s, self.n)
             started = time.time()
             self.deadline = started + s.hours * 3600 if s.hours else None
@@ -521,7 +523,10 @@ class WorkerPool:
             self.console.line(f"autoloop on {ss.ws.branch_name(ss.tag)}: {self.n} workers, proposer "
                               f"{self.proposer.name}, budget {format_duration(s.budget)}, timeout "
                               f"{format_duration(s.timeout_s)}; {why}")
-            reason = self._baseline() or self._run_workers()
+            try:
+                reason = self._baseline() or self._run_workers()
+            finally:
+                ss.close_observers()   # #20
             ss.state = set_phase(ss.results_dir, ss.state, "stopped", stop_reason=reason, stopped_at=time.time())
             best, best_metric = ss.best()
             self.console.line(f"stopped: {reason}. best {format_metric(best_metric)} at {best[:7] if best else '-'}")
