@@ -167,10 +167,14 @@ def cmd_status(args) -> int:
 
 def cmd_report(args) -> int:
     from autoloop.report import write_report
+    from autoloop.since_last import write_mark
 
     root = _repo_root(args.directory)
+    if args.since_last:   # #20
+        return _report_since_last(root)
     output = Path(args.output).resolve() if args.output else root / "results"
     files = write_report(root / "results", output)
+    write_mark(root / "results", files.tag, files.records)   # #20: where --since-last starts next time
     shown = [files.markdown] + ([files.picture] if files.picture else [])
     print("wrote " + " and ".join(_shown_path(p, root) for p in shown))
     if files.note:
@@ -178,20 +182,43 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _report_since_last(root: Path) -> int:
+    """#20: the rows added since the previous report, each kept change with its diff."""
+    from autoloop.ledger import Ledger
+    from autoloop.report import ReportError
+    from autoloop.since_last import read_mark, since_last_text, start_index, write_mark
+    from autoloop.state import load_state
+
+    results = root / "results"
+    if not (results / "ledger.jsonl").exists():
+        raise ReportError(f"no ledger at {results / 'ledger.jsonl'}: nothing to report (run autoloop run first)")
+    records = Ledger(results).records()
+    tag, mark = load_state(results).tag, read_mark(results)
+    print(since_last_text(root, records, start_index(records, mark, tag), mark, tag))
+    write_mark(results, tag, records)
+    return 0
+
+
 def cmd_finalize(args) -> int:
-    from autoloop.finalize import finalize
+    from autoloop.finalize import RESULTS_PREFIX as RESULTS_DIR_NAME, finalize
 
     root = _repo_root(args.directory)
-    result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping)
+    result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping,
+                      results=not args.no_results)
     n = len(result.commits)
     print(f"created {result.branch}: {n} commit{'s' if n != 1 else ''} on top of the baseline {result.base[:7]}")
     for commit in result.commits:
         print(f"  {commit.sha[:7]} {commit.subject}")
+    if result.results:   # #20
+        print(f"  {result.results.sha[:7]} {result.results.subject} ({', '.join(result.results_paths)})")
+    for warning in result.warnings:
+        print(f"note: {warning}")
     if result.differs:
         print(f"note: its tree differs from the best commit {result.best[:7]} in {', '.join(result.differs)} "
               "(changes no kept trial made)")
     elif result.best:
-        print(f"its tree equals the best commit {result.best[:7]}; autoloop/{result.tag} is unchanged")
+        aside = f" (apart from {RESULTS_DIR_NAME}/)" if result.results else ""
+        print(f"its tree equals the best commit {result.best[:7]}{aside}; autoloop/{result.tag} is unchanged")
     print(f"review: git log -p {result.base[:7]}..{result.branch}")
     return 0
 
@@ -317,20 +344,27 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the metric per attempt in progress.png (needs matplotlib: "
                                    "pip install autoloop[plot]). Reads results/ only; safe while the loop runs.")
     p.add_argument("--output", metavar="DIR", help="where to write report.md and progress.png (default results/)")
+    p.add_argument("--since-last", action="store_true",   # #20
+                   help="print only the results.tsv rows added since the previous report, each kept change "
+                        "with its code diff (writes no files)")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("finalize", help="the kept changes as a clean branch: one commit each, metrics in the messages",
                        description="Create a new branch (default autoloop/<tag>-final) from the baseline commit "
                                    "with one commit per kept change, in ledger order, each message giving the "
-                                   "description and the metric before and after. Uses git plumbing only: the "
-                                   "work tree, the index, HEAD and the loop's branch are left as they are.")
+                                   "description and the metric before and after, then one commit adding "
+                                   "results/results.tsv, report.md and progress.png (forced past .gitignore "
+                                   "on that branch only). Uses git plumbing only: the work tree, the index, "
+                                   "HEAD and the loop's branch are left as they are.")
     p.add_argument("--tag", metavar="TAG", help="which night (default: the tag of results/, else the checked-out "
                                                 "autoloop/TAG branch)")
     p.add_argument("--branch", metavar="NAME", help="name of the new branch (default autoloop/<tag>-final); "
                                                     "refused if it exists")
     p.add_argument("--squash-overlapping", action="store_true",
                    help="one commit for consecutive kept changes that touch overlapping lines")
+    p.add_argument("--no-results", action="store_true",   # #20
+                   help="leave out the last commit, which adds results/results.tsv, report.md and progress.png")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_finalize)
 

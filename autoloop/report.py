@@ -579,6 +579,8 @@ class ReportFiles:
     markdown: Path
     picture: Path | None
     note: str | None      # why there is no picture, when there is none
+    records: list[LedgerRecord] | None = None   # what the report covered (#20: report --since-last's mark)
+    tag: str | None = None
 
 
 def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
@@ -608,4 +610,4 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
     tmp = md.with_name(f".{md.name}.tmp")
     tmp.write_text(text + "\n")
     tmp.replace(md)
-    return ReportFiles(md, picture, note)
+    return ReportFiles(md, picture, note, records, tag)

@@ -30,12 +30,12 @@ import ast
 import os
 import queue
 import re
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from autoloop.gitview import file_at, record_diff
 from autoloop.ledger import LedgerRecord, trial_label
 from autoloop.proposers.agent import _constants as constant_sources
 from autoloop.report import parse_progress
@@ -89,11 +89,6 @@ def _typed(source: str) -> object:
     return value if isinstance(value, (int, float, bool, str, tuple)) else source
 
 
-def _git(root: Path, *args: str) -> str | None:
-    proc = subprocess.run(["git", *args], cwd=root, capture_output=True)
-    return proc.stdout.decode("utf-8", errors="replace") if proc.returncode == 0 else None
-
-
 def loss_curve(log_text: str, limit: int = MAX_LOSS_POINTS) -> list[tuple[int, float]]:
     """(step, loss) of each progress line of a run log, thinned evenly to ``limit`` points."""
     points = []
@@ -111,7 +106,7 @@ def gather(record: LedgerRecord, root: Path, results_dir: Path, tag: str, target
            settings: dict) -> AttemptRun:
     """The run of one attempt: constants at its commit, metrics, diff and loss curve."""
     label = trial_label(record.trial, record.attempt)
-    source = _git(root, "show", f"{record.commit}:{target}") if record.commit else None
+    source = file_at(root, record.commit, target) if record.commit else None
     constants = {k: _typed(v) for k, v in (constant_sources(source) or {}).items()} if source else {}
     config = {**constants, "autoloop": {
         "tag": tag, "trial": record.trial, "attempt": record.attempt, "label": label, "kind": record.kind,
@@ -122,9 +117,7 @@ def gather(record: LedgerRecord, root: Path, results_dir: Path, tag: str, target
         ("wall_seconds", record.wall_seconds), ("memory_gb", record.memory_gb),
         ("best_" + record.metric_name, record.best_metric), ("confidence", record.confidence),
         ("noise", record.noise)) if value is not None}
-    diff = ""
-    if record.commit and record.parent and record.commit != record.parent:
-        diff = _git(root, "diff", record.parent, record.commit) or ""
+    diff = record_diff(root, record) or ""
     losses: list[tuple[int, float]] = []
     if record.log_path:
         log = (results_dir / record.log_path)
