@@ -223,6 +223,31 @@ def cmd_finalize(args) -> int:
     return 0
 
 
+def cmd_dashboard(args) -> int:
+    """#20: the live, read-only web page of the night."""
+    from autoloop.dashboard.server import serve
+
+    try:
+        serve(_repo_root(args.directory), args.host, args.port, print_flush)
+    except KeyboardInterrupt:
+        print("dashboard stopped")
+    return 0
+
+
+def print_flush(text: str) -> None:
+    print(text, flush=True)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got '{text}'") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {value}")
+    return value
+
+
 def _shown_path(path: Path, root: Path) -> str:
     try:
         return str(path.relative_to(root))
@@ -368,6 +393,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_finalize)
 
+    # #20: the dashboard
+    from autoloop.dashboard.server import DEFAULT_PORT, TOKEN_ENV
+    p = sub.add_parser("dashboard", help="a live, read-only web page of the night (safe while the loop runs)",
+                       description="Serve a web page that shows the night as it runs and afterwards: the metric per "
+                                   "attempt with the running best and crashes by class, the sortable table of every "
+                                   "attempt, each attempt's description, reason, diff and log, the trial in flight "
+                                   "with its live log, noise, pace and time left. Everything it needs ships with "
+                                   "autoloop (no internet). It only reads results/ and git; it writes nothing.",
+                       epilog=f"On 127.0.0.1 (the default) only this machine is served. With --host 0.0.0.0 (to "
+                              f"look from a phone on the same network) a token is printed in the URL and "
+                              f"checked on every request; set {TOKEN_ENV} to keep the same one across restarts.")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, metavar="N",
+                   help=f"port to listen on (default {DEFAULT_PORT}; 0: any free one)")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every "
+                        "interface, with a token)")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_dashboard)
+
     p = sub.add_parser("init", help="create a fresh experiment repository",
                        description="Create DIR with train.py, program.md, .gitignore and a first commit, "
                                    "ready for autoloop run.")
@@ -378,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from autoloop.config import ConfigError
+    from autoloop.dashboard.server import DashboardError
     from autoloop.data import DataError
     from autoloop.finalize import FinalizeError
     from autoloop.ledger import LedgerError
@@ -394,8 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except (ConfigError, DataError, FinalizeError, LedgerError, LoopError, ProposerError, ReportError,
-            ScaffoldError, WorkspaceError) as e:
+    except (ConfigError, DashboardError, DataError, FinalizeError, LedgerError, LoopError, ProposerError,
+            ReportError, ScaffoldError, WorkspaceError) as e:
         print(f"autoloop: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

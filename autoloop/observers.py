@@ -60,15 +60,19 @@ class Observers:
 
 def open_observers(root: Path, results_dir: Path, tag: str, ledger: Ledger, console: Console,
                    track: list[str], target: str, run_settings: dict) -> Observers:
-    """Notes always; the trackers named in ``track`` (ObserverError when one cannot start)."""
+    """Notes always; the trackers named in ``track``. A tracker that is not installed is a
+    setup mistake (ObserverError, before anything runs); one that fails to start (a store it
+    cannot open) is a warning line, and the night goes on without it: its done-file then
+    lacks these attempts, so the next start logs them."""
     trackers = []
-    try:
-        for name in track:
+    for name in track:
+        try:
             trackers.append(open_tracker(name, results_dir, tag))
-    except TrackerError as e:
-        raise ObserverError(str(e)) from None
-    except Exception as e:  # noqa: BLE001 - a tracker library failing to start: one line
-        raise ObserverError(f"--track: cannot start {name}: {type(e).__name__}: {' '.join(str(e).split())}") from None
+        except TrackerError as e:
+            raise ObserverError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 - a tracker never stops the loop: one warning line
+            console.line(f"warning: --track {name}: cannot start ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
+                         "the night goes on without it, and the next start logs what it missed")
     tracking = None
     if trackers:
         tracking = Tracking(trackers, root, results_dir, tag, target, run_settings,
