@@ -27,6 +27,7 @@ tracker that was down, ``--track`` added mid-night) are logged then.
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import queue
 import re
@@ -190,6 +191,9 @@ class MlflowTracker:
     name = "mlflow"
 
     def __init__(self, results_dir: Path, tag: str):
+        # MLflow and its migrations log INFO lines on every new store: not the night's business.
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:
