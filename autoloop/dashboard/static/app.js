@@ -114,7 +114,7 @@ function renderSummary(s) {
       ? `#${best.trial} ${best.description || ''} (${short(best.commit)})` : short(best.commit)),
     card('baseline', fmt(base.metric, 6), `${better} is better`),
     card('improvement', improvement, pct),
-    card('noise σ', fmt(s.noise, 6), s.noise ? 'run-to-run spread' : 'no estimate yet'),
+    card('noise', fmt(s.noise, 6), s.noise ? 'σ of the run-to-run spread' : 'no estimate yet'),
     card('attempts', String(s.attempts), `${s.trials} trials: keep ${counts.keep || 0}, discard ${counts.discard || 0}, crash ${counts.crash || 0}, skip ${counts.skip || 0}`),
     card('crashes', String(counts.crash || 0), crashes || 'none'),
     card('pace', s.trials_per_hour ? `${s.trials_per_hour.toFixed(1)}/h` : '-', 'trials per hour'),
@@ -169,7 +169,7 @@ function renderPlot() {
   state.plotKey = key;
   const chart = document.getElementById('chart');
   chart.replaceChildren();
-  const W = 960, H = 360, L = 64, R = 16, T = 14, plotH = 250, stripT = T + plotH + 24;
+  const W = 960, H = 360, L = 96, R = 16, T = 14, plotH = 250, stripT = T + plotH + 24;
   const direction = (state.summary && state.summary.direction) || 'min';
   const kept = rows.filter((r) => r.status === 'keep' && r.metric !== null);
   const others = rows.filter((r) => r.status === 'discard' && r.metric !== null);
@@ -298,7 +298,7 @@ function renderTable() {
       el('td', { className: 'num', text: r.confidence === null ? '-' : r.confidence.toFixed(1) }),
       el('td', { text: r.crash || '-' }),
       el('td', { className: 'desc', text: r.description || '-', title: r.reason || '' }),
-      el('td', { className: 'num', text: r.status === 'crash' || r.seconds === null ? '-' : r.seconds.toFixed(1) }),
+      el('td', { className: 'num', text: r.status === 'crash' || r.status === 'skip' || r.seconds === null ? '-' : r.seconds.toFixed(1) }),
       el('td', { className: 'num', text: r.worker === null ? '-' : r.worker }),
       el('td', { text: short(r.commit) }));
   }));
