@@ -204,7 +204,7 @@ def cmd_finalize(args) -> int:
 
     root = _repo_root(args.directory)
     result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping,
-                      results=not args.no_results)
+                      results_commit=not args.no_results)
     n = len(result.commits)
     print(f"created {result.branch}: {n} commit{'s' if n != 1 else ''} on top of the baseline {result.base[:7]}")
     for commit in result.commits:

@@ -252,7 +252,7 @@ def _ledger_dir(results: Path, tag: str, current_tag: str | None) -> Path:
 
 
 def finalize(root: Path, tag: str | None = None, branch: str | None = None,
-             squash_overlapping: bool = False, results: bool = True) -> FinalizeResult:
+             squash_overlapping: bool = False, results_commit: bool = True) -> FinalizeResult:
     root = Path(root).resolve()
     results = root / "results"
     current_tag = load_state(results).tag
@@ -325,7 +325,7 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
             out = g("diff-tree", "-r", "--name-only", "-z", "--no-commit-id", parent, best, strip=False)
             differs = [p for p in out.split("\0") if p]
         result = FinalizeResult(branch, baseline.commit, made, best, differs, tag)
-        if results:
+        if results_commit:
             parent = _results_commit(g, result, records, ledger_dir, parent, Path(tmp))
         # Create the branch only if it still does not exist (old value: none).
         g("update-ref", "-m", f"autoloop finalize {tag}", ref, parent, "0" * len(parent))
