@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop.console import plain
+from autoloop.console import plain, verbatim_line
 from autoloop.gitview import record_diff
 from autoloop.ledger import TSV_COLUMNS, LedgerRecord, trial_label, tsv_row
 from autoloop.report import is_noise_sample
@@ -92,6 +92,6 @@ def since_last_text(root: Path, records: list[LedgerRecord], start: int, mark: M
             if diff is None:
                 out.append(f"    (no diff: commit {record.commit[:7]} of #{label} is not in this repository)")
             else:
-                out += [f"    {plain(line)}" for line in diff.splitlines()]
+                out += [f"    {verbatim_line(line)}" for line in diff.splitlines()]
             out.append("")
     return "\n".join(out).rstrip("\n")
