@@ -262,3 +262,24 @@ def test_without_a_token_only_loopback_clients_are_served(night, namespace):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_live_view_of_parallel_workers(night):
+    """Each worker's attempt in flight, with the tail of its own log."""
+    import json as _json
+
+    from autoloop.dashboard.views import Workspace
+
+    results = night.results
+    state = _json.loads((results / "state.json").read_text())
+    (results / "state.json").write_text(_json.dumps({**state, "phase": "idle", "workers": 2, "pid": os.getpid()}))
+    (results / "state-w1.json").write_text(_json.dumps({
+        "tag": "t", "phase": "running", "trial": 31, "attempt": 1, "kind": "candidate", "description": "<i>w1</i>",
+        "attempt_started_at": time.time() - 5, "progress": "step 00010 (40.0%) | loss: 2.5000"}))
+    (results / "runs" / "31-1.log").write_text("".join(f"line {i}\n" for i in range(500)))
+    live = Workspace(night.repo).live()
+    [attempt] = live["attempts"]
+    assert attempt["worker"] == "w1" and attempt["label"] == "31" and attempt["description"] == "<i>w1</i>"
+    assert attempt["percent"] == 40.0 and attempt["loss"] == 2.5
+    assert attempt["log"]["text"].splitlines()[-1] == "line 499" and len(attempt["log"]["text"].splitlines()) == 80
+    assert 4 < live["now"] - attempt["attempt_started_at"] < 120

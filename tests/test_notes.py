@@ -117,3 +117,21 @@ def test_notes_are_written_without_a_git_identity(tmp_path, tiny_data_dir):
     assert "warning" not in proc.stdout
     for r in read_ledger(repo):
         assert note(repo, r["commit"]).startswith(label(r))
+
+
+def test_parallel_workers_share_one_notes_ref(tmp_path, tiny_data_dir):
+    repo = fake_repo(tmp_path)
+    queue(repo, "01_lower_a.py", fake(A=0.5), "lower a")
+    queue(repo, "02_raise_b.py", fake(B=3.0), "raise b")
+    queue(repo, "03_lower_b.py", fake(B=1.5), "lower b")
+    proc = run_night(repo, tiny_data_dir, "--workers", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warning" not in proc.stdout, proc.stdout
+    ledger = read_ledger(repo)
+    assert len(ledger) >= 4 and {r["worker"] for r in ledger[1:]} <= {0, 1}
+    for r in ledger:
+        text = note(repo, r["commit"])
+        block = next(b for b in text.split("\n\n") if b.startswith(f"{label(r)} "))
+        assert f"\ncrash: {r['crash'] or '-'}" in block
+        if r["worker"] is not None:
+            assert f"\nworker: {r['worker']}" in block
