@@ -1017,24 +1017,24 @@ def run_single_trial(settings: Settings, workdir: Path, description: str, consol
         if outside:
             ss.console.line(f"reverted changes outside {settings.target}: {', '.join(outside)}")
         ss.prepare_data(reuse_snapshot=True)   # the agent worked since the last call: check against that
-        ss.open_observers()   # #20
-        low_disk = ss.low_disk()
-        if low_disk:
-            raise LoopError(low_disk)
-        ss.state = RunState(tag=ss.tag, pid=os.getpid(), run_started_at=time.time())
-        save_state(ss.results_dir, ss.state)
-        if ss.baseline_record() is None:
-            edit = ss.ws.target_path.read_text() if ss.ws.target_changed() else None
-            if edit is not None:
-                ss.ws.reset_to(base)
-            ss.run_baseline()
-            ss.measure_noise()
-            if edit is not None:
-                ss.ws.target_path.write_text(edit)
-        if not ss.ws.target_changed():
-            raise LoopError(f"{settings.target} has no change to try; edit it first")
-        best, best_metric = ss.best()
+        ss.open_observers()   # #20: notes and trackers, closed (trackers flushed) at the end
         try:
+            low_disk = ss.low_disk()
+            if low_disk:
+                raise LoopError(low_disk)
+            ss.state = RunState(tag=ss.tag, pid=os.getpid(), run_started_at=time.time())
+            save_state(ss.results_dir, ss.state)
+            if ss.baseline_record() is None:
+                edit = ss.ws.target_path.read_text() if ss.ws.target_changed() else None
+                if edit is not None:
+                    ss.ws.reset_to(base)
+                ss.run_baseline()
+                ss.measure_noise()
+                if edit is not None:
+                    ss.ws.target_path.write_text(edit)
+            if not ss.ws.target_changed():
+                raise LoopError(f"{settings.target} has no change to try; edit it first")
+            best, best_metric = ss.best()
             record = ss.run_attempt(AttemptPlan(ss.ledger.next_trial(), 1, "candidate", description, "self",
                                                 best, best_metric, outside, git_events=events))
             return ss.confirm(record, best, best_metric)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import math
 import os
 import re
 import secrets
@@ -162,7 +163,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, (text + "\n").encode(), "text/plain; charset=utf-8")
 
     def _json(self, data: dict) -> None:
-        self._send(HTTPStatus.OK, json.dumps(data, allow_nan=False).encode(), "application/json")
+        self._send(HTTPStatus.OK, json.dumps(_finite(data), allow_nan=False).encode(), "application/json")
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         url = urlsplit(self.path)
@@ -211,6 +212,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
         pass   # polling every two seconds would flood the terminal
+
+
+def _finite(value):
+    """JSON has no NaN or infinity (a diverged run's number): they go out as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _int(query: dict, key: str, default: int) -> int:

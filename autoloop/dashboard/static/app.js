@@ -72,7 +72,7 @@ async function tick() {
     renderTable();
     banner(null);
   } catch (err) {
-    banner(`cannot reach the dashboard server (${err.message}); retrying`);
+    banner(`the dashboard could not update (${err.message}); retrying every ${POLL_MS / 1000} s`);
   } finally {
     setTimeout(tick, POLL_MS);
   }
