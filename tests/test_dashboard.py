@@ -283,3 +283,18 @@ def test_live_view_of_parallel_workers(night):
     assert attempt["percent"] == 40.0 and attempt["loss"] == 2.5
     assert attempt["log"]["text"].splitlines()[-1] == "line 499" and len(attempt["log"]["text"].splitlines()) == 80
     assert 4 < live["now"] - attempt["attempt_started_at"] < 120
+
+
+def test_a_diverged_number_goes_out_as_null(night):
+    from autoloop.ledger import Ledger, LedgerRecord
+
+    base = night.records[-1]
+    Ledger(night.results, fsync=False).append(LedgerRecord(
+        trial=950, started_at=base.ended_at + 1, ended_at=base.ended_at + 2, proposer="queue", parent=night.best,
+        commit=night.best, description="diverged", status="discard", metric=float("nan"), noise=float("inf"),
+        best=night.best, best_metric=base.best_metric))
+    with DashboardProcess(night.repo) as dash:
+        status, _, body = request(dash.port, f"/api/attempts?start={len(night.records)}")
+        assert status == 200
+        [row] = json.loads(body)["rows"]          # strict JSON: no NaN, no Infinity
+        assert row["metric"] is None and row["noise"] is None and row["delta"] is None

@@ -160,16 +160,11 @@ def _row(index: int, r: LedgerRecord, reference: float | None) -> dict:
     hypothesis = r.extra.get("hypothesis")
     return {
         "index": index, "label": trial_label(r.trial, r.attempt), "trial": r.trial, "attempt": r.attempt,
-        "kind": r.kind, "status": r.status, "crash": r.crash, "metric": _finite(r.metric),
-        "metric_name": r.metric_name, "delta": _finite(delta), "best_metric": _finite(r.best_metric),
-        "confidence": _finite(r.confidence), "noise": _finite(r.noise), "description": r.description,
+        "kind": r.kind, "status": r.status, "crash": r.crash, "metric": r.metric,
+        "metric_name": r.metric_name, "delta": delta, "best_metric": r.best_metric,
+        "confidence": r.confidence, "noise": r.noise, "description": r.description,
         "hypothesis": hypothesis if isinstance(hypothesis, str) else None, "reason": r.reason,
-        "commit": r.commit, "proposer": r.proposer, "worker": r.worker, "seconds": _finite(seconds),
+        "commit": r.commit, "proposer": r.proposer, "worker": r.worker, "seconds": seconds,
         "started_at": r.started_at, "ended_at": r.ended_at, "noise_sample": is_noise_sample(r),
-        "memory_gb": _finite(r.memory_gb),
+        "memory_gb": r.memory_gb,
     }
-
-
-def _finite(x: float | None) -> float | None:
-    """JSON has no NaN or infinity: such a metric (a diverged run) goes out as null."""
-    return x if x is not None and x == x and abs(x) != float("inf") else None
