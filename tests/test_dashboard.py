@@ -267,7 +267,7 @@ def test_live_view_of_parallel_workers(night):
     """Each worker's attempt in flight, with the tail of its own log."""
     import json as _json
 
-    from autoloop.dashboard.views import Workspace
+    from autoloop.dashboard.views import WorkspaceViews
 
     results = night.results
     state = _json.loads((results / "state.json").read_text())
@@ -276,7 +276,7 @@ def test_live_view_of_parallel_workers(night):
         "tag": "t", "phase": "running", "trial": 31, "attempt": 1, "kind": "candidate", "description": "<i>w1</i>",
         "attempt_started_at": time.time() - 5, "progress": "step 00010 (40.0%) | loss: 2.5000"}))
     (results / "runs" / "31-1.log").write_text("".join(f"line {i}\n" for i in range(500)))
-    live = Workspace(night.repo).live()
+    live = WorkspaceViews(night.repo).live()
     [attempt] = live["attempts"]
     assert attempt["worker"] == "w1" and attempt["label"] == "31" and attempt["description"] == "<i>w1</i>"
     assert attempt["percent"] == 40.0 and attempt["loss"] == 2.5

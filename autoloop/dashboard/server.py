@@ -39,7 +39,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from autoloop.dashboard.views import NotFound, Workspace
+from autoloop.dashboard.views import NotFound, WorkspaceViews
 
 TOKEN_ENV = "AUTOLOOP_DASHBOARD_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -98,7 +98,7 @@ class Dashboard:
     """What the handler needs: the workspace's views and the access rule in force."""
 
     def __init__(self, root: Path, token: str | None):
-        self.views = Workspace(root)
+        self.views = WorkspaceViews(root)
         self.token = token
         self.cookie = None
 

@@ -67,7 +67,7 @@ def log_tail(results_dir: Path, relative: str | None, limit: int = LOG_TAIL_BYTE
     return {"text": "\n".join(kept[-lines:]), "truncated": truncated, "size": size}
 
 
-class Workspace:
+class WorkspaceViews:
     """The views of one experiment repository (its root, with ``results/`` inside)."""
 
     def __init__(self, root: Path):
