@@ -88,10 +88,14 @@ def cmd_status(args) -> int:
 def cmd_report(args) -> int:
     from autoloop.layout import Layout
     from autoloop.report import write_report
+    from autoloop.since_last import write_mark
 
     root = _repo_root(args.directory)
     results = Layout.of(root).root
+    if args.since_last:
+        return _report_since_last(root, results)
     files = write_report(results, Path(args.output).resolve() if args.output else results)
+    write_mark(results, files.tag, files.records)   # where --since-last starts next time
     shown = [files.markdown] + ([files.picture] if files.picture else [])
     print("wrote " + " and ".join(_shown_path(p, root) for p in shown))
     if files.note:
@@ -99,22 +103,70 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _report_since_last(root: Path, results: Path) -> int:
+    """The rows added since the previous report, each kept change with its diff."""
+    from autoloop.ledger import Ledger
+    from autoloop.report import ReportError
+    from autoloop.since_last import read_mark, since_last_text, start_index, write_mark
+    from autoloop.state import load_state
+
+    ledger = Ledger(results)
+    if not ledger.path.exists():
+        raise ReportError(f"no ledger at {ledger.path}: nothing to report (run autoloop run first)")
+    records = ledger.records()
+    tag, mark = load_state(results).tag, read_mark(results)
+    print(since_last_text(root, records, start_index(records, mark, tag), mark, tag))
+    write_mark(results, tag, records)
+    return 0
+
+
 def cmd_finalize(args) -> int:
-    from autoloop.finalize import finalize
+    from autoloop.finalize import RESULTS_PREFIX, finalize
 
     root = _repo_root(args.directory)
-    result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping)
+    result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping,
+                      results_commit=not args.no_results)
     n = len(result.commits)
     print(f"created {result.branch}: {n} commit{'s' if n != 1 else ''} on top of the baseline {result.base[:7]}")
     for commit in result.commits:
         print(f"  {commit.sha[:7]} {commit.subject}")
+    if result.results:
+        print(f"  {result.results.sha[:7]} {result.results.subject} ({', '.join(result.results_paths)})")
+    for warning in result.warnings:
+        print(f"note: {warning}")
     if result.differs:
         print(f"note: its tree differs from the best commit {result.best[:7]} in {', '.join(result.differs)} "
               "(changes no kept trial made)")
     elif result.best:
-        print(f"its tree equals the best commit {result.best[:7]}; autoloop/{result.tag} is unchanged")
+        aside = f" (apart from {RESULTS_PREFIX}/)" if result.results else ""
+        print(f"its tree equals the best commit {result.best[:7]}{aside}; autoloop/{result.tag} is unchanged")
     print(f"review: git log -p {result.base[:7]}..{result.branch}")
     return 0
+
+
+def cmd_dashboard(args) -> int:
+    """The live, read-only web page of the night."""
+    from autoloop.dashboard.server import serve
+
+    try:
+        serve(_repo_root(args.directory), args.host, args.port, print_flush)
+    except KeyboardInterrupt:
+        print("dashboard stopped")
+    return 0
+
+
+def print_flush(text: str) -> None:
+    print(text, flush=True)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got '{text}'") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {value}")
+    return value
 
 
 def _shown_path(path: Path, root: Path) -> str:
@@ -212,22 +264,47 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the metric per attempt in progress.png (needs matplotlib: "
                                    "pip install autoloop[plot]). Reads results/ only; safe while the loop runs.")
     p.add_argument("--output", metavar="DIR", help="where to write report.md and progress.png (default results/)")
+    p.add_argument("--since-last", action="store_true",
+                   help="print only the results.tsv rows added since the previous report, each kept change "
+                        "with its code diff (writes no files)")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("finalize", help="the kept changes as a clean branch: one commit each, metrics in the messages",
                        description="Create a new branch (default autoloop/<tag>-final) from the baseline commit "
                                    "with one commit per kept change, in ledger order, each message giving the "
-                                   "description and the metric before and after. Uses git plumbing only: the "
-                                   "work tree, the index, HEAD and the loop's branch are left as they are.")
+                                   "description and the metric before and after, then one commit adding "
+                                   "results/results.tsv, report.md and progress.png (forced past .gitignore "
+                                   "on that branch only). Uses git plumbing only: the work tree, the index, "
+                                   "HEAD and the loop's branch are left as they are.")
     p.add_argument("--tag", metavar="TAG", help="which night (default: the tag of results/, else the checked-out "
                                                 "autoloop/TAG branch)")
     p.add_argument("--branch", metavar="NAME", help="name of the new branch (default autoloop/<tag>-final); "
                                                     "refused if it exists")
     p.add_argument("--squash-overlapping", action="store_true",
                    help="one commit for consecutive kept changes that touch overlapping lines")
+    p.add_argument("--no-results", action="store_true",
+                   help="leave out the last commit, which adds results/results.tsv, report.md and progress.png")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_finalize)
+
+    from autoloop.dashboard.server import DEFAULT_PORT, TOKEN_ENV
+    p = sub.add_parser("dashboard", help="a live, read-only web page of the night (safe while the loop runs)",
+                       description="Serve a web page that shows the night as it runs and afterwards: the metric per "
+                                   "attempt with the running best and crashes by class, the sortable table of every "
+                                   "attempt, each attempt's description, reason, diff and log, the trial in flight "
+                                   "with its live log, noise, pace and time left. Everything it needs ships with "
+                                   "autoloop (no internet). It only reads results/ and git; it writes nothing.",
+                       epilog=f"On 127.0.0.1 (the default) only this machine is served. With --host 0.0.0.0 (to "
+                              f"look from a phone on the same network) a token is printed in the URL and "
+                              f"checked on every request; set {TOKEN_ENV} to keep the same one across restarts.")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, metavar="N",
+                   help=f"port to listen on (default {DEFAULT_PORT}; 0: any free one)")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every "
+                        "interface, with a token)")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("init", help="create a fresh experiment repository",
                        description="Create DIR with train.py, program.md, .gitignore and a first commit, "

@@ -79,6 +79,7 @@ SECTIONS = {
     "safety": "safety (memory, logs, disk, network)",
     "workers": "parallel workers",
     "slurm": "where trials run (slurm)",
+    "watch": "watching the night (trackers)",
 }
 
 
@@ -90,19 +91,22 @@ def agent_presets() -> list[str]:
 
 
 def setting(default: Any, section: str, help: str, *, metavar: str | None = None, run_only: bool = False,
-            default_text: str | None = None, choices: Any = None, flag: str | None = None, **checks: Any) -> Any:
+            default_text: str | None = None, choices: Any = None, flag: str | None = None,
+            repeatable: bool = False, **checks: Any) -> Any:
     """One setting's field: its default and checks (pydantic), and what its flag needs.
 
     ``help`` is the --help text; the default is added to it (``{default}`` places it, else
     it goes at the end), written as the user would type it, or as ``default_text`` says.
     ``run_only``: a flag of `autoloop run`, not of `autoloop trial`. ``choices``: a callable
     giving the values the flag accepts (the Literal's values are used when it is one).
-    ``flag``: the flag's name when it is not --<name-with-dashes>.
+    ``flag``: the flag's name when it is not --<name-with-dashes>. ``repeatable``: a list
+    setting whose flag may be given several times (each value is appended; the field's
+    validator splits and checks them).
     """
     if section not in SECTIONS:
         raise ValueError(f"unknown settings section {section!r}")
     extra = {"section": section, "metavar": metavar, "run_only": run_only, "default_text": default_text,
-             "choices": choices, "flag": flag}
+             "choices": choices, "flag": flag, "repeatable": repeatable}
     if isinstance(default, (dict, list)):
         return Field(default_factory=type(default), description=help, json_schema_extra=extra, **checks)
     return Field(default=default, description=help, json_schema_extra=extra, **checks)
@@ -243,6 +247,23 @@ class Settings(BaseModel):
             v = [int(p) for p in parts]
         if isinstance(v, list) and len(set(v)) != len(v):
             raise ValueError(f"a device is listed twice: {v}")
+        return v
+
+    # -- watching the night (#20, README "Watching the night") ----------------------------------
+    track: list[Literal["wandb", "mlflow"]] = setting(
+        [], "watch", "send every attempt to an experiment tracker as one run, grouped by the night: "
+        "wandb or mlflow (optional extras autoloop[wandb], autoloop[mlflow]); repeat or list with "
+        "commas. A tracker failure is one warning, never a stop", metavar="NAME", run_only=True,
+        repeatable=True)
+
+    @field_validator("track", mode="before")
+    @classmethod
+    def _track(cls, v: Any) -> Any:
+        # "wandb,mlflow" from one flag, several --track flags, a TOML string or list.
+        items = [v] if isinstance(v, str) else v
+        if isinstance(items, list) and all(isinstance(i, str) for i in items):
+            names = [n.strip().lower() for i in items for n in i.split(",") if n.strip()]
+            return list(dict.fromkeys(names))
         return v
 
     # Where the file settings came from (for messages); not a setting itself.

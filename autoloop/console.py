@@ -42,6 +42,13 @@ def plain(text: str) -> str:
     return _CONTROLS.sub(" ", _ESCAPES.sub("", text)).rstrip()
 
 
+def verbatim_line(text: str) -> str:
+    """One line of code or a diff, safe for a terminal: escape sequences removed and control
+    characters replaced like :func:`plain`, but tabs and trailing blanks kept (a diff's
+    blank context line is a single space)."""
+    return _CONTROLS.sub(lambda m: m.group() if m.group() == "\t" else " ", _ESCAPES.sub("", text))
+
+
 def _encodable(text: str, encoding: str | None) -> str:
     if not encoding:
         return text

@@ -16,6 +16,13 @@ the metric before and after::
 With ``--squash-overlapping``, consecutive kept changes that touch overlapping line
 ranges (the second rewrote what the first had just changed) become one commit.
 
+The branch ends with one more commit (#20; ``--no-results`` leaves it out) that adds
+``results/results.tsv`` (rebuilt from the ledger), ``results/report.md`` and
+``results/progress.png`` (without matplotlib: no picture, and the report says why), forced
+past ``.gitignore`` on that branch only, so a pull request of the final branch shows the
+night's rows as a diff beside the kept changes. Each kept-change commit gets the git note
+(``refs/notes/autoloop``, notes.py) of the trial commit(s) it replays.
+
 How: git plumbing only, on a temporary index file (``GIT_INDEX_FILE``): for each kept
 change, the diff from its parent (the best commit it was built on) to its commit is
 applied to the new branch's tree (each changed path's blob is taken from the kept
@@ -44,6 +51,7 @@ from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.console import metric_digits
 from autoloop.queries import best_before
 from autoloop.state import load_state
+from autoloop.workspace import FALLBACK_EMAIL, FALLBACK_NAME
 
 
 class FinalizeError(AutoloopError):
@@ -75,6 +83,9 @@ class FinalizeResult:
     best: str | None               # the best commit of the ledger
     differs: list[str] = field(default_factory=list)   # paths where the final tree differs from best's
     tag: str | None = None
+    results: FinalCommit | None = None    # #20: the last commit, adding results.tsv, report.md, progress.png
+    results_paths: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # what did not stop finalize (no picture, a note)
 
 
 # ------------------------------------------------------------------------------ pure parts
@@ -207,15 +218,21 @@ class _Git:
         except GitCommandError:
             return ""   # absent at rev (an added or deleted file)
 
-    def ident_env(self, sha: str) -> dict[str, str]:
+    def ident_env(self, sha: str | None) -> dict[str, str]:
         """Author of the original commit; committer: the user, or that author when git has
-        no identity configured (a commit must never fail on 'Please tell me who you are')."""
-        name, email, date = self.repo.git.log("-1", "--format=%an%x00%ae%x00%ad", "--date=raw", sha).split("\0")
-        env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date}
+        no identity configured (a commit must never fail on 'Please tell me who you are').
+        Without a commit (the results commit): the user, else autoloop's fallback identity."""
+        if sha is None:
+            name, email, env = FALLBACK_NAME, FALLBACK_EMAIL, {}
+        else:
+            name, email, date = self.repo.git.log("-1", "--format=%an%x00%ae%x00%ad", "--date=raw", sha).split("\0")
+            env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date}
         try:
             self.repo.git.var("GIT_COMMITTER_IDENT")
         except GitCommandError:
             env.update(GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email)
+            if sha is None:
+                env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email)
         return env
 
 
@@ -238,7 +255,7 @@ def _ledger_dir(results: Layout, tag: str, current_tag: str | None) -> Path:
 
 
 def finalize(root: Path, tag: str | None = None, branch: str | None = None,
-             squash_overlapping: bool = False) -> FinalizeResult:
+             squash_overlapping: bool = False, results_commit: bool = True) -> FinalizeResult:
     root = Path(root).resolve()
     results = Layout.of(root)
     current_tag = load_state(results.root).tag
@@ -310,9 +327,73 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
         if best and g.resolve(best):
             out = g("diff-tree", "-r", "--name-only", "-z", "--no-commit-id", parent, best, strip=False)
             differs = [p for p in out.split("\0") if p]
+        result = FinalizeResult(branch, baseline.commit, made, best, differs, tag)
+        if results_commit:
+            parent = _results_commit(g, result, records, ledger_dir, parent, Path(tmp))
         # Create the branch only if it still does not exist (old value: none).
         g("update-ref", "-m", f"autoloop finalize {tag}", ref, parent, "0" * len(parent))
-        return FinalizeResult(branch, baseline.commit, made, best, differs, tag)
+        _note_final_commits(root, result, records)
+        return result
+
+
+RESULTS_PREFIX = "results"
+
+
+def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord], ledger_dir: Path,
+                    parent: str, tmp: Path) -> str:
+    """#20: one commit on top of ``parent`` adding the night's results.tsv, report.md and
+    progress.png (blobs written straight into the private index: .gitignore does not apply)."""
+    from autoloop import plot
+    from autoloop.ledger import format_tsv
+    from autoloop.report import eval_seconds, report_markdown
+
+    picture: bytes | None = None
+    try:
+        picture = plot.write_progress_png(records, tmp / "progress.png", tag=result.tag).read_bytes()
+    except plot.PlotUnavailable as e:
+        result.warnings.append(f"no progress.png in the results commit: {e}")
+    report = report_markdown(records, eval_seconds(ledger_dir, records), tag=result.tag,
+                             picture="progress.png" if picture else None,
+                             picture_note=None if picture else "_No picture: matplotlib is not installed._")
+    files = {"results.tsv": format_tsv(records).encode("utf-8"), "report.md": (report + "\n").encode("utf-8")}
+    if picture:
+        files["progress.png"] = picture
+    for name, data in files.items():
+        path = tmp / f"blob-{name}"
+        path.write_bytes(data)
+        blob = g("hash-object", "-w", "--", str(path))
+        g("update-index", "--add", "--cacheinfo", f"100644,{blob},{RESULTS_PREFIX}/{name}")
+        result.results_paths.append(f"{RESULTS_PREFIX}/{name}")
+    tree = g("write-tree")
+    judged = [r for r in records if r.status != "skip"]
+    kept = len(result.commits)
+    metric = records[-1].metric_name
+    baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
+    best_metric = next((r.best_metric for r in reversed(records) if r.best), None)
+    subject = f"autoloop results: {len(judged)} attempts of autoloop/{result.tag}"
+    body = [f"{metric} {baseline.metric:.6f} -> {best_metric:.6f}" if baseline and baseline.metric is not None
+            and best_metric is not None else f"{metric}: no best recorded",
+            f"{len({r.trial for r in judged})} trials, {kept} kept change commit{'s' if kept != 1 else ''} above",
+            "", "Adds " + ", ".join(result.results_paths) + ", rebuilt from results/ledger.jsonl."]
+    message = "\n".join([subject, "", *body])
+    sha = g("commit-tree", tree, "-p", parent, "-m", message, env=g.ident_env(None))
+    result.results = FinalCommit(sha, [], message + "\n")
+    return sha
+
+
+def _note_final_commits(root: Path, result: FinalizeResult, records: list[LedgerRecord]) -> None:
+    """#20: each final commit gets the notes of the trial commit(s) it replays (never fatal)."""
+    from autoloop.notes import Notes, NotesError, notes_by_commit
+
+    texts = notes_by_commit(records)
+    notes = Notes(root)
+    try:
+        for commit in result.commits:
+            parts = [texts[c.record.commit].rstrip("\n") for c in commit.changes if c.record.commit in texts]
+            if parts:
+                notes.write(commit.sha, "\n\n".join(parts) + "\n")
+    except NotesError as e:
+        result.warnings.append(f"git notes of the final commits not written: {e}")
 
 
 def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:

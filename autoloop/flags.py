@@ -103,6 +103,9 @@ def _add(group: argparse._ArgumentGroup, name: str, field: FieldInfo) -> None:
         kwargs["action"] = argparse.BooleanOptionalAction   # --isolate / --no-isolate over the file
     elif _origin(field.annotation) is dict:
         kwargs.update(action="append", type=_key_value, metavar=_meta(field).get("metavar"))
+    elif _meta(field).get("repeatable"):
+        # --track wandb --track mlflow, or --track wandb,mlflow: the validator splits and checks
+        kwargs.update(action="append", metavar=_meta(field).get("metavar"))
     else:
         choices = _choices(field)
         if choices:

@@ -13,7 +13,8 @@ and ``autoloop trial`` enter. In order, each step relying on the ones before it:
 5. the branch: ``run`` starts ``autoloop/<tag>`` (or resumes it), ``trial`` works on the
    checked-out one; the main checkout is put at the ledger's best;
 6. the data prepared and checked against the baseline's fingerprint, then the integrity
-   guard's snapshot of the measurement's inputs.
+   guard's snapshot of the measurement's inputs;
+7. the observers (git notes, trackers) caught up with the ledger and attached to the arbiter.
 
 What comes out is a :class:`Night`: the collaborators the engine is built from.
 """
@@ -44,6 +45,7 @@ from autoloop.integrity import Guard, open_guard
 from autoloop.isolate import isolation_available
 from autoloop.keep import Rules
 from autoloop.layout import TAG_FILES, Layout, tag_of_branch
+from autoloop.observers import open_observers
 from autoloop.ledger import Ledger
 from autoloop.state import load_state
 from autoloop.workspace import Workspace
@@ -106,9 +108,28 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             _recover(night, purpose)
             (_start_branch if purpose == "run" else _trial_branch)(night)
             prepare_data(night, reuse_snapshot=purpose == "trial")
-            yield night
+            with watched(night):
+                yield night
     finally:
         ws.close()
+
+
+@contextmanager
+def watched(night: Night) -> Iterator[None]:
+    """Git notes and the --track trackers: brought up to date with the ledger (recovery's
+    records included) before the first new attempt, then told of each record as the arbiter
+    appends it; at the end the trackers finish what is queued."""
+    # The arbiter answers records() from memory: no re-reading of the ledger per record.
+    observers = open_observers(night.ws.root, night.layout.root, night.tag, night.arbiter, night.console,
+                               night.settings.track, night.settings.target,
+                               {"budget_s": night.settings.budget, "direction": night.settings.direction})
+    observers.catch_up()
+    night.arbiter.observers.append(observers.recorded)
+    try:
+        yield
+    finally:
+        night.arbiter.observers.remove(observers.recorded)
+        observers.close()
 
 
 def check_isolation(settings: Settings) -> None:

@@ -439,6 +439,8 @@ class ReportFiles:
     markdown: Path
     picture: Path | None
     note: str | None      # why there is no picture, when there is none
+    records: list[LedgerRecord] | None = None   # what the report covered (#20: report --since-last's mark)
+    tag: str | None = None
 
 
 def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
@@ -465,4 +467,4 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
                            picture=picture.name if picture else None,
                            picture_note=f"_No picture: {note}._" if note else None)
     atomic_write(output.report, text + "\n")
-    return ReportFiles(output.report, picture, note)
+    return ReportFiles(output.report, picture, note, records, tag)

@@ -17,7 +17,8 @@ from autoloop.errors import AutoloopError
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "autoloop"
 # Exceptions that never reach the user: control flow between two parts of the harness.
-INTERNAL = {"ProposalFailed", "PlotUnavailable", "IsolationError"}
+INTERNAL = {"ProposalFailed", "PlotUnavailable", "IsolationError",
+            "NotFound"}   # the dashboard's 404, answered to the browser, never raised to the CLI
 
 
 def modules() -> dict[str, Path]:

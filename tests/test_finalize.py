@@ -45,15 +45,16 @@ def test_finalize_makes_one_commit_per_kept_change(night):
     assert proc.stdout.splitlines()[0] == f"created autoloop/t-final: 6 commits on top of the baseline {night.baseline[:7]}"
     assert f"its tree equals the best commit {night.best[:7]}" in proc.stdout
 
-    # Same tree as the best commit; starts at the baseline; original branch and work tree untouched.
-    assert git(repo, "rev-parse", "autoloop/t-final^{tree}") == git(repo, "rev-parse", f"{night.best}^{{tree}}")
+    # Same tree as the best commit (under the results commit); starts at the baseline; original
+    # branch and work tree untouched.
+    assert git(repo, "rev-parse", "autoloop/t-final~1^{tree}") == git(repo, "rev-parse", f"{night.best}^{{tree}}")
     assert git(repo, "merge-base", "autoloop/t-final", night.baseline) == night.baseline
     assert snapshot(repo) == before
 
     subjects = git(repo, "log", "--reverse", "--format=%s", f"{night.baseline}..autoloop/t-final").splitlines()
     assert subjects == ["MATRIX_LR 0.04 -> 0.06", "weight decay 0 -> 0.1", "warmdown 0.5 -> 0.7", "width 128 -> 160",
-                        "HEAD_LR 0.004 -> 0.006", "MATRIX_LR 0.06 -> 0.07"]
-    shas = git(repo, "rev-list", "--reverse", f"{night.baseline}..autoloop/t-final").split()
+                        "HEAD_LR 0.004 -> 0.006", "MATRIX_LR 0.06 -> 0.07", "autoloop results: 29 attempts of autoloop/t"]
+    shas = git(repo, "rev-list", "--reverse", f"{night.baseline}..autoloop/t-final~1").split()
     first = git(repo, "log", "-1", "--format=%B", shas[0])
     assert first.startswith("MATRIX_LR 0.04 -> 0.06\n\nval_bpb 1.0275 -> 1.0234 (trial 1)\n")
     kept = [r for r in night.records if r.status == "keep" and r.kind != "baseline"]
@@ -74,7 +75,7 @@ def test_finalize_refuses_an_existing_branch_and_takes_another_name(night):
     assert proc.stderr == ("autoloop: branch autoloop/t-final already exists; pass --branch NAME or delete it "
                            "(git branch -D autoloop/t-final)\n")
     assert git(repo, "rev-parse", "autoloop/t-final") == night.baseline     # not moved
-    proc = cli(repo, "finalize", "--branch", "review/lr", "--tag", "t")
+    proc = cli(repo, "finalize", "--branch", "review/lr", "--tag", "t", "--no-results")
     assert proc.returncode == 0, proc.stderr
     assert git(repo, "rev-parse", "review/lr^{tree}") == git(repo, "rev-parse", f"{night.best}^{{tree}}")
 
@@ -88,7 +89,7 @@ def test_finalize_squashes_consecutive_overlapping_changes(tmp_path):
         Step("MATRIX_LR 0.07 -> 0.075", "keep", 1.0190, edit={"MATRIX_LR": "0.075"}),  # not next to the others
     ])
     repo = n.repo
-    proc = cli(repo, "finalize", "--squash-overlapping")
+    proc = cli(repo, "finalize", "--squash-overlapping", "--no-results")
     assert proc.returncode == 0, proc.stderr
     log = git(repo, "log", "--reverse", "--format=%s", f"{n.baseline}..autoloop/t-final").splitlines()
     assert log == ["MATRIX_LR 0.04 -> 0.06; MATRIX_LR 0.06 -> 0.07", "depth 4 -> 5", "MATRIX_LR 0.07 -> 0.075"]
@@ -101,7 +102,7 @@ def test_finalize_squashes_consecutive_overlapping_changes(tmp_path):
     # Without the flag every kept change is its own commit.
     proc = cli(repo, "finalize", "--branch", "each")
     assert proc.returncode == 0, proc.stderr
-    assert len(git(repo, "rev-list", f"{n.baseline}..each").split()) == 4
+    assert len(git(repo, "rev-list", f"{n.baseline}..each").split()) == 4 + 1   # and the results commit
 
 
 def test_finalize_errors_are_one_line(tmp_path):
@@ -160,3 +161,53 @@ def test_finalize_applies_a_change_built_on_an_older_best(tmp_path):
     final = git(repo, "show", "autoloop/t-final:train.py")
     assert "DEPTH = 6" in final and "DROPOUT = 0.2" in final
     assert f"note: its tree differs from the best commit {commits[1][:7]} in train.py" in proc.stdout
+
+
+def test_finalize_ends_with_the_results_commit_and_notes_the_final_commits(night):
+    """The last commit adds results.tsv (its rows equal the ledger's), report.md and
+    progress.png, past .gitignore, on the final branch only; each kept-change commit carries
+    the git note of the trial commit it replays."""
+    from autoloop.ledger import format_tsv
+    from autoloop.notes import NOTES_REF, notes_by_commit
+
+    repo = night.repo
+    before = snapshot(repo)
+    proc = cli(repo, "finalize")
+    assert proc.returncode == 0, proc.stderr
+    assert "autoloop results: 29 attempts of autoloop/t (results/results.tsv, results/report.md, " \
+           "results/progress.png)" in proc.stdout
+    assert snapshot(repo) == before                       # work tree, index, HEAD, branch untouched
+    assert git(repo, "check-ignore", "results/results.tsv") == "results/results.tsv"   # ignored there...
+    files = git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", "autoloop/t-final").splitlines()
+    assert files == ["results/progress.png", "results/report.md", "results/results.tsv"]   # ...committed here
+    assert git(repo, "ls-tree", "-r", "--name-only", "autoloop/t").count("results/") == 0
+
+    tsv = subprocess.run(["git", "show", "autoloop/t-final:results/results.tsv"], cwd=repo, capture_output=True,
+                         text=True, check=True).stdout
+    assert tsv == format_tsv(night.records)
+    lines = tsv.splitlines()
+    header, rows = lines[0].split("\t"), [dict(zip(lines[0].split("\t"), line.split("\t"))) for line in lines[1:]]
+    judged = [r for r in night.records if r.status != "skip"]
+    assert header[:5] == ["commit", "val_bpb", "memory_gb", "status", "description"]
+    assert [(row["commit"], row["status"], row["trial"], row["description"]) for row in rows] == \
+        [((r.commit or "-")[:7], r.status, str(r.trial) + (f".{r.attempt}" if r.attempt > 1 else ""), r.description)
+         for r in judged]
+    report = git(repo, "show", "autoloop/t-final:results/report.md")
+    assert report.startswith("# autoloop report: autoloop/t") and "![val_bpb per attempt](progress.png)" in report
+    png = subprocess.run(["git", "cat-file", "blob", "autoloop/t-final:results/progress.png"], cwd=repo,
+                         capture_output=True, check=True).stdout
+    assert png.startswith(b"\x89PNG\r\n")
+
+    expected = notes_by_commit(night.records)
+    finals = git(repo, "rev-list", "--reverse", f"{night.baseline}..autoloop/t-final~1").split()
+    kept = [r for r in night.records if r.status == "keep" and r.kind != "baseline"]
+    for sha, record in zip(finals, kept):
+        shown = subprocess.run(["git", "notes", "--ref", NOTES_REF, "show", sha], cwd=repo, capture_output=True,
+                               text=True, check=True).stdout
+        assert shown == expected[record.commit]
+    story = git(repo, "log", "--notes=autoloop", "--format=%s%n%N", "autoloop/t-final")
+    assert "#25 keep 1.0159 (-0.0009, 0.7σ) MATRIX_LR 0.06 -> 0.07" in story
+
+    proc = cli(repo, "finalize", "--branch", "code-only", "--no-results")
+    assert proc.returncode == 0, proc.stderr
+    assert git(repo, "rev-parse", "code-only^{tree}") == git(repo, "rev-parse", f"{night.best}^{{tree}}")

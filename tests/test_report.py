@@ -230,3 +230,67 @@ def test_picture_of_a_night_with_only_a_baseline_and_crashes(tmp_path):
     files = write_report(n.results)
     size, pixels = _pixels(files.picture)
     assert size == (1200, 675) and len({tuple(p) for p in pixels}) > 20
+
+
+# ------------------------------------------------------------------------------ report --since-last (#20)
+
+
+def test_report_since_last_lists_exactly_the_new_rows_with_the_kept_diffs(tmp_path):
+    """A report, then more attempts, then --since-last: exactly those rows (skips are not rows),
+    each kept change followed by its diff from git; then nothing new."""
+    from conftest import git
+    from night_helpers import set_values
+
+    from autoloop.ledger import Ledger, tsv_row
+
+    steps = realistic_steps()
+    night = build_night(tmp_path, steps[:8])
+    repo = night.repo
+    first = cli(repo, "report", "--since-last")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("9 new rows in all (no earlier report of this ledger) on autoloop/t, "
+                                   "2 kept changes with their diff:")
+    proc = cli(repo, "report")            # a full report moves the mark too
+    assert proc.returncode == 0, proc.stderr
+
+    # Three more attempts as the loop would record them: a skip, a discard, a keep (with a commit).
+    ledger = Ledger(night.results, fsync=False)
+    best = night.records[-1]
+    t = best.ended_at + 10
+    source = set_values((repo / "train.py").read_text(), WIDTH="256")
+    (repo / "train.py").write_text(source)
+    git(repo, "commit", "-qam", "width 128 -> 256")
+    kept_commit = git(repo, "rev-parse", "HEAD")
+    new = [LedgerRecord(trial=9, started_at=t, ended_at=t, proposer="queue", parent=best.best, description="bad patch",
+                        status="skip", reason="patch does not apply", best=best.best, best_metric=best.best_metric),
+           LedgerRecord(trial=10, started_at=t + 1, ended_at=t + 2, proposer="queue", parent=best.best,
+                        commit=best.best, description="same again \x1b[31mred\x1b[0m", status="discard",
+                        metric=1.03, best=best.best, best_metric=best.best_metric),
+           LedgerRecord(trial=11, started_at=t + 3, ended_at=t + 4, proposer="queue", parent=best.best,
+                        commit=kept_commit, description="width 128 -> 256", status="keep", metric=1.0100,
+                        best=kept_commit, best_metric=1.0100)]
+    for record in new:
+        ledger.append(record, write_tsv=False)
+
+    proc = cli(repo, "report", "--since-last")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("2 new rows since the last report (") and lines[0].endswith(
+        ") on autoloop/t, 1 kept change with its diff:")
+    assert lines[2] == "commit\tval_bpb\tmemory_gb\tstatus\tdescription\tcrash\ttrial\tseconds\tconfidence\tworker"
+    rows = [line for line in lines[3:] if line and not line.startswith("    ")]
+    assert rows == ["\t".join(tsv_row(new[1])).replace("\x1b[31m", "").replace("\x1b[0m", ""),
+                    "\t".join(tsv_row(new[2]))]
+    assert "\x1b" not in proc.stdout
+    diff = [line[4:] for line in lines if line.startswith("    ")]
+    expected = subprocess.run(["git", "diff", best.best, kept_commit], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+    assert diff == expected and "+WIDTH = 256" in diff
+
+    again = cli(repo, "report", "--since-last")
+    assert again.returncode == 0 and again.stdout.startswith("no new rows since the last report (")
+    assert not (night.results / "report-mark.json.tmp").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = cli(empty, "report", "--since-last")
+    assert proc.returncode == 1 and proc.stderr.startswith("autoloop: no ledger at ") and proc.stderr.count("\n") == 1

@@ -1,0 +1,148 @@
+"""The dashboard in a real browser (headless Chromium driven by selenium through Debian's
+chromedriver) against a night that is running: the page loads without console errors, the
+table shows the ledger's rows, a new attempt appears without a reload, an attempt's diff
+opens, and a description full of HTML is shown as text.
+
+Chromium and chromedriver come from Debian (`apt-get install chromium chromium-driver`, as
+.ci/run does); nothing is downloaded at run time. Without them the test is skipped, except
+in CI (CI=true), where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from loop_helpers import read_ledger
+from watch_helpers import DashboardProcess, cli_env, fake, fake_repo, queue, run_args
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+EVIL = '<img src=x onerror="window.__pwned = 1"><b>bold</b> & "quoted" <script>window.__pwned = 2</script>'
+
+
+def _missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    if not CHROMIUM or not CHROMEDRIVER:
+        return "chromium/chromedriver not found (apt-get install chromium chromium-driver)"
+    return None
+
+
+@pytest.fixture
+def browser():
+    why = _missing()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser test: {why}")
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="autoloop-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1300"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(predicate, what: str, timeout: float = 120.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def table_rows(driver) -> list[tuple[str, str, str]]:
+    return [tuple(row) for row in driver.execute_script(
+        "return [...document.querySelectorAll('#attempts tbody tr')].map("
+        "tr => [tr.dataset.label, tr.children[1].textContent, tr.querySelector('td.desc').textContent])")]
+
+
+def test_the_dashboard_of_a_running_night(tmp_path, tiny_data_dir, browser):
+    from selenium.webdriver.common.by import By
+
+    repo = fake_repo(tmp_path)
+    queue(repo, "01_html.py", fake(A=0.5), EVIL)
+    queue(repo, "02_hold.py", fake(A=0.5, B=1.5, HOLD=True), "held until results/go")
+    loop = subprocess.Popen(run_args(), cwd=repo, env=cli_env(tiny_data_dir), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        state = repo / "results" / "state.json"
+        wait(lambda: state.exists() and '"phase": "running"' in state.read_text() and '"trial": 2' in state.read_text(),
+             "trial 2 to be running")
+        ledger = read_ledger(repo)
+        assert [r["trial"] for r in ledger] == [0, 1] and ledger[1]["description"] == EVIL
+
+        with DashboardProcess(repo) as dash:
+            browser.get(dash.url)
+            wait(lambda: len(table_rows(browser)) == 2, "the table")
+            # The table shows the ledger's rows, the HTML description as text.
+            assert table_rows(browser) == [("0", "baseline", "baseline"), ("1", "keep", EVIL)]
+            assert browser.find_elements(By.CSS_SELECTOR, "#attempts tbody img, #attempts tbody b, "
+                                                          "#attempts tbody script") == []
+            assert browser.execute_script("return window.__pwned") is None
+            # The trial in flight, with its live log.
+            live = wait(lambda: browser.execute_script(
+                "const c = document.querySelector('#live .live-card'); return c && c.textContent"), "the live card")
+            assert "#2" in live and "held until results/go" in live
+            wait(lambda: "step 00003" in browser.execute_script(
+                "const p = document.querySelector('#live pre'); return p ? p.textContent : ''"), "the live log")
+
+            # A new attempt appears without a reload.
+            browser.execute_script("window.__same_page = 42")
+            (repo / "results" / "go").touch()
+            wait(lambda: len(table_rows(browser)) == 3, "the new attempt in the table")
+            assert browser.execute_script("return window.__same_page") == 42
+            assert table_rows(browser)[2] == ("2", "keep", "held until results/go")
+            wait(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#chart .pt")) == 3, "the new point in the plot")
+            assert "#2" not in (browser.execute_script(
+                "const c = document.querySelector('#live .live-card'); return c ? c.textContent : ''") or "")
+
+            # An attempt's diff opens: the one with the HTML description, as git has it.
+            browser.find_element(By.CSS_SELECTOR, '#attempts tbody tr[data-label="1"]').click()
+            wait(lambda: "diff --git" in browser.execute_script(
+                "return document.getElementById('detail-diff').textContent"), "the diff")
+            record = read_ledger(repo)[1]
+            diff = subprocess.run(["git", "diff", record["parent"], record["commit"]], cwd=repo, capture_output=True,
+                                  text=True, check=True).stdout
+            shown = browser.execute_script("return document.getElementById('detail-diff').textContent")
+            assert shown.rstrip("\n") == diff.rstrip("\n")
+            fields = browser.execute_script("return document.getElementById('detail-fields').textContent")
+            assert EVIL in fields
+            assert browser.find_elements(By.CSS_SELECTOR, "#detail img, #detail b, #detail script") == []
+            assert browser.execute_script("return window.__pwned") is None
+
+            shot = tmp_path / "dashboard.png"
+            browser.save_screenshot(str(shot))
+            if os.environ.get("AUTOLOOP_SCREENSHOT_DIR"):   # for a person to look at
+                shutil.copy(shot, Path(os.environ["AUTOLOOP_SCREENSHOT_DIR"]) / "dashboard.png")
+            logs = browser.get_log("browser")
+            assert [entry for entry in logs if entry["level"] in ("SEVERE", "WARNING")] == [], logs
+        out = loop.communicate(timeout=120)[0]
+        assert loop.returncode == 0, out
+    finally:
+        if loop.poll() is None:
+            loop.kill()
+            loop.wait()
