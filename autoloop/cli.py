@@ -91,6 +91,14 @@ def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slurm-folder", metavar="DIR", help="submitit's job files (default results/slurm)")
 
 
+def _add_agent_choice_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agent", choices=["claude", "codex", "aider", "gemini"],
+                   help="coding agent preset: Claude Code, Codex CLI, Aider or Gemini CLI (commands in the README)")
+    p.add_argument("--agent-cmd", metavar="CMD",
+                   help="any other agent command, run in the workspace with the prompt on stdin; "
+                        "{prompt_file}, {description_file}, {target} are filled in")
+
+
 def _slurm_option(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -107,6 +115,7 @@ _SETTING_FLAGS += ["log_cap_mb", "min_free_gb", "isolate"]
 _SETTING_FLAGS += ["executor", "slurm_cluster", "slurm_partition", "slurm_gpus_per_trial", "slurm_time_limit",
                    "slurm_options", "slurm_folder"]
 _SETTING_FLAGS += ["workers", "devices"]
+_SETTING_FLAGS += ["skip_preflight", "agent_stall_timeout"]   # #15
 
 
 def _settings(args):
@@ -130,6 +139,11 @@ def cmd_run(args) -> int:
     root = _repo_root(args.directory)
     proposer, why = make_proposer(settings, root)
     console.line(why)
+    if proposer.name == "agent" and not settings.skip_preflight:
+        # #15: preflight before the baseline: an agent that cannot run is one line now,
+        # not a failed call after a minute of baseline, five times over.
+        from autoloop.proposers.preflight import run_preflight
+        run_preflight(settings, root, console.line)
     if settings.workers > 1:
         from autoloop.workers import WorkerPool
         WorkerPool(settings, root, proposer, console).run()
@@ -149,6 +163,13 @@ def cmd_trial(args) -> int:
     crash = f" {record.crash}" if record.crash else ""
     print(f"verdict: {record.status}{crash} {settings.metric}: {metric} reason: {record.reason}")
     return 0 if record.status != "crash" else 3
+
+
+def cmd_doctor(args) -> int:
+    from autoloop.doctor import run_doctor
+
+    checks = run_doctor(_repo_root(args.directory), lambda: _settings(args), print)
+    return 1 if any(c.status == "fail" for c in checks) else 0
 
 
 def cmd_status(args) -> int:
@@ -256,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_experiment_flags(p)
     p.add_argument("--hours", type=float, metavar="H", help="stop starting trials that could not finish within H hours")
-    p.add_argument("--max-trials", type=_positive_int, metavar="N", help="stop after N trials in this run")
+    p.add_argument("--max-trials", type=_positive_int, metavar="N",
+                   help="stop after N trials in this run; a failed proposal (a skip) counts as one")
     p.add_argument("--proposer", choices=["auto", "queue", "mutate", "agent"],
                    help="where changes come from (default auto: the agent when one is configured, else the "
                         "queue when patches are waiting, else mutate)")
@@ -264,13 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "(default results/queue)")
     p.add_argument("--max-proposer-failures", type=_positive_int, metavar="N",
                    help="stop after N failed proposals in a row (default 5)")
-    p.add_argument("--agent", choices=["claude", "codex", "aider", "gemini"],
-                   help="coding agent preset: Claude Code, Codex CLI, Aider or Gemini CLI (commands in the README)")
-    p.add_argument("--agent-cmd", metavar="CMD",
-                   help="any other agent command, run in the workspace with the prompt on stdin; "
-                        "{prompt_file}, {description_file}, {target} are filled in")
+    _add_agent_choice_flags(p)
     p.add_argument("--agent-timeout", metavar="DURATION",
                    help="kill the agent's whole process tree after this long per call (default 15m)")
+    # #15: the agent's preflight and stall watch.
+    p.add_argument("--agent-stall-timeout", metavar="DURATION",
+                   help="end an agent call whose CLI has kept printing only its retry messages this long "
+                        "(codex 'Reconnecting...', gemini 'Retrying with backoff'; default 90s; 0: off)")
+    p.add_argument("--skip-preflight", action="store_true",
+                   help="start without the agent's preflight checks (executable, version, login or API key; "
+                        "autoloop doctor shows them) for setups they do not know")
     p.add_argument("--max-fix-attempts", type=_count, metavar="N",
                    help="fix requests for a trivially-crashed trial (default 2; 0: no fixing)")
     p.add_argument("--max-agent-failures", type=_positive_int, metavar="N",
@@ -298,6 +323,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_experiment_flags(p)
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_trial)
+
+    p = sub.add_parser(
+        "doctor", help="check that this repository and machine are ready for a night (one line per check)",
+        description="Check git and its identity, a clean tree, the target's contract, the data, torch and the "
+                    "device (GPU name, free memory), free disk, the configured agent (its preflight: executable, "
+                    "version, login or API key), the optional extras and --isolate. One line each: ok, warn or "
+                    "fail. Exit code 1 when any check fails. Settings come from autoloop.toml / pyproject.toml "
+                    "and the flags below; nothing trains and nothing reaches the network.",
+        epilog="example: autoloop doctor --agent claude",
+    )
+    _add_agent_choice_flags(p)
+    p.add_argument("--target", metavar="FILE", help="the one file a proposer may edit (default train.py)")
+    p.add_argument("--corpus", metavar="SOURCE", help="'stdlib' (default) or a directory, file or glob of text")
+    p.add_argument("--data-dir", metavar="DIR", help="prepared data folder (default: per-user cache)")
+    p.add_argument("--device", metavar="DEV", help="cpu, cuda, cuda:N or mps (default: auto-detect)")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("status", help="where the loop stands (safe while it runs)",
                        description="Current trial and phase, best and baseline metric, counts by status and "

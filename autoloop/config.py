@@ -123,6 +123,7 @@ _NUMERIC_FIELDS = {"budget", "timeout", "hours", "max_trials", "min_delta", "see
 _NUMERIC_FIELDS |= {"log_cap_mb", "min_free_gb"}
 _NUMERIC_FIELDS |= {"slurm_gpus_per_trial", "slurm_time_limit"}
 _NUMERIC_FIELDS |= {"workers"}
+_NUMERIC_FIELDS |= {"agent_stall_timeout"}   # #15
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
 
@@ -176,6 +177,22 @@ class Settings(BaseModel):
     max_proposer_failures: int = Field(default=5, ge=1)    # in a row, then the loop stops
     max_fix_attempts: int = Field(default=2, ge=0)         # fix requests per trivially-crashed trial
     max_agent_failures: int = Field(default=5, ge=1)
+    # #15 (README "A coding agent"): the agent's preflight before the baseline, and the
+    # watch that ends a call whose CLI keeps retrying (codex's endless "Reconnecting...").
+    skip_preflight: bool = False               # start without the agent's preflight checks
+    agent_stall_timeout: float = 90.0          # seconds of nothing but retry messages; 0: off
+
+    @field_validator("agent_stall_timeout", mode="before")
+    @classmethod
+    def _stall_timeout(cls, v: Any) -> float:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if v < 0:
+                raise ValueError(f"must be 0 (off) or a duration, got {_show(v)}")
+            if v == 0:
+                return 0.0
+        if isinstance(v, str) and v.strip().lower() in ("0", "off"):
+            return 0.0
+        return cls._duration(v)
     # -- resources and isolation ---------------------------------------------------------------
     log_cap_mb: float = Field(default=32.0, ge=0, allow_inf_nan=False)   # per run log; 0: no cap
     min_free_gb: float = Field(default=2.0, ge=0, allow_inf_nan=False)   # stop below this; 0: no check

@@ -36,6 +36,18 @@ def plain(text: str) -> str:
     return _CONTROLS.sub(" ", _ESCAPES.sub("", text)).rstrip()
 
 
+DISPLAY_REASON = 240   # a reason on the terminal (the ledger keeps up to ~500 characters)
+
+
+def shorten(text: str, limit: int = DISPLAY_REASON) -> str:
+    """``text`` cut to ``limit`` characters for display, its middle dropped: the start says
+    what happened, the end usually where to look ("(see results/agents/3-1.log)")."""
+    if len(text) <= limit:
+        return text
+    tail = min(60, limit // 3)
+    return text[:limit - tail - 3].rstrip() + " … " + text[-tail:].lstrip()
+
+
 def _encodable(text: str, encoding: str | None) -> str:
     if not encoding:
         return text

@@ -33,7 +33,8 @@ from filelock import FileLock, Timeout
 from autoloop import git_guard
 from autoloop.classify import classify
 from autoloop.config import Settings, format_duration
-from autoloop.console import Console
+from autoloop.checks import plural
+from autoloop.console import Console, shorten
 from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.decide import decide, judge_runs, noise_estimate
 from autoloop.diskspace import low_disk_reason
@@ -711,7 +712,7 @@ class Session:
             best=best, best_metric=best_metric, outside_changes=outside or [],
             extra={"git_events": git_events} if git_events else {},
         ))
-        self.console.line(f"#{trial} skipped: {reason}")
+        self.console.line(f"#{trial} skipped: {shorten(reason)}")   # #15: the ledger keeps it whole
 
     def confirm(self, record: LedgerRecord, best: str, best_metric: float | None) -> LedgerRecord:
         """A within-noise gain: run the same commit once more with a new seed and judge the mean."""
@@ -815,8 +816,8 @@ class Loop:
                        else (s.max_proposer_failures, "--max-proposer-failures"))
         if failures >= limit:
             last = ss.ledger.last(1)
-            why = f"; last: {last[0]['reason']}" if last and last[0].get("reason") else ""
-            return f"{self.proposer.name} failed {failures} times in a row ({flag} {limit}){why}"
+            why = f"; last: {shorten(last[0]['reason'])}" if last and last[0].get("reason") else ""
+            return f"{self.proposer.name} failed {plural(failures, 'time')} in a row ({flag} {limit}){why}"
         low_disk = ss.low_disk()
         if low_disk:
             return low_disk
@@ -855,7 +856,7 @@ class Loop:
                 failures += 1
             else:
                 failures = 0
-                trials_started += 1
+            trials_started += 1   # #15: a skipped proposal is a trial too (--max-trials counts it)
 
     def _propose(self, request: ProposalRequest) -> tuple[Proposal | None, str | None, list[str], list[str]]:
         """(proposal, failure reason, files reverted, git events); the edit is left in the work tree."""

@@ -399,7 +399,7 @@ class WorkerPool:
         self.envs: list[dict[str, str]] = []
         self.reserved: dict[int, int] = {}     # worker -> trial in flight
         self.descriptions: dict[int, str] = {}
-        self.started = 0                       # trials started by this run (failed proposals excluded)
+        self.started = 0                       # trials started by this run (skipped proposals included, #15)
         self.failures = 0                      # failed proposals in a row, all workers together
         self.exhausted = False
         self.reason: str | None = None
@@ -434,11 +434,12 @@ class WorkerPool:
             self.descriptions.pop(k, None)
             if outcome == "exhausted":
                 self.exhausted = True
-            elif outcome == "failed":
+                return
+            if outcome == "failed":
                 self.failures += 1
             else:
                 self.failures = 0
-                self.started += 1
+            self.started += 1   # #15: a skipped proposal counts toward --max-trials too
 
     def in_flight(self, k: int) -> list[dict]:
         """What the other workers are trying now, for the proposer's memory (the mutator
