@@ -285,7 +285,7 @@ def _installed(module: str) -> str | None:
 
 def _output(argv: list[str], cwd: Path) -> str:
     try:
-        out = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import git, init_repo
 from loop_helpers import BUDGET, SLOW, autoloop, read_ledger
 from test_workers import check_worker_invariants, fake
@@ -67,7 +66,7 @@ def root_prefix() -> list[str] | None:
     if os.geteuid() == 0:
         return []
     unshare = shutil.which("unshare")
-    if unshare and subprocess.run([unshare, "-r", "true"], capture_output=True).returncode == 0:
+    if unshare and subprocess.run([unshare, "-r", "true"], capture_output=True, check=False).returncode == 0:
         return [unshare, "-r"]
     return None
 
@@ -122,7 +121,7 @@ def test_claude_as_root_fails_the_preflight(tmp_path, tiny_data_dir):
     repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
     env = {**os.environ, **cli_env(tmp_path, ANTHROPIC_API_KEY="sk-ant-test"), "AUTOLOOP_DATA_DIR": str(tiny_data_dir)}
     proc = subprocess.run([*prefix, sys.executable, "-m", "autoloop.cli", "run", "--agent", "claude", "--budget",
-                           BUDGET], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+                           BUDGET], cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.startswith("autoloop: preflight: claude as root: Claude Code refuses "
                                   "--dangerously-skip-permissions as root; run autoloop as a normal user, or set "

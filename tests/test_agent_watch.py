@@ -145,6 +145,16 @@ def checks(agent: str, home, environ: dict, workspace, **settings) -> dict[str, 
     return {c.name: (c.status, c.detail) for c in found}
 
 
+def with_files(tmp_path, home, files: dict[str, str]):
+    """The home folder's configuration files written; a workspace folder beside it."""
+    for name, text in files.items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(text)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    return workspace
+
+
 @pytest.mark.parametrize("environ,files,status", [
     ({}, {}, "fail"),
     ({"GEMINI_API_KEY": "k"}, {}, "ok"),
@@ -154,12 +164,7 @@ def checks(agent: str, home, environ: dict, workspace, **settings) -> dict[str, 
     ({}, {".gemini/.env": "GEMINI_API_KEY=abc\n"}, "ok"),
 ])
 def test_gemini_auth_sources(tmp_path, home, environ, files, status):
-    for name, text in files.items():
-        (home / name).parent.mkdir(parents=True, exist_ok=True)
-        (home / name).write_text(text)
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    assert checks("gemini", home, environ, workspace)["gemini auth"][0] == status
+    assert checks("gemini", home, environ, with_files(tmp_path, home, files))["gemini auth"][0] == status
 
 
 @pytest.mark.parametrize("environ,files,status", [
@@ -171,12 +176,7 @@ def test_gemini_auth_sources(tmp_path, home, environ, files, status):
     ({}, {".aider/oauth-keys.env": "OPENROUTER_API_KEY=x\n"}, "ok"),
 ])
 def test_aider_model_sources(tmp_path, home, environ, files, status):
-    for name, text in files.items():
-        (home / name).parent.mkdir(parents=True, exist_ok=True)
-        (home / name).write_text(text)
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    assert checks("aider", home, environ, workspace)["aider model"][0] == status
+    assert checks("aider", home, environ, with_files(tmp_path, home, files))["aider model"][0] == status
 
 
 def test_codex_key_in_the_environment_passes_although_login_status_says_no(tmp_path, home):
@@ -211,3 +211,24 @@ def test_an_unknown_agent_command_is_only_found(tmp_path):
     missing = agent_checks(Settings(agent_cmd="no-such-agent-here"), tmp_path)
     assert [(c.status, c.detail) for c in missing] == [("fail", "agent command not found: no-such-agent-here "
                                                                 "(check --agent-cmd)")]
+
+
+@pytest.mark.parametrize("value,expected", [("90s", 90.0), ("2m", 120.0), (0, 0.0), ("0", 0.0), ("off", 0.0)])
+def test_stall_timeout_setting(tmp_path, value, expected):
+    from autoloop.config import load_settings
+
+    (tmp_path / "autoloop.toml").write_text(f"agent-stall-timeout = {json.dumps(value)}\nskip-preflight = true\n")
+    settings = load_settings(tmp_path)
+    assert (settings.agent_stall_timeout, settings.skip_preflight) == (expected, True)
+
+
+@pytest.mark.parametrize("value,message", [
+    ("-5", "--agent-stall-timeout: must be 0 (off) or a duration, got -5"),
+    ("soon", "--agent-stall-timeout: cannot read 'soon' as a duration (use 300, 300s, 5m or 1h30m)"),
+])
+def test_bad_stall_timeout_is_one_line(tmp_path, value, message):
+    from autoloop.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path, {"agent_stall_timeout": float(value) if value.lstrip("-").isdigit() else value})
+    assert str(info.value) == message

@@ -18,7 +18,7 @@ def doctor(repo: Path, tmp_path: Path, *args: str, clis: bool = True, **env: str
 
     full = {**os.environ, **cli_env(tmp_path, clis=clis, **env)}
     return subprocess.run([sys.executable, "-m", "autoloop.cli", "doctor", *args], cwd=repo, env=full,
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=180, check=False)
 
 
 def lines(proc) -> dict[str, tuple[str, str]]:

@@ -27,7 +27,12 @@ from pathlib import Path
 
 from autoloop.checks import Check, fail, failures, ok, warn
 from autoloop.proposers import ProposerError
-from autoloop.proposers.agent import AgentSetupError, agent_command, check_executable, split_command
+from autoloop.proposers.agent import (
+    AgentSetupError,
+    agent_command,
+    check_executable,
+    split_command,
+)
 from autoloop.proposers.presets import PRESETS, Preset, preset_for
 
 PROBE_TIMEOUT_S = 30.0   # per probe command; a CLI's start-up takes seconds on a loaded machine
@@ -55,7 +60,7 @@ class Probe:
         try:
             out = subprocess.run([self.executable, *args], cwd=self.workspace, env=dict(self.environ),
                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                                 timeout=PROBE_TIMEOUT_S)
+                                 timeout=PROBE_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             return None, f"no answer within {PROBE_TIMEOUT_S:g} s"
         except OSError as e:
@@ -196,7 +201,7 @@ def _codex_provider(probe: Probe) -> str | None:
         text = (home / "config.toml").read_text(errors="replace")
     except OSError:
         return None
-    found = re.search(r'^\s*model_provider\s*=\s*"([^"]+)"', text, re.M)
+    found = re.search(r'^\s*model_provider\s*=\s*"([^"]+)"', text, re.MULTILINE)
     return found.group(1) if found and found.group(1) != "openai" else None
 
 
@@ -210,7 +215,7 @@ def _gemini(probe: Probe) -> list[Check]:
     from_env = [n for n, want in GEMINI_ENV.items()
                 if probe.environ.get(n, "").strip() and (want is None or probe.environ[n].strip().lower() == want)]
     settings = [p for p in _gemini_settings(probe) if _mentions(p, r'"selectedType"|"selectedAuthType"')]
-    dotenv = [p for p in _gemini_dotenvs(probe) if _mentions(p, r"^\s*(export\s+)?GEMINI_API_KEY\s*=\s*\S", re.M)]
+    dotenv = [p for p in _gemini_dotenvs(probe) if _mentions(p, r"^\s*(export\s+)?GEMINI_API_KEY\s*=\s*\S", re.MULTILINE)]
     if from_env:
         checks.append(ok("gemini auth", f"{from_env[0]} is set"))
     elif settings:
@@ -256,11 +261,11 @@ def _aider(probe: Probe) -> list[Check]:
         return [ok("aider model", f"{keys[0]} is set")]
     key_line = rf"^\s*(export\s+)?({'|'.join(AIDER_KEYS)})\s*=\s*\S"
     for path in _aider_files(probe, ".env", "--env-file") + [probe.home / ".aider" / "oauth-keys.env"]:
-        if _mentions(path, key_line, re.M):
+        if _mentions(path, key_line, re.MULTILINE):
             return [ok("aider model", f"a key or model is set in {path}")]
     for path in _aider_files(probe, ".aider.conf.yml", "--config", "-c"):
         if _mentions(path, r"^\s*(model|opus|sonnet|4o|deepseek|api-key|openai-api-key|anthropic-api-key)\s*:",
-                     re.M):
+                     re.MULTILINE):
             return [ok("aider model", f"a model or key is set in {path}")]
     return [fail("aider model", "no model or API key configured: aider would ask to log in to OpenRouter and wait "
                                 "5 minutes for a browser on every call; set ANTHROPIC_API_KEY (or another "
