@@ -38,6 +38,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoloop.console import plain
 from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 from autoloop.proposers.presets import PRESETS as AGENT_PRESETS
@@ -85,9 +86,9 @@ def split_command(template: str) -> list[str]:
     return argv
 
 
-def check_executable(argv0: str, workspace: Path, hint: str, path: str | None = None) -> str:
-    """The resolved executable (searched on ``path``, default $PATH), or AgentSetupError
-    naming what is missing."""
+def check_executable(argv0: str, workspace: Path, hint: str, search_path: str | None = None) -> str:
+    """The resolved executable (searched on ``search_path``, default $PATH), or
+    AgentSetupError naming what is missing."""
     if os.sep in argv0:
         path = Path(argv0) if Path(argv0).is_absolute() else Path(workspace) / argv0
         if path.is_file() and os.access(path, os.X_OK):
@@ -95,7 +96,7 @@ def check_executable(argv0: str, workspace: Path, hint: str, path: str | None = 
         if path.is_file():
             raise AgentSetupError(f"agent command not executable: {argv0} (chmod +x it)")
     else:
-        found = shutil.which(argv0, path=path)
+        found = shutil.which(argv0, path=search_path)
         if found:
             return found
     raise AgentSetupError(f"agent command not found: {argv0} ({hint})")
@@ -326,8 +327,6 @@ def _evidence(watch: OutputWatch) -> str:
 def _reason(text: str, log: str | None = None) -> str:
     """A skip reason as the ledger keeps it: one line of at most MAX_REASON characters, the
     pointer to the log always kept (the CLI's words, last in ``text``, are what is cut)."""
-    from autoloop.console import plain
-
     suffix = f" ({log})" if log else ""
     text = " ".join(plain(text).split())
     room = MAX_REASON - len(suffix)
@@ -343,8 +342,6 @@ def _fill(arg: str, values: dict[str, str]) -> str:
 
 
 def _last_line(tail: str) -> str:
-    from autoloop.console import plain
-
     for line in reversed(tail.splitlines()):
         line = plain(line).strip()
         if line:

@@ -92,7 +92,7 @@ def agent_checks(settings, workspace: Path, environ: Mapping[str, str] | None = 
         template, label = agent_command(settings.agent, settings.agent_cmd)
         argv = split_command(template)
         hint = "check --agent-cmd" if label == "--agent-cmd" else "install it or use --agent-cmd"
-        executable = check_executable(argv[0], workspace, hint, path=environ.get("PATH"))
+        executable = check_executable(argv[0], workspace, hint, search_path=environ.get("PATH"))
     except AgentSetupError as e:
         return [fail("agent", str(e))]
     preset = PRESETS.get(label) or preset_for(argv[0])
