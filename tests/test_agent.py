@@ -157,7 +157,7 @@ def test_auto_prefers_the_agent_then_the_queue_then_mutate(tmp_path):
     assert proposer.name == "agent" and "auto: an agent is configured" in why
     queue_file(repo, "01.py", GOOD, "x")
     proposer, why = make_proposer(settings(), repo)
-    assert proposer.name == "queue" and "1 patches waiting" in why and "no agent configured" in why
+    assert proposer.name == "queue" and "1 patch waiting" in why and "no agent configured" in why
     proposer, why = make_proposer(settings(agent_cmd=f"{FAKE / 'improve.py'}"), repo)
     assert proposer.name == "agent"      # an agent beats waiting patches
     (repo / "results" / "queue" / "01.py").unlink()

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop.checks import Check, fail, failures, ok, warn
+from autoloop.checks import Check, fail, failures, ok, plural, warn
 from autoloop.proposers import ProposerError
 from autoloop.proposers.agent import (
     AgentSetupError,
@@ -113,7 +113,8 @@ def run_preflight(settings, workspace: Path, say: Callable[[str], None]) -> list
     failed = failures(checks)
     if failed:
         first = failed[0]
-        more = f" (and {len(failed) - 1} more failed check(s): autoloop doctor lists them)" if len(failed) > 1 else ""
+        more = (f" (and {plural(len(failed) - 1, 'more failed check')}: autoloop doctor lists them)"
+                if len(failed) > 1 else "")
         raise PreflightError(f"preflight: {first.name}: {first.detail}{more}; nothing was run "
                              f"(--skip-preflight starts anyway)")
     if checks:
