@@ -71,12 +71,21 @@ def root_prefix() -> list[str] | None:
     return None
 
 
-@pytest.fixture
-def scripted_repo(tmp_path, tiny_data_dir) -> Path:
+@pytest.fixture(scope="session")
+def scripted_template(tmp_path_factory, tiny_data_dir) -> Path:
     """A repo whose baseline (the scripted train.py, val_bpb 2.0) is recorded on autoloop/t."""
-    repo = init_repo(tmp_path / "repo", {"train.py": fake()})
-    proc = autoloop(repo, *night("--proposer", "queue", resume=False), data_dir=tiny_data_dir, env=cli_env(tmp_path))
+    folder = tmp_path_factory.mktemp("scripted")
+    repo = init_repo(folder / "repo", {"train.py": fake()})
+    proc = autoloop(repo, *night("--proposer", "queue", resume=False), data_dir=tiny_data_dir, env=cli_env(folder))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return repo
+
+
+@pytest.fixture
+def scripted_repo(scripted_template, tmp_path) -> Path:
+    """A private copy of scripted_template."""
+    repo = tmp_path / "repo"
+    shutil.copytree(scripted_template, repo, symlinks=True)
     return repo
 
 
