@@ -51,6 +51,15 @@ def test_fatal_patterns_match_from_the_start_of_a_line_only():
     assert watch.is_set() and "not logged in" in watch.reason()
 
 
+def test_a_character_split_between_two_reads_is_kept():
+    watch = OutputWatch(PRESETS["claude"])
+    line = "Not logged in · Please run /login\n".encode()
+    cut = line.index("·".encode()) + 1          # inside the two bytes of '·'
+    watch.feed(line[:cut])
+    watch.feed(line[cut:])
+    assert watch.evidence == "Not logged in · Please run /login"
+
+
 def test_a_last_line_without_newline_counts_at_the_end():
     watch = OutputWatch(PRESETS["claude"])
     watch.feed(b"--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons")

@@ -17,6 +17,7 @@ most telling line for a call that failed without tripping (an exit 0 after an au
 
 from __future__ import annotations
 
+import codecs
 import re
 import threading
 import time
@@ -40,6 +41,7 @@ class OutputWatch:
         self._stop_event = stop_event
         self._clock = clock
         self._carry = ""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")   # a character split by a read
         self._retry_since: float | None = None   # the first retry message of the current run
         self._retry_last: float | None = None
         self._retry_line = ""
@@ -61,12 +63,12 @@ class OutputWatch:
         if self.preset is None or self.tripped.is_set():
             return
         with self._lock:
-            text = self._carry + data.decode("utf-8", errors="replace")
+            text = self._carry + self._decoder.decode(data)
             *lines, self._carry = _EOL.split(text)
             if len(self._carry) > MAX_LINE:
                 self._carry = ""
             for line in lines:
-                if self._line(plain(line).strip()):
+                if self._line(plain(line[:MAX_LINE]).strip()):
                     return
 
     def finish(self) -> None:
