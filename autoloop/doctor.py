@@ -11,6 +11,7 @@ takes at most seconds; none trains, none reaches the network.
 from __future__ import annotations
 
 import ast
+import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -174,8 +175,6 @@ def _data(settings) -> Check:
     if spec.is_stdlib:
         return ok("data", f"not prepared yet: built from this Python's standard library on first use, into {where}")
     source = os.path.expanduser(settings.corpus)
-    import glob
-
     if os.path.exists(source) or glob.glob(source):
         return ok("data", f"not prepared yet: built from {settings.corpus} on first use, into {where}")
     return fail("data", f"corpus {settings.corpus} not found (a directory, file or glob of text)")
