@@ -35,8 +35,3 @@ def fail(name: str, detail: str) -> Check:
 
 def failures(checks: list[Check]) -> list[Check]:
     return [c for c in checks if c.status == "fail"]
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """'1 time', '2 times' (words: the plural when it is not word + 's')."""
-    return f"{n} {word if n == 1 else (words or word + 's')}"

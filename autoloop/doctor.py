@@ -20,7 +20,8 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from autoloop.checks import Check, fail, failures, ok, plural, warn
+from autoloop.checks import Check, fail, failures, ok, warn
+from autoloop.console import plural
 
 
 def run_doctor(root: Path, load: Callable[[], object], say: Callable[[str], None]) -> list[Check]:
@@ -117,14 +118,15 @@ def _clean_tree(ws) -> list[Check]:
     return checks
 
 
-def _interrupted(results_dir: Path) -> Check | list[Check]:
-    from autoloop.state import load_state
+def _interrupted(results_dir: Path) -> list[Check]:
+    from autoloop.layout import Layout
+    from autoloop.recovery import interrupted
 
-    state = load_state(results_dir)
-    if state.in_flight:
-        return warn("last run", f"trial {state.trial}.{state.attempt} of tag '{state.tag}' was interrupted "
-                                f"({state.phase}); continue with autoloop run --resume")
-    return []
+    # The single loop's state file and every worker's (recovery.py finishes them all).
+    return [warn("last run", f"{'' if worker is None else f'worker {worker}: '}trial {state.trial}.{state.attempt} "
+                             f"of tag '{state.tag}' was interrupted ({state.phase}); continue with "
+                             f"autoloop run --resume")
+            for worker, state in interrupted(Layout(results_dir))]
 
 
 # ------------------------------------------------------------------------------ the experiment
@@ -211,8 +213,10 @@ def _disk(root: Path, settings) -> Check:
     from autoloop.data import CorpusSpec, default_data_dir
     from autoloop.diskspace import _existing, low_disk_reason
 
+    from autoloop.layout import Layout
+
     data = Path(settings.data_dir) if settings.data_dir else default_data_dir(CorpusSpec(source=settings.corpus))
-    paths = [root / "results", root, data]
+    paths = [Layout.of(root).root, root, data]
     low = low_disk_reason(paths, settings.min_free_gb)
     if low:
         return fail("disk", f"{low}: autoloop run would stop before its first trial")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, init_repo
+from conftest import git, init_repo, private_copy
 from loop_helpers import BUDGET, SLOW, autoloop, read_ledger
 from test_workers import check_worker_invariants, fake
 
@@ -84,9 +84,7 @@ def scripted_template(tmp_path_factory, tiny_data_dir) -> Path:
 @pytest.fixture
 def scripted_repo(scripted_template, tmp_path) -> Path:
     """A private copy of scripted_template."""
-    repo = tmp_path / "repo"
-    shutil.copytree(scripted_template, repo, symlinks=True)
-    return repo
+    return private_copy(scripted_template, tmp_path)
 
 
 def night(*extra: str, resume: bool = True) -> list[str]:

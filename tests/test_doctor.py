@@ -111,3 +111,18 @@ def test_doctor_outside_a_repository(tmp_path, tiny_data_dir):
     found = lines(proc)
     assert found["git"][0] == "fail" and "autoloop init DIR makes an experiment repository" in found["git"][1]
     assert "Traceback" not in proc.stderr
+
+
+def test_an_interrupted_worker_is_a_warning_and_run_flags_are_taken(tmp_path, tiny_data_dir):
+    from autoloop.state import RunState, save_state
+
+    repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+    save_state(repo / "results", RunState(tag="t", phase="running", trial=3, attempt=1), "state-w1.json")
+    proc = doctor(repo, tmp_path, "--workers", "2", "--min-free-gb", "0", AUTOLOOP_DATA_DIR=str(tiny_data_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = lines(proc)
+    assert found["last run"] == ("warn", "worker 1: trial 3.1 of tag 't' was interrupted (running); continue "
+                                         "with autoloop run --resume")
+    bad = doctor(repo, tmp_path, "--agent-stall-timeout", "-5", AUTOLOOP_DATA_DIR=str(tiny_data_dir))
+    assert bad.returncode == 1
+    assert lines(bad)["config"][0] == "fail" and "--agent-stall-timeout" in lines(bad)["config"][1]

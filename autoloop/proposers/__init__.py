@@ -15,16 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoloop.proposers.base import Proposer
+from autoloop.proposers.base import Proposer, ProposerError
 
-
-class ProposerError(Exception):
-    """No usable proposer for these settings; the message is one line for the user."""
+__all__ = ["Proposer", "ProposerError", "make_proposer"]
 
 
 def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
     """The proposer the settings ask for, and one line saying which was chosen and why."""
-    from autoloop.checks import plural
+    from autoloop.console import plural
     from autoloop.proposers.queue import QueueProposer
 
     root = Path(workspace_root)
@@ -52,13 +50,10 @@ def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
 
 
 def _agent(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
-    from autoloop.config import format_duration
-    from autoloop.proposers.agent import AgentSetupError, make_agent_proposer
+    from autoloop.durations import format_duration
+    from autoloop.proposers.agent import make_agent_proposer
 
-    try:
-        proposer, command = make_agent_proposer(settings, root)
-    except AgentSetupError as e:
-        raise ProposerError(str(e)) from None
+    proposer, command = make_agent_proposer(settings, root)   # AgentSetupError is a ProposerError
     source = "--agent-cmd" if proposer.label == "--agent-cmd" else f"preset {proposer.label}"
     ignored = " (--agent-cmd given: preset ignored)" if settings.agent and settings.agent_cmd else ""
     why = " (auto: an agent is configured)" if auto else ""

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from autoloop.console import plain
+from autoloop.durations import format_duration
 from autoloop.proposers.presets import Fatal, Preset
 
 MAX_LINE = 4096     # longer lines are not messages of the CLI; not carried over
@@ -103,8 +104,6 @@ class OutputWatch:
 
     def reason(self) -> str | None:
         """Why the watch ended the call, for the skip record; None when it did not."""
-        from autoloop.config import format_duration
-
         if not self.tripped.is_set():
             return None
         product = self.preset.product

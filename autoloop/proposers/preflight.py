@@ -25,14 +25,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop.checks import Check, fail, failures, ok, plural, warn
-from autoloop.proposers import ProposerError
+from autoloop.checks import Check, fail, failures, ok, warn
+from autoloop.console import plural
 from autoloop.proposers.agent import (
     AgentSetupError,
     agent_command,
     check_executable,
     split_command,
 )
+from autoloop.proposers.base import ProposerError
 from autoloop.proposers.presets import PRESETS, Preset, preset_for
 
 PROBE_TIMEOUT_S = 30.0   # per probe command; a CLI's start-up takes seconds on a loaded machine
