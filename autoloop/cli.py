@@ -76,6 +76,13 @@ def cmd_trial(args) -> int:
     return 0 if record.status != "crash" else 3
 
 
+def cmd_doctor(args) -> int:
+    from autoloop.doctor import run_doctor
+
+    checks = run_doctor(_repo_root(args.directory), lambda: settings_from(args), print)
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
 def cmd_status(args) -> int:
     from autoloop.layout import Layout
     from autoloop.report import status_data, status_json, status_text
@@ -250,6 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_setting_flags(p, "trial")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_trial)
+
+    p = sub.add_parser(
+        "doctor", help="check that this repository and machine are ready for a night (one line per check)",
+        description="Check git and its identity, a clean tree, the target's contract, the data, torch and the "
+                    "device (GPU name, free memory), free disk, the configured agent (its preflight: executable, "
+                    "version, login or API key), the optional extras and --isolate. One line each: ok, warn or "
+                    "fail. Exit code 1 when any check fails. Settings come from autoloop.toml / pyproject.toml "
+                    "and the flags below, the same as autoloop run takes; nothing trains and nothing reaches "
+                    "the network.",
+        epilog="example: autoloop doctor --agent claude",
+    )
+    add_setting_flags(p, "run")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("status", help="where the loop stands (safe while it runs)",
                        description="Current trial and phase, best and baseline metric, counts by status and "

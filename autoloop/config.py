@@ -128,7 +128,8 @@ class Settings(BaseModel):
     hours: float | None = setting(
         None, "night", "start no trial that could not finish within H hours", metavar="H", run_only=True, gt=0)
     max_trials: int | None = setting(
-        None, "night", "stop after N trials in this run", metavar="N", run_only=True, ge=1)
+        None, "night", "stop after N trials in this run; a failed proposal (a skip) counts as one", metavar="N",
+        run_only=True, ge=1)
 
     # -- one trial ------------------------------------------------------------------------------
     budget: float = setting(
@@ -188,6 +189,15 @@ class Settings(BaseModel):
     max_proposer_failures: int = setting(
         5, "proposer", "stop after N failed proposals in a row (the queue, the mutator)", metavar="N",
         run_only=True, ge=1)
+    # The agent's preflight before the baseline and the watch that ends a call whose CLI only
+    # keeps retrying (README "A coding agent"; proposers/preflight.py, proposers/agent_watch.py).
+    skip_preflight: bool = setting(
+        False, "proposer", "start without the agent's preflight checks (executable, version, login or API key; "
+        "autoloop doctor shows them) for setups they do not know", run_only=True)
+    agent_stall_timeout: float = setting(
+        90.0, "proposer", "end an agent call whose CLI has kept printing only its retry messages this long "
+        "(codex 'Reconnecting...', gemini 'Retrying with backoff'; default {default}; 0: off)",
+        metavar="DURATION", run_only=True)
 
     # -- what a trial may use (README "Safety") -------------------------------------------------
     max_rss_gb: float | None = setting(
@@ -288,6 +298,19 @@ class Settings(BaseModel):
             return parse_duration(v)
         except ConfigError as e:
             raise ValueError(str(e)) from None
+
+    @field_validator("agent_stall_timeout", mode="before")
+    @classmethod
+    def _stall_timeout(cls, v: Any) -> float:
+        # 0 or "off" turns the watch off; anything else is a duration like the others.
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if v < 0:
+                raise ValueError(f"must be 0 (off) or a duration, got {_show(v)}")
+            if v == 0:
+                return 0.0
+        if isinstance(v, str) and v.strip().lower() in ("0", "off"):
+            return 0.0
+        return cls._duration(v)
 
     @field_validator("timeout", mode="before")
     @classmethod

@@ -49,6 +49,23 @@ def verbatim_line(text: str) -> str:
     return _CONTROLS.sub(lambda m: m.group() if m.group() == "\t" else " ", _ESCAPES.sub("", text))
 
 
+DISPLAY_REASON = 240   # a reason on the terminal (the ledger keeps up to ~500 characters)
+
+
+def shorten(text: str, limit: int = DISPLAY_REASON) -> str:
+    """``text`` cut to ``limit`` characters for display, its middle dropped: the start says
+    what happened, the end usually where to look ("(see results/agents/3-1.log)")."""
+    if len(text) <= limit:
+        return text
+    tail = min(60, limit // 3)
+    return text[:limit - tail - 3].rstrip() + " … " + text[-tail:].lstrip()
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 time', '2 times' (words: the plural when it is not word + 's')."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
 def _encodable(text: str, encoding: str | None) -> str:
     if not encoding:
         return text

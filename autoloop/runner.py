@@ -167,12 +167,14 @@ class _Reader(threading.Thread):
     """Drains the trial's merged output into the log, keeping a bounded tail and the latest
     progress and metric lines. Never blocks the runner: a flood only costs this thread."""
 
-    def __init__(self, fd: int, log: RunLog, metric: str, on_progress: Callable[[str], None] | None):
+    def __init__(self, fd: int, log: RunLog, metric: str, on_progress: Callable[[str], None] | None,
+                 on_output: Callable[[bytes], None] | None = None):
         super().__init__(name="autoloop-trial-reader", daemon=True)
         self._fd = fd
         self._log = log
         self._on_progress = on_progress
         self._progress_failed = False
+        self._on_output = on_output   # #15: every chunk, for the agent's output watch
         self._metric_key = metric.encode() + b":"
         self._metric_re = re.compile(_LINE_START + re.escape(self._metric_key) + rb"[ \t]*(" + _NUMBER + rb")",
                                      re.IGNORECASE)
@@ -194,6 +196,8 @@ class _Reader(threading.Thread):
             if not data:
                 break
             self._log.write(data)
+            if self._on_output is not None:
+                self._report_output(data)
             self._tail += data
             if len(self._tail) > 2 * TAIL_BYTES:  # trim in batches: amortised O(1) per byte
                 del self._tail[:-TAIL_BYTES]
@@ -231,6 +235,13 @@ class _Reader(threading.Thread):
             if not self._progress_failed:
                 logger.exception("on_progress callback failed; further failures are not logged")
             self._progress_failed = True
+
+    def _report_output(self, data: bytes) -> None:
+        try:
+            self._on_output(data)
+        except Exception:  # noqa: BLE001 - a watcher's bug must not stop the draining
+            logger.exception("on_output callback failed; no more output is given to it")
+            self._on_output = None
 
     def tail(self) -> str:
         data = bytes(self._tail[-TAIL_BYTES:])
@@ -397,9 +408,14 @@ def _supervise(proc: subprocess.Popen, tree: ProcessTree, log: RunLog, spec: Tri
 
 def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
               stop_event: threading.Event | None = None,
-              on_start: Callable[[list[tuple[int, float]]], None] | None = None) -> TrialOutcome:
+              on_start: Callable[[list[tuple[int, float]]], None] | None = None,
+              on_output: Callable[[bytes], None] | None = None) -> TrialOutcome:
     """Run the trial to completion, timeout, memory cap or stop_event; return only when
     nothing it started is alive.
+
+    on_output gets every chunk of the merged output as it is read (the agent proposer's
+    output watch, #15), called from the reader thread; stop_event may be any object with
+    ``is_set()`` (that watch is one).
 
     on_progress gets the latest "step ..." line, called from the reader thread. on_start gets
     [(pid, create_time)] of the main process once it is launched (the leader of its own
@@ -444,7 +460,7 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
             if stdin is not subprocess.DEVNULL:
                 stdin.close()  # the child has its own copy of the descriptor
 
-        reader = _Reader(proc.stdout.fileno(), log, spec.metric, on_progress)
+        reader = _Reader(proc.stdout.fileno(), log, spec.metric, on_progress, on_output)
         reader.start()
         tree = ProcessTree(proc, token)
         if on_start is not None:

@@ -8,10 +8,14 @@ and a device each (``devices.py``). Each slot, again and again: under the arbite
 asks whether to stop, reserves the next trial number and takes the current best as the
 trial's start; then it runs one :class:`~autoloop.trial.Trial` from there.
 
+An agent's preflight (``proposers/preflight.py``) comes first, before the baseline: a
+failure there is a :class:`~autoloop.proposers.preflight.PreflightError` and nothing runs.
+
 Stop conditions, checked before each trial: a slot's fatal error, the proposer out of
 ideas, a signal, ``--max-trials`` (trials in flight count), the proposer failing
 ``--max-*-failures`` times in a row, a disk under ``--min-free-gb``, and ``--hours`` (no
-trial starts that could not end in time, from the median of the recent attempts).
+trial starts that could not end in time, from the median of the recent attempts). A skip
+counts toward ``--max-trials``: it was a proposer call.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ from contextlib import contextmanager, nullcontext
 
 from autoloop import queries
 from autoloop.attempt import AttemptRunner, Slot
-from autoloop.console import Prefixed
+from autoloop.console import Prefixed, plural, shorten
 from autoloop.devices import slot_envs
 from autoloop.durations import format_duration
 from autoloop.executors import make_executor
 from autoloop.layout import Layout
 from autoloop.night import Night, low_disk
 from autoloop.proposers.base import Proposer
+from autoloop.proposers.preflight import run_preflight
 from autoloop.state import RunState, StateFile, load_state
 from autoloop.trial import Trial, measure_noise, run_baseline
 from autoloop.worktrees import ensure_worktree, remove_worktree, worker_workspace
@@ -71,7 +76,7 @@ class Scheduler:
         self.n = night.settings.workers
         self.claims = Claims(one_at_a_time=proposer.name != "agent")
         self.reserved: dict[int | None, int] = {}   # slot -> trial in flight
-        self.started = 0                           # trials started by this run (failed proposals excluded)
+        self.started = 0                           # trials started by this run (failed proposals included)
         self.failures = 0                          # failed proposals in a row, all slots together
         self.exhausted = False
         self.reason: str | None = None
@@ -82,6 +87,10 @@ class Scheduler:
     def run(self) -> str:
         """Run until a stop condition; returns the stop reason (also stored in state.json)."""
         night, s = self.night, self.night.settings
+        if self.proposer.name == "agent" and not s.skip_preflight:
+            # Before the baseline and before this run's state is written: an agent that cannot
+            # run is one line now, not a failed call after minutes of baseline, five times over.
+            run_preflight(s, night.ws.root, night.console.line)
         envs, devices = slot_envs(s, self.n)
         started = time.time()
         self.deadline = started + s.hours * 3600 if s.hours else None
@@ -204,11 +213,12 @@ class Scheduler:
             self.claims.release(worker)
             if outcome == "exhausted":
                 self.exhausted = True
-            elif outcome == "failed":
+                return
+            if outcome == "failed":
                 self.failures += 1
             else:
                 self.failures = 0
-                self.started += 1
+            self.started += 1   # a failed proposal (a skip) counts toward --max-trials too: an agent call was made
 
     def _fail(self, error: BaseException) -> None:
         with self.night.arbiter.lock:
@@ -234,8 +244,8 @@ class Scheduler:
                        else (s.max_proposer_failures, "--max-proposer-failures"))
         if self.failures >= limit:
             records = night.arbiter.records()
-            why = f"; last: {records[-1].reason}" if records and records[-1].reason else ""
-            return f"{self.proposer.name} failed {self.failures} times in a row ({flag} {limit}){why}"
+            why = f"; last: {shorten(records[-1].reason)}" if records and records[-1].reason else ""
+            return f"{self.proposer.name} failed {plural(self.failures, 'time')} in a row ({flag} {limit}){why}"
         reason = low_disk(night)
         if reason:
             return reason

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from autoloop import git_guard, queries
 from autoloop.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
 from autoloop.candidate import Skipped, fix_context, prepare, proposal_request
+from autoloop.console import shorten
 from autoloop.errors import NightError
 from autoloop.keep import skipped
 from autoloop.ledger import LedgerRecord
@@ -190,7 +191,8 @@ def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reas
         "parent": start[0], "description": description, "metric_name": night.settings.metric,
         "outside_changes": list(outside), "extra": {"git_events": list(events)} if events else {},
     }, skipped(reason, start, night.arbiter.best()), slot.worker)
-    (slot.console or night.console).line(f"#{trial} skipped: {reason}")
+    # The ledger keeps the reason whole (up to ~500 characters); the screen gets it shortened.
+    (slot.console or night.console).line(f"#{trial} skipped: {shorten(reason)}")
     return record
 
 

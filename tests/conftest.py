@@ -72,9 +72,14 @@ def baselined_template(tmp_path_factory, tiny_data_dir) -> Path:
     return repo
 
 
+def private_copy(template: Path, tmp_path: Path) -> Path:
+    """A test's own copy of a session-wide template repository (tmp_path/repo)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(template, repo, symlinks=True)
+    return repo
+
+
 @pytest.fixture
 def baselined_repo(baselined_template, tmp_path) -> Path:
     """A private copy of baselined_template."""
-    repo = tmp_path / "repo"
-    shutil.copytree(baselined_template, repo, symlinks=True)
-    return repo
+    return private_copy(baselined_template, tmp_path)

@@ -132,10 +132,14 @@ def test_results_table_is_small_and_safe():
 
 
 def test_presets_are_headless_commands():
+    """The flags checked against each CLI's --help (presets.py; the stand-ins in
+    tests/fake_clis/ and test_agent_presets.py run them)."""
     assert PRESETS["claude"].startswith("claude -p --dangerously-skip-permissions")
-    assert PRESETS["codex"].startswith("codex exec")
+    assert PRESETS["codex"].startswith("codex exec") and "--add-dir {results_dir}" in PRESETS["codex"]
     assert "--message-file {prompt_file}" in PRESETS["aider"] and "--no-auto-commits" in PRESETS["aider"]
-    assert "--yolo" in PRESETS["gemini"] and " -p " in PRESETS["gemini"]
+    assert "--map-tokens 0" in PRESETS["aider"]                  # no .aider.tags.cache.v4/ in the repository
+    assert "--approval-mode yolo --skip-trust" in PRESETS["gemini"] and " -p " in PRESETS["gemini"]
+    assert "--include-directories {results_dir}" in PRESETS["gemini"]
     for template in PRESETS.values():
         assert split_command(template)   # each splits into arguments
 
@@ -153,7 +157,7 @@ def test_auto_prefers_the_agent_then_the_queue_then_mutate(tmp_path):
     assert proposer.name == "agent" and "auto: an agent is configured" in why
     queue_file(repo, "01.py", GOOD, "x")
     proposer, why = make_proposer(settings(), repo)
-    assert proposer.name == "queue" and "1 patches waiting" in why and "no agent configured" in why
+    assert proposer.name == "queue" and "1 patch waiting" in why and "no agent configured" in why
     proposer, why = make_proposer(settings(agent_cmd=f"{FAKE / 'improve.py'}"), repo)
     assert proposer.name == "agent"      # an agent beats waiting patches
     (repo / "results" / "queue" / "01.py").unlink()
@@ -273,7 +277,7 @@ def test_hanging_agent_is_killed_at_the_timeout(baselined_repo, tiny_data_dir, t
     assert time.monotonic() - started < 30
     assert ledger[-1]["status"] == "skip"
     assert ledger[-1]["reason"].startswith("agent timed out after 2s (process tree killed")
-    assert "agent failed 1 times in a row" in proc.stdout
+    assert "agent failed 1 time in a row" in proc.stdout
     for pid in map(int, pids_file.read_text().split()):     # the agent and its detached grandchild
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert "thinking very hard" in (repo / "results" / "agents" / "1-1.log").read_text()

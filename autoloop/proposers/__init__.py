@@ -22,6 +22,7 @@ __all__ = ["Proposer", "ProposerError", "make_proposer"]
 
 def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
     """The proposer the settings ask for, and one line saying which was chosen and why."""
+    from autoloop.console import plural
     from autoloop.proposers.queue import QueueProposer
 
     root = Path(workspace_root)
@@ -39,7 +40,7 @@ def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
         queue = QueueProposer(queue_dir)
         waiting = len(queue.pending())
         if waiting:
-            return queue, (f"proposer: queue ({waiting} patches waiting in {settings.queue_dir}/; "
+            return queue, (f"proposer: queue ({plural(waiting, 'patch', 'patches')} waiting in {settings.queue_dir}/; "
                            f"no agent configured)")
         proposer, why = _mutate(settings, root)
         return proposer, f"{why} (auto: no agent configured, no patches in {settings.queue_dir}/)"

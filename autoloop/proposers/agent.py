@@ -18,9 +18,13 @@ the command in ``sh -c '...'`` and use the variables.
 
 The agent's output (stdout and stderr) goes to ``results/agents/<trial>-<attempt>.log``.
 The run is supervised by the trial runner: its own session, a timeout that ends the
-whole process tree, the loop's Ctrl-C. A run that fails, times out or leaves the target
-unchanged raises ProposalFailed (the loop records a `skip` and counts it towards
-``max_agent_failures``); changes outside the target are the loop's scope guard's job.
+whole process tree, the loop's Ctrl-C. For a known CLI (presets.py, also behind a
+--agent-cmd that runs one) its output is watched as it comes (agent_watch.py): a line
+meaning the call cannot succeed ends it at once, and so does a CLI that only keeps
+retrying its API. A run that fails, is ended so, times out or leaves the target
+unchanged raises ProposalFailed with a reason quoting the CLI (the loop records a `skip`
+and counts it towards ``max_agent_failures``); changes outside the target are the loop's
+scope guard's job. The checks before the night are preflight.py's.
 """
 
 from __future__ import annotations
@@ -34,33 +38,26 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoloop.console import plain
 from autoloop.layout import RESULTS, Layout
+from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
+from autoloop.proposers.presets import PRESETS as AGENT_PRESETS
+from autoloop.proposers.presets import Preset, preset_for
 
 RECENT_ROWS = 15           # results shown in the prompt
 LOG_TAIL_LINES = 60        # of a crashed run, in a fix request
 MAX_DESCRIPTION = 200
+# A skip's reason in the ledger: room for a CLI's whole error line (gemini's untrusted-folder
+# message is ~330 characters and names the variable to set at its end). Shortened only for
+# display (console, report).
+MAX_REASON = 500
 _TEMPLATE_PROGRAM = Path(__file__).resolve().parent.parent / "templates" / "program.md"
 
-# The instruction given on the command line where a CLI wants one besides stdin.
-_ASK = "Carry out the autoloop task given on stdin (the same text is in {prompt_file})."
-
-# Known coding agents, each run headless with the prompt on stdin. The exact commands are
-# listed in the README; --agent-cmd runs anything else.
-PRESETS: dict[str, str] = {
-    # -p: print mode (non-interactive); the prompt is read from stdin.
-    "claude": "claude -p --dangerously-skip-permissions",
-    # `exec -`: non-interactive, prompt from stdin; the sandbox lets it write in the workspace.
-    "codex": "codex exec --sandbox workspace-write -",
-    # --message-file: one message, then exit. Aider's own files go to results/ so they are
-    # neither committed nor reverted as changes outside the target.
-    "aider": ("aider --yes-always --no-auto-commits --no-gitignore --no-pretty --no-check-update "
-              "--chat-history-file {results_dir}/agents/aider.chat.history.md "
-              "--input-history-file {results_dir}/agents/aider.input.history "
-              "--message-file {prompt_file} {target}"),
-    # -p: headless, appended to stdin; --yolo approves every tool call.
-    "gemini": f"gemini --yolo -p '{_ASK}'",
-}
+# Known coding agents, each run headless with the prompt on stdin (presets.py: the flags,
+# checked against each CLI's --help, and how each CLI's output is read). The exact commands
+# are listed in the README; --agent-cmd runs anything else.
+PRESETS: dict[str, str] = {name: preset.command for name, preset in AGENT_PRESETS.items()}
 
 
 class AgentSetupError(ProposerError):
@@ -89,8 +86,9 @@ def split_command(template: str) -> list[str]:
     return argv
 
 
-def check_executable(argv0: str, workspace: Path, hint: str) -> str:
-    """The resolved executable, or AgentSetupError naming what is missing."""
+def check_executable(argv0: str, workspace: Path, hint: str, search_path: str | None = None) -> str:
+    """The resolved executable (searched on ``search_path``, default $PATH), or
+    AgentSetupError naming what is missing."""
     if os.sep in argv0:
         path = Path(argv0) if Path(argv0).is_absolute() else Path(workspace) / argv0
         if path.is_file() and os.access(path, os.X_OK):
@@ -98,7 +96,7 @@ def check_executable(argv0: str, workspace: Path, hint: str) -> str:
         if path.is_file():
             raise AgentSetupError(f"agent command not executable: {argv0} (chmod +x it)")
     else:
-        found = shutil.which(argv0)
+        found = shutil.which(argv0, path=search_path)
         if found:
             return found
     raise AgentSetupError(f"agent command not found: {argv0} ({hint})")
@@ -245,6 +243,10 @@ class AgentProposer:
     label: str = "agent"      # preset name or '--agent-cmd', for messages
     grace_s: float = 5.0      # SIGTERM -> SIGKILL at the timeout
     log_cap_bytes: int | None = None   # the agent's log keeps head and tail, as a trial's (runlog.py)
+    # What autoloop knows about the CLI (presets.py): its environment and how to read its
+    # output; None for an unknown --agent-cmd. stall_s: --agent-stall-timeout (None: off).
+    preset: Preset | None = None
+    stall_s: float | None = None
 
     name = "agent"
     can_fix = True
@@ -264,39 +266,47 @@ class AgentProposer:
         values = {"prompt_file": str(prompt_file), "description_file": str(description_file),
                   "target": request.target, "workspace": str(workspace), "results_dir": str(results_dir)}
         argv = [_fill(arg, values) for arg in split_command(self.command)]
-        env = {"AUTOLOOP_PROMPT_FILE": str(prompt_file), "AUTOLOOP_DESCRIPTION_FILE": str(description_file),
-               "AUTOLOOP_TARGET": request.target, "AUTOLOOP_TRIAL": str(request.trial),
-               "AUTOLOOP_ATTEMPT": str(request.attempt)}
+        # The preset's variables first: the loop's own (and the user's environment) win.
+        env = self.preset.agent_env() if self.preset else {}
+        env.update({"AUTOLOOP_PROMPT_FILE": str(prompt_file), "AUTOLOOP_DESCRIPTION_FILE": str(description_file),
+                    "AUTOLOOP_TARGET": request.target, "AUTOLOOP_TRIAL": str(request.trial),
+                    "AUTOLOOP_ATTEMPT": str(request.attempt)})
         if request.process_token:
             env[TOKEN_VAR] = request.process_token
         target = workspace / request.target
         before = target.read_bytes() if target.exists() else None
 
+        watch = OutputWatch(self.preset, self.stall_s, request.stop_event)
         outcome = run_trial(
             TrialSpec(command=argv, cwd=workspace, env=env, log_path=log_path, stdin_path=prompt_file,
                       budget_s=self.timeout_s, timeout_s=self.timeout_s, grace_s=self.grace_s,
                       log_cap_bytes=self.log_cap_bytes),
-            stop_event=request.stop_event, on_start=request.on_start,
+            stop_event=watch, on_start=request.on_start, on_output=watch.feed,
         )
+        watch.finish()
         log_rel = log_path.relative_to(results_dir).as_posix()   # agents/<trial>-<attempt>.log
         log = f"see {RESULTS}/{log_rel}"
         if outcome.launch_error:
-            raise ProposalFailed(f"agent could not start: {outcome.launch_error}")
+            raise ProposalFailed(_reason(f"agent could not start: {outcome.launch_error}"))
+        ended_early = watch.reason()
+        if ended_early:
+            raise ProposalFailed(_reason(ended_early, log))
         if outcome.killed_reason == "timeout":
-            raise ProposalFailed(f"agent timed out after {format_duration(self.timeout_s)} "
-                                 f"(process tree killed; {log})")
+            raise ProposalFailed(_reason(f"agent timed out after {format_duration(self.timeout_s)} "
+                                         f"(process tree killed){_evidence(watch)}", log))
         if outcome.killed_reason == "stopped":
             raise ProposalFailed("agent stopped by the loop's stop request")
         if outcome.signal is not None:
-            raise ProposalFailed(f"agent killed by {_signal_name(outcome.signal)} ({log})")
+            raise ProposalFailed(_reason(f"agent killed by {_signal_name(outcome.signal)}", log))
         if outcome.exit_code != 0:
-            last = _last_line(outcome.log_tail)
-            raise ProposalFailed(f"agent exited with code {outcome.exit_code}"
-                                 + (f": {last}" if last else "") + f" ({log})")
+            last = watch.explanation() or _last_line(outcome.log_tail)
+            raise ProposalFailed(_reason(f"agent exited with code {outcome.exit_code}" + (f": {last}" if last else ""),
+                                         log))
 
         after = target.read_bytes() if target.exists() else None
         if after == before:
-            raise ProposalFailed(f"agent made no change to {request.target} ({log})")
+            # A CLI that printed an error and exited 0 (aider after an auth error) failed.
+            raise ProposalFailed(_reason(f"agent made no change to {request.target}{_evidence(watch)}", log))
         description = read_description(description_file)
         derived = description is None
         if description is None:
@@ -305,6 +315,20 @@ class AgentProposer:
             if request.fix is not None:
                 description = f"{request.fix.description} (fix: {description})"
         return Proposal(description=description, source=log_rel, derived=derived)
+
+
+def _evidence(watch: OutputWatch) -> str:
+    line = watch.explanation()
+    return f": {line}" if line else ""
+
+
+def _reason(text: str, log: str | None = None) -> str:
+    """A skip reason as the ledger keeps it: one line of at most MAX_REASON characters, the
+    pointer to the log always kept (the CLI's words, last in ``text``, are what is cut)."""
+    suffix = f" ({log})" if log else ""
+    text = " ".join(plain(text).split())
+    room = MAX_REASON - len(suffix)
+    return (text if len(text) <= room else text[:room - 1] + "…") + suffix
 
 
 def _fill(arg: str, values: dict[str, str]) -> str:
@@ -317,9 +341,9 @@ def _fill(arg: str, values: dict[str, str]) -> str:
 
 def _last_line(tail: str) -> str:
     for line in reversed(tail.splitlines()):
-        line = line.strip()
+        line = plain(line).strip()
         if line:
-            return line[:200]
+            return line
     return ""
 
 
@@ -338,4 +362,7 @@ def make_agent_proposer(settings, workspace: Path) -> tuple[AgentProposer, str]:
     hint = "check --agent-cmd" if label == "--agent-cmd" else "install it or use --agent-cmd"
     check_executable(argv[0], workspace, hint)
     cap = int(settings.log_cap_mb * 2**20) or None
-    return AgentProposer(command=template, timeout_s=settings.agent_timeout, label=label, log_cap_bytes=cap), template
+    # A --agent-cmd running a known CLI (`claude -p --model opus`) is read like its preset.
+    preset = AGENT_PRESETS.get(label) or preset_for(argv[0])
+    return AgentProposer(command=template, timeout_s=settings.agent_timeout, label=label, log_cap_bytes=cap,
+                         preset=preset, stall_s=settings.agent_stall_timeout or None), template

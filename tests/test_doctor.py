@@ -1,0 +1,128 @@
+"""`autoloop doctor` through the real CLI, in a healthy repository and in broken ones."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TRAIN_PY, git, init_repo
+from test_agent_presets import cli_env
+
+LINE = re.compile(r"^(ok|warn|fail) +([\w .-]+?): (\S.*)$")
+
+
+def doctor(repo: Path, tmp_path: Path, *args: str, clis: bool = True, **env: str) -> subprocess.CompletedProcess:
+    import os
+
+    full = {**os.environ, **cli_env(tmp_path, clis=clis, **env)}
+    return subprocess.run([sys.executable, "-m", "autoloop.cli", "doctor", *args], cwd=repo, env=full,
+                          capture_output=True, text=True, timeout=180, check=False)
+
+
+def lines(proc) -> dict[str, tuple[str, str]]:
+    """check name -> (status, detail); every line but the summary has the doctor's shape."""
+    out = proc.stdout.splitlines()
+    assert out and out[-1].startswith("doctor: "), proc.stdout + proc.stderr
+    found = {}
+    for line in out[:-1]:
+        match = LINE.match(line)
+        assert match, line
+        status, name, detail = match.groups()
+        found[name] = (status, detail)
+    return found
+
+
+def test_a_healthy_repository_is_ready(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+    secret = "sk-ant-doctor-secret-42"
+    proc = doctor(repo, tmp_path, "--agent", "claude", AUTOLOOP_DATA_DIR=str(tiny_data_dir),
+                  ANTHROPIC_API_KEY=secret, IS_SANDBOX="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = lines(proc)
+    assert {n for n, (s, _) in found.items() if s == "fail"} == set()
+    for name in ("config", "git", "git identity", "clean tree", "train.py", "data", "torch", "disk",
+                 "claude version", "claude auth", "plot", "slurm", "isolate"):
+        assert name in found, (name, proc.stdout)
+    assert found["git identity"] == ("ok", "autoloop test <test@autoloop.invalid>")
+    assert found["train.py"][1].startswith("parses; ") and "reports through autoloop.evaluate" in found["train.py"][1]
+    assert found["data"] == ("ok", f"prepared in {tiny_data_dir} (stdlib, fingerprint "
+                                   f"{found['data'][1].rsplit(' ', 1)[1]}")
+    assert found["torch"][1].startswith("torch ")
+    assert found["claude version"][1].startswith("2.1.197 (Claude Code) at ")
+    assert found["claude auth"] == ("ok", "logged in (api_key from ANTHROPIC_API_KEY)")
+    assert proc.stdout.splitlines()[-1].endswith(": ready for autoloop run")
+    assert secret not in proc.stdout + proc.stderr
+
+
+def test_no_git_identity_is_a_warning_naming_the_fallback(tmp_path, tiny_data_dir):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / ".gitignore").write_text("results/\n")
+    (repo / "train.py").write_text(TRAIN_PY.read_text())
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=x", "-c", "user.email=x@y", "commit", "-q", "-m", "initial")
+    proc = doctor(repo, tmp_path, AUTOLOOP_DATA_DIR=str(tiny_data_dir), GIT_CONFIG_GLOBAL=str(tmp_path / "none"),
+                  GIT_CONFIG_NOSYSTEM="1")
+    found = lines(proc)
+    assert found["git identity"] == ("warn", "no user.name and user.email: trial commits are made as autoloop "
+                                             "<autoloop@localhost>; set it with git config --global user.name ...")
+    assert found["agent"][0] == "ok" and found["agent"][1].startswith("none configured")
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_a_dirty_tree_a_broken_target_and_a_bad_config_fail(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+    (repo / "train.py").write_text("def broken(:\n")
+    (repo / "notes.txt").write_text("mine\n")
+    (repo / "autoloop.toml").write_text("bugdet = 3\n")
+    proc = doctor(repo, tmp_path, AUTOLOOP_DATA_DIR=str(tiny_data_dir))
+    assert proc.returncode == 1
+    found = lines(proc)
+    assert found["config"] == ("fail", "autoloop.toml: unknown setting 'bugdet' (did you mean 'budget'?) (the checks "
+                                       "below use the defaults)")
+    assert found["clean tree"] == ("fail", "uncommitted changes: autoloop.toml, notes.txt, train.py; autoloop run "
+                                           "needs a clean tree (commit or stash them)")
+    assert found["train.py"][0] == "fail" and found["train.py"][1].startswith("does not parse: SyntaxError")
+    assert proc.stdout.splitlines()[-1] == f"doctor: {sum(s == 'ok' for s, _ in found.values())} ok, " \
+        f"{sum(s == 'warn' for s, _ in found.values())} warning" \
+        f"{'' if sum(s == 'warn' for s, _ in found.values()) == 1 else 's'}, 3 failures"
+
+
+def test_a_missing_or_unready_agent_fails(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+    missing = doctor(repo, tmp_path, "--agent", "codex", clis=False, AUTOLOOP_DATA_DIR=str(tiny_data_dir))
+    assert missing.returncode == 1
+    assert lines(missing)["agent"] == ("fail", "agent command not found: codex (install it or use --agent-cmd)")
+    logged_out = doctor(repo, tmp_path, "--agent", "codex", AUTOLOOP_DATA_DIR=str(tiny_data_dir))
+    assert logged_out.returncode == 1
+    found = lines(logged_out)
+    assert found["codex version"][0] == "ok" and found["codex auth"][0] == "fail"
+    assert found["codex auth"][1].startswith("not logged in (`codex login status`: Not logged in)")
+
+
+def test_doctor_outside_a_repository(tmp_path, tiny_data_dir):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    proc = doctor(folder, tmp_path, AUTOLOOP_DATA_DIR=str(tiny_data_dir))
+    assert proc.returncode == 1
+    found = lines(proc)
+    assert found["git"][0] == "fail" and "autoloop init DIR makes an experiment repository" in found["git"][1]
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_interrupted_worker_is_a_warning_and_run_flags_are_taken(tmp_path, tiny_data_dir):
+    from autoloop.state import RunState, save_state
+
+    repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+    save_state(repo / "results", RunState(tag="t", phase="running", trial=3, attempt=1), "state-w1.json")
+    proc = doctor(repo, tmp_path, "--workers", "2", "--min-free-gb", "0", AUTOLOOP_DATA_DIR=str(tiny_data_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = lines(proc)
+    assert found["last run"] == ("warn", "worker 1: trial 3.1 of tag 't' was interrupted (running); continue "
+                                         "with autoloop run --resume")
+    bad = doctor(repo, tmp_path, "--agent-stall-timeout", "-5", AUTOLOOP_DATA_DIR=str(tiny_data_dir))
+    assert bad.returncode == 1
+    assert lines(bad)["config"][0] == "fail" and "--agent-stall-timeout" in lines(bad)["config"][1]
