@@ -107,6 +107,7 @@ _SETTING_FLAGS += ["log_cap_mb", "min_free_gb", "isolate"]
 _SETTING_FLAGS += ["executor", "slurm_cluster", "slurm_partition", "slurm_gpus_per_trial", "slurm_time_limit",
                    "slurm_options", "slurm_folder"]
 _SETTING_FLAGS += ["workers", "devices"]
+_SETTING_FLAGS += ["sampler", "portfolio"]   # #18
 
 
 def _settings(args):
@@ -257,9 +258,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_experiment_flags(p)
     p.add_argument("--hours", type=float, metavar="H", help="stop starting trials that could not finish within H hours")
     p.add_argument("--max-trials", type=_positive_int, metavar="N", help="stop after N trials in this run")
-    p.add_argument("--proposer", choices=["auto", "queue", "mutate", "agent"],
-                   help="where changes come from (default auto: the agent when one is configured, else the "
-                        "queue when patches are waiting, else mutate)")
+    p.add_argument("--proposer", choices=["auto", "queue", "mutate", "agent", "optuna", "portfolio"],
+                   help="where changes come from (default auto: the portfolio when --portfolio is given, else the "
+                        "agent when one is configured, else the queue when patches are waiting, else mutate); "
+                        "optuna: Bayesian or evolutionary search over train.py's constants, several per trial "
+                        "(needs pip install 'autoloop[hpo]'); portfolio: a bandit shares the night among proposers")
+    # #18: flags of the optuna and portfolio proposers.
+    p.add_argument("--sampler", choices=["tpe", "cmaes", "gp"],
+                   help="Optuna's sampler for --proposer optuna and a portfolio's optuna: tpe (default, Bayesian), "
+                        "cmaes (evolution strategy), gp (Gaussian process)")
+    p.add_argument("--portfolio", metavar="LIST",
+                   help="the proposers that share the night, e.g. agent,optuna,mutate (implies --proposer "
+                        "portfolio; default with --proposer portfolio: agent if configured, optuna, mutate)")
     p.add_argument("--queue-dir", metavar="DIR", help="folder of *.patch / *.py changes for the queue proposer "
                                                       "(default results/queue)")
     p.add_argument("--max-proposer-failures", type=_positive_int, metavar="N",

@@ -168,7 +168,7 @@ class Settings(BaseModel):
     tag: str | None = None                     # branch autoloop/<tag>; None -> date (run_tag)
     resume: bool = False
     # -- proposers -----------------------------------------------------------------------------
-    proposer: Literal["auto", "queue", "mutate", "agent"] = "auto"
+    proposer: Literal["auto", "queue", "mutate", "agent", "optuna", "portfolio"] = "auto"
     queue_dir: str = "results/queue"
     agent_cmd: str | None = None
     agent: str | None = None                   # preset name of a known coding agent
@@ -176,6 +176,32 @@ class Settings(BaseModel):
     max_proposer_failures: int = Field(default=5, ge=1)    # in a row, then the loop stops
     max_fix_attempts: int = Field(default=2, ge=0)         # fix requests per trivially-crashed trial
     max_agent_failures: int = Field(default=5, ge=1)
+    # #18: Optuna's sampler (--proposer optuna, and the optuna member of a portfolio), and the
+    # portfolio's members (README "Proposers").
+    sampler: Literal["tpe", "cmaes", "gp"] = "tpe"
+    portfolio: list[str] | None = None         # e.g. ["agent", "optuna", "mutate"]; None: see default_portfolio
+
+    @field_validator("portfolio", mode="before")
+    @classmethod
+    def _portfolio(cls, v: Any) -> Any:
+        if isinstance(v, str):   # "agent,optuna,mutate" from the command line
+            v = [p.strip() for p in v.split(",") if p.strip()]
+        if isinstance(v, list):
+            known = ("agent", "optuna", "mutate", "queue")
+            for name in v:
+                if name not in known:
+                    raise ValueError(f"unknown proposer {name!r} (a portfolio takes {', '.join(known)})")
+            if len(set(v)) != len(v):
+                raise ValueError(f"a proposer is listed twice: {','.join(v)}")
+            if len(v) < 2:
+                raise ValueError(f"a portfolio needs at least two proposers, got {','.join(v) or 'none'}")
+        return v
+
+    @model_validator(mode="after")
+    def _portfolio_needs_its_proposer(self) -> "Settings":
+        if self.portfolio is not None and self.proposer not in ("portfolio", "auto"):
+            raise ValueError(f"portfolio: only used with proposer 'portfolio' (the proposer is '{self.proposer}')")
+        return self
     # -- resources and isolation ---------------------------------------------------------------
     log_cap_mb: float = Field(default=32.0, ge=0, allow_inf_nan=False)   # per run log; 0: no cap
     min_free_gb: float = Field(default=2.0, ge=0, allow_inf_nan=False)   # stop below this; 0: no check

@@ -74,6 +74,7 @@ class AttemptPlan:
     can_confirm: bool = True                  # a within-noise gain may be re-run once
     git_events: list[str] = field(default_factory=list)   # what the proposer did to git (git_guard)
     replay_of: str | None = None              # workers: a confirm that commits a candidate replayed on a new best
+    extra: dict = field(default_factory=dict)  # #18: Proposal.extra, carried into the record's extra
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -605,7 +606,8 @@ class Session:
             diff_lines=diff_lines, seed=plan.seed if plan.seed is not None else s.seed, fingerprint=result.get("fingerprint") or self.fingerprint,
             log_path=self.log_rel(plan.trial, plan.attempt), outside_changes=plan.outside_changes,
             best=plan.parent, best_metric=plan.parent_metric,
-            extra={k: v for k, v in {"source": plan.source, "git_events": plan.git_events}.items() if v},
+            extra={**plan.extra,   # #18: the proposal's own fields (optuna trial, portfolio choice)
+                   **{k: v for k, v in {"source": plan.source, "git_events": plan.git_events}.items() if v}},
         )
         if verdict.kind != "ok":
             record.crash = verdict.kind
@@ -915,7 +917,8 @@ class Loop:
             ss.record_skip(trial, 1, self.proposer.name, failure, outside=outside, git_events=events)
             return "failed"
         record = ss.run_attempt(AttemptPlan(trial, 1, "candidate", proposal.description, self.proposer.name,
-                                            best, best_metric, outside, proposal.source, git_events=events))
+                                            best, best_metric, outside, proposal.source, git_events=events,
+                                            extra=proposal.extra))   # #18: the proposal's own fields
         attempt = 1
         record = self._confirm(record, best, best_metric)
         while (record.kind != "confirm" and record.crash == "trivial" and self.proposer.can_fix and attempt <= self.settings.max_fix_attempts
@@ -948,7 +951,8 @@ class Loop:
                                git_events=events)
             return None
         record = ss.run_attempt(AttemptPlan(trial, attempt, "fix", proposal.description, self.proposer.name,
-                                            best, best_metric, outside, proposal.source, git_events=events))
+                                            best, best_metric, outside, proposal.source, git_events=events,
+                                            extra=proposal.extra))   # #18: the proposal's own fields
         return self._confirm(record, best, best_metric)
 
     def _confirm(self, record: LedgerRecord, best: str, best_metric: float | None) -> LedgerRecord:

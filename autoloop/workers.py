@@ -331,8 +331,10 @@ class Worker(Loop):
             result = super()._propose(request)
             if result[0] is not None:
                 with self.pool.lock:
+                    # #18: "trial" tells the optuna proposer which of its suggestions are still running.
                     self.pool.descriptions[self.k] = {"parent": request.best_commit, "kind": "candidate",
-                                                      "description": result[0].description, "worker": self.k}
+                                                      "description": result[0].description, "worker": self.k,
+                                                      "trial": request.trial}
             return result
 
     def _fix(self, trial, attempt, failed, best, best_metric):

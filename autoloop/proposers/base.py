@@ -52,6 +52,9 @@ class Proposal:
     description: str                # one line: what this change tries
     source: str | None = None       # where it came from (patch file, agent log), for the ledger
     derived: bool = False           # the description was made from the diff, not given by the proposer
+    # Fields of the proposer's own carried into the record's `extra` (#18): the Optuna trial
+    # number, the portfolio's choice and reason. JSON-serialisable values only.
+    extra: dict = field(default_factory=dict)
 
 
 class ProposalFailed(Exception):
