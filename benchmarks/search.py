@@ -106,6 +106,7 @@ def _table(landscape: str, rows: list[dict], checkpoints: tuple[int, ...], args)
     if base is not None and 45 in checkpoints:
         ahead = [r["name"] for r in rows if r["name"] != "mutate" and r["at_runs"][45] > base["at_runs"][45]]
         print(f"ahead of mutate at 45 runs: {', '.join(ahead) or 'none'}")
+    sys.stdout.flush()   # a table at a time, also into a file
 
 
 # ------------------------------------------------------------------------------ the real train.py

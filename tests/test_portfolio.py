@@ -83,8 +83,8 @@ def test_gain_follows_the_direction():
 
 
 def test_the_bandit_spends_trials_where_they_pay_and_still_explores():
-    arms = {"optuna": Arm("optuna", trials=10, keeps=4, gain=0.04, seconds=3000),
-            "mutate": Arm("mutate", trials=10, keeps=0, gain=0.0, seconds=3000)}
+    arms = {"optuna": Arm("optuna", trials=10, keeps=4, weighted_keeps=4, weighted_gain=0.04, weighted_seconds=3000),
+            "mutate": Arm("mutate", trials=10, keeps=0, weighted_seconds=3000)}
     rng = random.Random(1)
     picks = Counter(max(d, key=d.get) for d in (thompson(arms, rng, 300) for _ in range(2000)))
     assert picks["optuna"] > 0.9 * 2000
@@ -103,8 +103,26 @@ def test_time_is_charged_at_least_one_budget_per_trial():
                rec(1, status="skip", started_at=1100, ended_at=1100,
                    reason=portfolio_skip_reason("agent", "why", 1.5, "agent made no change to train.py"))]
     arms = evidence(trial_outcomes(records), ["agent", "mutate"], min_trial_s=300)
-    assert (arms["agent"].trials, arms["agent"].seconds) == (1, 300)
-    assert (arms["mutate"].trials, arms["mutate"].seconds) == (0, 0)
+    assert (arms["agent"].trials, arms["agent"].weighted_seconds) == (1, 300)
+    assert (arms["mutate"].trials, arms["mutate"].weighted_seconds) == (0, 0)
+
+
+def test_old_evidence_counts_less():
+    records = [rec(0, kind="baseline", status="keep", metric=1.0, best="0" * 10, best_metric=1.0)]
+    best = 1.0
+    for trial in range(1, 31):   # optuna kept its first 10 trials, then mutate its last 10
+        member = "optuna" if trial <= 20 else "mutate"
+        kept = trial <= 10 or trial > 20
+        best -= 0.01 if kept else 0
+        records.append(rec(trial, status="keep" if kept else "discard", metric=best, best="b" * 10,
+                           best_metric=best, extra=chosen(member)))
+    arms = evidence(trial_outcomes(records), ["optuna", "mutate"], 300)
+    assert (arms["optuna"].keeps, arms["mutate"].keeps) == (10, 10)          # as counted
+    # as weighed: 20 trials older is 2 half-lives, a quarter of the weight
+    assert arms["mutate"].weighted_keeps == pytest.approx(4 * arms["optuna"].weighted_keeps)
+    rng = random.Random(3)
+    picks = Counter(max(d, key=d.get) for d in (thompson(arms, rng, 300) for _ in range(1000)))
+    assert picks["mutate"] > picks["optuna"]
 
 
 class Scripted:

@@ -13,7 +13,8 @@ second of night time, lambda ~ Gamma(1 + keeps, 1 / (b0 + seconds)), each worth 
 member's mean gain per keep, shrunk towards the pooled one by one pseudo-keep. The prior
 (b0) is the whole portfolio's rate, so an untried member is drawn like an average one and
 explored early; a member that keeps failing to move the best is drawn less and less, but
-never ruled out. A trial's time is its attempts plus its proposing time (an agent's minutes count),
+never ruled out. Keeps, gains and seconds are discounted by half every HALF_LIFE trials, so
+the bandit follows a member whose yield changes during the night. A trial's time is its attempts plus its proposing time (an agent's minutes count),
 and at least one --budget: a failed proposal costs the night a trial slot too.
 
 Each choice and its reason are in the ledger: ``extra.portfolio`` of the trial's records
@@ -37,44 +38,52 @@ from autoloop.proposers.outcomes import TrialOutcome, portfolio_skip_reason, tri
 MEMBERS = ("agent", "optuna", "mutate", "queue")
 
 
+# What a member did long ago says less about what it will do next: the mutator runs out of
+# moves at a best, Optuna's model converges, an agent's ideas dry up. Evidence is discounted
+# by half every HALF_LIFE trials of the portfolio (discounted Thompson sampling).
+HALF_LIFE = 10
+
+
 @dataclass
 class Arm:
-    """The ledger's evidence about one member."""
+    """The ledger's evidence about one member: counts as they are, and the discounted
+    keeps, gain and time the bandit draws from."""
 
     name: str
     trials: int = 0
     keeps: int = 0
-    gain: float = 0.0        # improvement of the best, summed (>= 0)
-    seconds: float = 0.0     # night time charged
+    weighted_keeps: float = 0.0
+    weighted_gain: float = 0.0      # improvement of the best (>= 0)
+    weighted_seconds: float = 0.0   # night time charged
 
 
 def evidence(outcomes: dict[int, TrialOutcome], names: list[str], min_trial_s: float) -> dict[str, Arm]:
     """Each member's trials, keeps, gain and time, from the ledger's trial outcomes."""
     arms = {name: Arm(name) for name in names}
-    for o in outcomes.values():
-        arm = arms.get(o.proposer)
-        if arm is None or o.kind == "baseline":
-            continue
+    mine = [o for o in outcomes.values() if o.proposer in arms and o.kind != "baseline"]
+    for age, o in enumerate(reversed(mine)):
+        arm, weight = arms[o.proposer], 0.5 ** (age / HALF_LIFE)
         arm.trials += 1
         arm.keeps += o.kept
-        arm.gain += o.gain
-        arm.seconds += max(o.seconds, min_trial_s)
+        arm.weighted_keeps += weight * o.kept
+        arm.weighted_gain += weight * o.gain
+        arm.weighted_seconds += weight * max(o.seconds, min_trial_s)
     return arms
 
 
 def thompson(arms: dict[str, Arm], rng: random.Random, min_trial_s: float) -> dict[str, float]:
     """One draw per member of its gain of the best per hour (keeps per hour when no member
     has kept anything yet: the gains are then all unknown alike)."""
-    keeps = sum(a.keeps for a in arms.values())
-    seconds = sum(a.seconds for a in arms.values())
-    gain = sum(a.gain for a in arms.values())
-    # Prior: one pseudo-keep in the portfolio's own time per keep (plus one trial's time).
+    keeps = sum(a.weighted_keeps for a in arms.values())
+    seconds = sum(a.weighted_seconds for a in arms.values())
+    gain = sum(a.weighted_gain for a in arms.values())
+    # Prior: one pseudo-keep in the time the portfolio takes per keep (plus one trial's time).
     b0 = (seconds + min_trial_s) / (keeps + 1)
     pooled = gain / keeps if keeps else 1.0
     draws = {}
     for name, a in arms.items():
-        rate = rng.gammavariate(1 + a.keeps, 1.0 / (b0 + a.seconds))   # keeps per second
-        per_keep = (a.gain + pooled) / (a.keeps + 1)
+        rate = rng.gammavariate(1 + a.weighted_keeps, 1.0 / (b0 + a.weighted_seconds))   # keeps per second
+        per_keep = (a.weighted_gain + pooled) / (a.weighted_keeps + 1)
         draws[name] = rate * per_keep * 3600
     return draws
 

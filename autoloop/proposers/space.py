@@ -5,7 +5,7 @@ UPPER_CASE literals, the names in ``mutate.SKIP`` left alone), one :class:`Dimen
 number or bool (one per element of a tuple), with ranges around the value the constant has
 when the space is built, and the mutator's rules kept everywhere in them:
 
-    float            log-uniform over [v / 10, v x 10]: the sign is kept, never 0
+    float            log-uniform over [v / 4, v x 4]: the sign is kept, never 0
     float in [0.5,1) its distance to 1 (a momentum, a beta) log-uniform, the value in [0.5, 1)
     fraction         a name with FRAC, MOMENTUM, BETA, DROPOUT or PROB stays within [0, 1]
     float 0.0        uniform over [0, 0.2] (the mutator's first steps from 0 are 0.1 and 0.01)
@@ -37,7 +37,10 @@ from typing import Literal
 from autoloop.proposers.mutate import (_FRACTION_NAME, UPPER_BOUNDS, Constant, _canon, _is_power_of_two, _round,
                                        apply_move, find_constants, make_move, value_moves)
 
-SPREAD = 10.0            # floats: log-uniform within this factor either way of the current value
+# Floats: log-uniform within this factor either way of the current value. As far as two of
+# the mutator's largest steps (x2, x0.5) go, and narrow enough that a random point of the
+# space (TPE's first draws, all constants at once) is rarely a disaster for a tuned train.py.
+SPREAD = 4.0
 POW2_STEPS = 2           # powers of two: this many doublings or halvings either way
 ZERO_FLOAT_HIGH = 0.2    # a float at 0.0: uniform over [0, ZERO_FLOAT_HIGH]
 MIN_LOG_SPREAD = 1.05    # a log range narrower than this factor is not worth searching
