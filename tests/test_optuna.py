@@ -4,7 +4,6 @@ and the SQLite study in results/optuna.db read back with Optuna itself."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -212,6 +211,15 @@ def test_a_damaged_study_fails_the_proposal_not_the_night(bowl_repo, tiny_data_d
     again = run(bowl_repo, tiny_data_dir, "--max-trials", "2", "--resume", "--max-proposer-failures", "2")
     assert again.returncode == 0, again.stdout + again.stderr
     skips = [r for r in read_ledger(bowl_repo) if r["status"] == "skip"]
-    assert len(skips) == 2 and all(r["reason"].startswith("optuna: ") for r in skips)
+    assert len(skips) == 2 and all(r["reason"].startswith("optuna: results/optuna.db: ") for r in skips)
+    assert "move the file aside" in skips[0]["reason"]
     assert "optuna failed 2 times in a row" in again.stdout
-    shutil.rmtree(bowl_repo / "results" / "runs")   # nothing else to check there
+    # Moved aside, a new study relearns every point of the night from the ledger.
+    (bowl_repo / "results" / STUDY_FILE).rename(bowl_repo / "results" / "damaged.db")
+    fresh = run(bowl_repo, tiny_data_dir, "--max-trials", "1", "--resume")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    ledger = assert_invariants(bowl_repo)
+    measured = sorted(r["trial"] for r in ledger if r["metric"] is not None and r["trial"] < ledger[-1]["trial"])
+    observed = sorted(t.user_attrs["autoloop"]["trial"] for t in study_trials(bowl_repo)
+                      if t.user_attrs["autoloop"].get("observed"))
+    assert observed == measured == [0, 1]

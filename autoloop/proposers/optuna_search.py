@@ -45,6 +45,7 @@ from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 from autoloop.proposers.mutate import MutateError, _canon
 from autoloop.proposers.outcomes import TrialOutcome, trial_outcomes
 from autoloop.proposers.space import Space, build_space
+from autoloop.workspace import Workspace, WorkspaceError
 
 STUDY_FILE = "optuna.db"
 SAMPLERS = ("tpe", "cmaes", "gp")
@@ -150,11 +151,12 @@ class OptunaProposer:
         baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep" and r.commit), None)
         if baseline is None:
             raise ProposalFailed("optuna: no baseline in the ledger to build the search space around")
-        from autoloop.workspace import Workspace
-
         ws = Workspace(Path(request.workspace), request.target)
         try:
-            space = self._space(ws, baseline.commit, request.target)
+            try:
+                space = self._space(ws, baseline.commit, request.target)
+            except WorkspaceError as e:
+                raise ProposalFailed(f"optuna: {e}") from None
             try:
                 study = self._study(optuna, request, baseline.commit, space)
                 in_flight = {request.trial} | {d["trial"] for d in request.in_flight if isinstance(d.get("trial"), int)}
@@ -166,7 +168,10 @@ class OptunaProposer:
                     trials = study.get_trials(deepcopy=False)
                 return self._draw(optuna, study, space, trials, outcomes, request)
             except (optuna.exceptions.OptunaError, SQLAlchemyError) as e:   # a damaged or locked study
-                raise ProposalFailed(f"optuna: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+                self._study_key = self._cached_study = None
+                raise ProposalFailed(f"optuna: results/{STUDY_FILE}: {type(e).__name__}: "
+                                     f"{' '.join(str(e).split())[:160]} (move the file aside to start a new study "
+                                     f"that relearns the night from the ledger)") from None
         finally:
             ws.close()
 
@@ -237,7 +242,10 @@ class OptunaProposer:
             if (trial in owned or trial in in_flight or o.status != "measured" or not o.commit
                     or (study.study_name, trial) in self._outside):
                 continue
-            text = ws.file_at(o.commit, target)
+            try:
+                text = ws.file_at(o.commit, target)
+            except WorkspaceError:   # a commit git no longer has: nothing to learn from
+                text = None
             values = space.read(text.encode("utf-8")) if text is not None else {}
             params = space.params(values)
             if params is None:
