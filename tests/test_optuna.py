@@ -150,6 +150,25 @@ def test_a_point_already_measured_is_never_run_again(tmp_path, tiny_data_dir):
     assert duplicates and all(t.state.name == "COMPLETE" and t.value in (0.9, 1.0) for t in duplicates)
 
 
+def test_points_of_other_proposers_are_learnt(tmp_path, tiny_data_dir):
+    # Optuna runs out of ideas at trial 2 (its draws there are all known points); the queue
+    # then proposes trial 2. The next optuna proposal learns that point, under its trial.
+    source = "FLAG = True\n\nprint('---')\nprint(f'val_bpb: {1.0 if FLAG else 0.9}')\n"
+    repo = init_repo(tmp_path / "repo", {"train.py": source})
+    assert "no more ideas" in run(repo, tiny_data_dir, "--max-trials", "3").stdout
+    queue = repo / "results" / "queue"
+    queue.mkdir(parents=True)
+    (queue / "01_flag_back.py").write_text("# autoloop: FLAG back on\n" + source)
+    proc = autoloop(repo, "run", "--proposer", "queue", *FAST, "--resume", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    queued = next(r for r in read_ledger(repo) if r["proposer"] == "queue")
+    assert queued["trial"] == 2 and queued["metric"] == 1.0
+    run(repo, tiny_data_dir, "--max-trials", "1", "--resume")
+    observed = {t.user_attrs["autoloop"]["trial"]: t.user_attrs["autoloop"]["observed"] for t in study_trials(repo)
+                if t.user_attrs["autoloop"].get("observed")}
+    assert observed == {0: "-", 2: "queue"}
+
+
 @pytest.mark.parametrize("sampler", ["cmaes", "gp"])
 def test_other_samplers(bowl_repo, tiny_data_dir, sampler):
     proc = run(bowl_repo, tiny_data_dir, "--max-trials", "3", "--sampler", sampler)

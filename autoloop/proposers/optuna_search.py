@@ -236,7 +236,10 @@ class OptunaProposer:
                  in_flight: set[int], ws, target: str) -> bool:
         """Add every measured point of the night that no suggestion made (the baseline, other
         proposers' trials) as a completed trial, when it lies inside the space; whether any was."""
-        owned = {(t.user_attrs.get("autoloop") or {}).get("trial") for t in trials}
+        # A trial number is owned by the suggestion that ran as it, not by draws settled
+        # without a run (in a portfolio another member may have proposed that trial then).
+        owned = {(t.user_attrs.get("autoloop") or {}).get("trial") for t in trials
+                 if not t.user_attrs.get("duplicate") and not t.user_attrs.get("infeasible")}
         dists = None
         for trial, o in outcomes.items():
             if (trial in owned or trial in in_flight or o.status != "measured" or not o.commit
@@ -303,7 +306,10 @@ class OptunaProposer:
                 if key in measured or not moves:
                     known = measured.get(key, request.best_metric if not moves else None)
                     trial.set_user_attr("duplicate", True)
-                    study.tell(trial, known) if known is not None else study.tell(trial, state=fail)
+                    if known is None:
+                        study.tell(trial, state=fail)
+                    else:
+                        study.tell(trial, known)
                     continue
                 written = space.read(new_source)
                 if any(_canon(written[n]) != _canon(values[n]) for n in written):   # never write what we did not mean
