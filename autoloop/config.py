@@ -123,6 +123,8 @@ _NUMERIC_FIELDS = {"budget", "timeout", "hours", "max_trials", "min_delta", "see
 _NUMERIC_FIELDS |= {"log_cap_mb", "min_free_gb"}
 _NUMERIC_FIELDS |= {"slurm_gpus_per_trial", "slurm_time_limit"}
 _NUMERIC_FIELDS |= {"workers"}
+# The proposers a portfolio can share a night among (#18, proposers/portfolio.py).
+PORTFOLIO_MEMBERS = ("agent", "optuna", "mutate", "queue")
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
 
@@ -187,10 +189,9 @@ class Settings(BaseModel):
         if isinstance(v, str):   # "agent,optuna,mutate" from the command line
             v = [p.strip() for p in v.split(",") if p.strip()]
         if isinstance(v, list):
-            known = ("agent", "optuna", "mutate", "queue")
             for name in v:
-                if name not in known:
-                    raise ValueError(f"unknown proposer {name!r} (a portfolio takes {', '.join(known)})")
+                if name not in PORTFOLIO_MEMBERS:
+                    raise ValueError(f"unknown proposer {name!r} (a portfolio takes {', '.join(PORTFOLIO_MEMBERS)})")
             if len(set(v)) != len(v):
                 raise ValueError(f"a proposer is listed twice: {','.join(v)}")
             if len(v) < 2:

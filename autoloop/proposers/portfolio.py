@@ -35,9 +35,6 @@ from autoloop.ledger import Ledger
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, Proposer
 from autoloop.proposers.outcomes import TrialOutcome, portfolio_skip_reason, trial_outcomes
 
-MEMBERS = ("agent", "optuna", "mutate", "queue")
-
-
 # What a member did long ago says less about what it will do next: the mutator runs out of
 # moves at a best, Optuna's model converges, an agent's ideas dry up. Evidence is discounted
 # by half every HALF_LIFE trials of the portfolio (discounted Thompson sampling).
