@@ -285,6 +285,9 @@ class OptunaProposer:
         path = Path(request.workspace) / request.target
         source = path.read_bytes()
         measured = self._measured(optuna, trials, space, outcomes)
+        # Points other workers are running now: not measured yet, but not to be run twice.
+        running = {space.key(t.user_attrs["autoloop"]["values"]) for t in trials
+                   if t.state == optuna.trial.TrialState.RUNNING and (t.user_attrs.get("autoloop") or {}).get("values")}
         current = space.read(source)
         if request.best_metric is not None and space.params(current) is not None:
             measured.setdefault(space.key(current), request.best_metric)   # the best, as it stands
@@ -303,6 +306,10 @@ class OptunaProposer:
                     continue
                 key = space.key(values)
                 new_source, moves = space.write(source, values)
+                if key in running:
+                    trial.set_user_attr("duplicate", True)
+                    study.tell(trial, state=fail)
+                    continue
                 if key in measured or not moves:
                     known = measured.get(key, request.best_metric if not moves else None)
                     trial.set_user_attr("duplicate", True)
