@@ -14,8 +14,9 @@ member's mean gain per keep, shrunk towards the pooled one by one pseudo-keep. T
 (b0) is the whole portfolio's rate, so an untried member is drawn like an average one and
 explored early; a member that keeps failing to move the best is drawn less and less, but
 never ruled out. Keeps, gains and seconds are discounted by half every HALF_LIFE trials, so
-the bandit follows a member whose yield changes during the night. A trial's time is its attempts plus its proposing time (an agent's minutes count),
-and at least one --budget: a failed proposal costs the night a trial slot too.
+the bandit follows a member whose yield changes during the night. A trial's time is its
+attempts plus its proposing time (an agent's minutes count), and at least one --budget: a
+failed proposal costs the night a trial slot too.
 
 Each choice and its reason are in the ledger: ``extra.portfolio`` of the trial's records
 (``choice``, ``reason``, ``propose_s``), or, for a proposal that failed, the skip's reason
