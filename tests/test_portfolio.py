@@ -247,3 +247,19 @@ def test_a_fix_request_goes_back_to_the_member_that_made_the_edit(tmp_path, tiny
     for r in fixes:
         assert r["extra"]["portfolio"]["choice"] == "agent"
         assert r["extra"]["portfolio"]["reason"] == f"fix request for its own trial {r['trial']}"
+
+
+def test_the_report_shows_what_each_proposer_brought():
+    from autoloop.report import report_markdown
+
+    records = [rec(0, kind="baseline", proposer="-", status="keep", metric=1.0, best="0" * 10, best_metric=1.0),
+               rec(1, status="keep", metric=0.9, best="11" * 5, best_metric=0.9, extra=chosen("optuna")),
+               rec(2, metric=0.95, best="11" * 5, best_metric=0.9, extra=chosen("mutate")),
+               rec(3, status="skip", commit=None, started_at=1400.0, ended_at=1400.0, best="11" * 5, best_metric=0.9,
+                   reason=portfolio_skip_reason("agent", "why", 30.0, "agent exited with code 1"))]
+    md = report_markdown(records, {}, tag="t", picture=None, now=2000.0)
+    section = md.split("## Proposers\n\n")[1].split("\n## ")[0]
+    assert section.startswith("optuna: 1 keep in 1 trial, -0.1000; mutate: 0 keeps in 1 trial, 0; "
+                              "agent: 0 keeps in 1 trial, 0.\n")
+    assert "| optuna | 1 | 1 | 0 | -0.1000 | 1m | -6.0000 |" in section   # -0.1 in one minute: -6 per hour
+    assert "| agent | 1 | 0 | 1 | 0 | 30s | 0 |" in section             # its failure's time, from the skip
