@@ -7,7 +7,7 @@ did the harness end it (stop request, timeout, memory cap)? did it exit 0 (with 
 metric or not)? and for a failure: the trial's own fail-fast line, device and memory
 errors, the signal that killed it, and the type of the final exception.
 
-Decisions where DESIGN.md is silent:
+Decisions the contracts leave open (docs/architecture.md, "Contracts"):
   * ValueError, IndexError, KeyError, AssertionError and ZeroDivisionError are trivial:
     the proposer changed one file that ran before, so such an exception is almost always
     a bug in the edit (a wrong index, a dimension assert, a bad argument), and the

@@ -22,17 +22,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _count(text: str) -> int:
-    """A whole number >= 0 (0 is meaningful: --max-fix-attempts 0 turns fixing off)."""
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
-
-
 def cmd_prepare(args) -> int:
     from autoloop.data import CorpusSpec, prepare
 
@@ -45,106 +34,41 @@ def cmd_prepare(args) -> int:
     return 0
 
 
-# Flags shared by `run` and `trial`, each mapping to the Settings field of the same name.
-def _add_experiment_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", metavar="DURATION", help="training time per trial: 300, 300s, 5m, 1h30m (default 5m)")
-    p.add_argument("--timeout", metavar="DURATION",
-                   help="hard limit per trial, start-up and evaluation included (default max(2 x budget, budget + 2m))")
-    p.add_argument("--target", metavar="FILE", help="the one file a proposer may edit (default train.py)")
-    p.add_argument("--command", metavar="CMD",
-                   help="trial command (default: this Python on the target; e.g. 'uv run train.py')")
-    p.add_argument("--metric", metavar="NAME", help="metric name the trial prints as 'NAME: value' (default val_bpb)")
-    p.add_argument("--direction", choices=["min", "max"], help="whether lower or higher is better (default min)")
-    p.add_argument("--tag", metavar="TAG", help="work on branch autoloop/TAG (default: today, e.g. nov29)")
-    p.add_argument("--min-delta", type=float, metavar="X", help="a keep must beat the best by more than X (default 0)")
-    p.add_argument("--seed", type=int, metavar="N", help="seed handed to every trial (default 42)")
-    p.add_argument("--noise-runs", type=_count, metavar="N",
-                   help="extra runs of the baseline with seeds seed+1.. to estimate the noise (default 2; 0: off)")
-    p.add_argument("--keep-rule", choices=["auto", "noise", "strict"],
-                   help="noise: keep only beyond max(min-delta, z x noise), confirm borderline gains with a re-run; "
-                        "strict: keep any gain > min-delta (default auto: noise once an estimate exists)")
-    p.add_argument("--noise-z", type=float, metavar="Z", help="z of the noise rule (default 2.0)")
-    p.add_argument("--max-rss-gb", type=float, metavar="GB", help="kill a trial whose processes use more memory than this")
-    p.add_argument("--sanity-bound", type=float, metavar="X",
-                   help="re-run a trial whose gain exceeds X x |best| before keeping it, and keep it only if the "
-                        "re-run beats the best too (default 0.1, i.e. 10%%; 0: off)")
-    p.add_argument("--corpus", metavar="SOURCE", help="'stdlib' (default) or a directory, file or glob of text")
-    p.add_argument("--data-dir", metavar="DIR", help="prepared data folder (default: per-user cache)")
-    p.add_argument("--device", metavar="DEV", help="cpu, cuda, cuda:N or mps (default: auto-detect)")
-    p.add_argument("--log-cap-mb", type=float, metavar="MB",
-                   help="keep each run log under MB: its first and last halves around a line saying what was cut "
-                        "(default 32; 0: no cap)")
-    p.add_argument("--min-free-gb", type=float, metavar="GB",
-                   help="stop before a trial when the workspace, results or data disk has less free (default 2; 0: off)")
-    p.add_argument("--isolate", action="store_true",
-                   help="run trials without network access, in a network namespace of their own (Linux)")
-    p.add_argument("--executor", choices=["local", "slurm"],
-                   help="where trials run: local (default) or slurm, one job per trial through submitit")
-    p.add_argument("--slurm-cluster", choices=["slurm", "local", "debug"],
-                   help="submitit cluster: slurm (default, sbatch), or local/debug to try it without a cluster")
-    p.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
-    p.add_argument("--slurm-gpus-per-trial", type=_count, metavar="N", help="GPUs per trial job (default 1)")
-    p.add_argument("--slurm-time-limit", metavar="DURATION",
-                   help="the job's time limit, e.g. 20m (default: the trial timeout + 5m, rounded up to minutes)")
-    p.add_argument("--slurm-option", dest="slurm_options", action="append", type=_slurm_option, metavar="KEY=VALUE",
-                   help="extra sbatch option as submitit names it, e.g. account=myproj or mem=64G (repeatable)")
-    p.add_argument("--slurm-folder", metavar="DIR", help="submitit's job files (default results/slurm)")
-
-
-def _slurm_option(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value.strip()
-
-
-_SETTING_FLAGS = ["budget", "timeout", "target", "command", "metric", "direction", "tag", "min_delta", "seed",
-                  "max_rss_gb", "corpus", "data_dir", "device", "hours", "max_trials", "proposer", "queue_dir",
-                  "max_proposer_failures", "resume", "agent", "agent_cmd", "agent_timeout", "max_fix_attempts",
-                  "max_agent_failures", "noise_runs", "keep_rule", "noise_z", "remeasure",
-                  "sanity_bound"]
-_SETTING_FLAGS += ["log_cap_mb", "min_free_gb", "isolate"]
-_SETTING_FLAGS += ["executor", "slurm_cluster", "slurm_partition", "slurm_gpus_per_trial", "slurm_time_limit",
-                   "slurm_options", "slurm_folder"]
-_SETTING_FLAGS += ["workers", "devices"]
-_SETTING_FLAGS += ["sampler", "portfolio"]   # #18
-
-
-def _settings(args):
+def settings_from(args):
+    """Settings from the workspace's config file, with the flags given on top."""
     from autoloop.config import load_settings
+    from autoloop.flags import overrides_from
 
-    # `is not`, not `in`: 0 == False, and --max-fix-attempts 0 is a real value.
-    overrides = {k: getattr(args, k) for k in _SETTING_FLAGS
-                 if getattr(args, k, None) is not None and getattr(args, k, None) is not False}
-    if overrides.get("slurm_options"):
-        overrides["slurm_options"] = dict(overrides["slurm_options"])   # [(key, value)] from --slurm-option
-    return load_settings(Path(args.directory).resolve(), overrides)
+    return load_settings(Path(args.directory).resolve(), overrides_from(args))
 
 
 def cmd_run(args) -> int:
     from autoloop.console import Console
-    from autoloop.loop import Loop
+    from autoloop.night import open_night
     from autoloop.proposers import make_proposer
+    from autoloop.scheduler import Scheduler
 
-    settings = _settings(args)
+    settings = settings_from(args)
     console = Console()
     root = _repo_root(args.directory)
     proposer, why = make_proposer(settings, root)
     console.line(why)
-    if settings.workers > 1:
-        from autoloop.workers import WorkerPool
-        WorkerPool(settings, root, proposer, console).run()
-        return 0
-    Loop(settings, root, proposer, console).run()
+    with open_night(settings, root, console, "run") as night:
+        Scheduler(night, proposer).run()
     return 0
 
 
 def cmd_trial(args) -> int:
+    from autoloop.attempt import AttemptRunner, Slot
     from autoloop.console import Console
-    from autoloop.loop import run_single_trial
+    from autoloop.night import open_night
+    from autoloop.state import StateFile
+    from autoloop.trial import judge_edit
 
-    settings = _settings(args)
-    record = run_single_trial(settings, _repo_root(args.directory), args.message, Console())
+    settings = settings_from(args)
+    with open_night(settings, _repo_root(args.directory), Console(), "trial") as night:
+        slot = Slot(night.ws, StateFile(night.layout.root), None, night.executor)
+        record = judge_edit(night, AttemptRunner(night, slot), args.message)
     # The last line is for the agent that called us: verdict and metric, easy to parse.
     metric = "-" if record.metric is None else f"{record.metric:.6f}"
     crash = f" {record.crash}" if record.crash else ""
@@ -153,20 +77,21 @@ def cmd_trial(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from autoloop.layout import Layout
     from autoloop.report import status_data, status_json, status_text
 
-    results = _repo_root(args.directory) / "results"
-    data = status_data(results)
+    data = status_data(Layout.of(_repo_root(args.directory)).root)
     print(status_json(data) if args.json else status_text(data))
     return 0
 
 
 def cmd_report(args) -> int:
+    from autoloop.layout import Layout
     from autoloop.report import write_report
 
     root = _repo_root(args.directory)
-    output = Path(args.output).resolve() if args.output else root / "results"
-    files = write_report(root / "results", output)
+    results = Layout.of(root).root
+    files = write_report(results, Path(args.output).resolve() if args.output else results)
     shown = [files.markdown] + ([files.picture] if files.picture else [])
     print("wrote " + " and ".join(_shown_path(p, root) for p in shown))
     if files.note:
@@ -220,6 +145,7 @@ def _repo_root(directory: str) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     from autoloop.data import DEFAULT_AUDIT_BYTES, DEFAULT_VAL_BYTES
+    from autoloop.flags import add_setting_flags
 
     parser = argparse.ArgumentParser(
         prog="autoloop",
@@ -253,47 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "the commit if the metric improved, else reset; record every attempt in "
                     "results/ledger.jsonl and results/results.tsv. The first trial is the baseline of the "
                     "unmodified target. Ctrl-C stops cleanly; after a crash or kill, --resume continues.",
-        epilog="example: autoloop run --budget 5m --hours 8",
+        epilog="Every flag can also be set in [tool.autoloop] of pyproject.toml or in autoloop.toml "
+               "(the flag's name, with - or _); flags win over the file. "
+               "Example: autoloop run --budget 5m --hours 8",
     )
-    _add_experiment_flags(p)
-    p.add_argument("--hours", type=float, metavar="H", help="stop starting trials that could not finish within H hours")
-    p.add_argument("--max-trials", type=_positive_int, metavar="N", help="stop after N trials in this run")
-    p.add_argument("--proposer", choices=["auto", "queue", "mutate", "agent", "optuna", "portfolio"],
-                   help="where changes come from (default auto: the portfolio when --portfolio is given, else the "
-                        "agent when one is configured, else the queue when patches are waiting, else mutate); "
-                        "optuna: Bayesian or evolutionary search over train.py's constants, several per trial "
-                        "(needs pip install 'autoloop[hpo]'); portfolio: a bandit shares the night among proposers")
-    # #18: flags of the optuna and portfolio proposers.
-    p.add_argument("--sampler", choices=["tpe", "cmaes", "gp"],
-                   help="Optuna's sampler for --proposer optuna and a portfolio's optuna: tpe (default, Bayesian), "
-                        "cmaes (evolution strategy), gp (Gaussian process)")
-    p.add_argument("--portfolio", metavar="LIST",
-                   help="the proposers that share the night, e.g. agent,optuna,mutate (implies --proposer "
-                        "portfolio; default with --proposer portfolio: agent if configured, optuna, mutate)")
-    p.add_argument("--queue-dir", metavar="DIR", help="folder of *.patch / *.py changes for the queue proposer "
-                                                      "(default results/queue)")
-    p.add_argument("--max-proposer-failures", type=_positive_int, metavar="N",
-                   help="stop after N failed proposals in a row (default 5)")
-    p.add_argument("--agent", choices=["claude", "codex", "aider", "gemini"],
-                   help="coding agent preset: Claude Code, Codex CLI, Aider or Gemini CLI (commands in the README)")
-    p.add_argument("--agent-cmd", metavar="CMD",
-                   help="any other agent command, run in the workspace with the prompt on stdin; "
-                        "{prompt_file}, {description_file}, {target} are filled in")
-    p.add_argument("--agent-timeout", metavar="DURATION",
-                   help="kill the agent's whole process tree after this long per call (default 15m)")
-    p.add_argument("--max-fix-attempts", type=_count, metavar="N",
-                   help="fix requests for a trivially-crashed trial (default 2; 0: no fixing)")
-    p.add_argument("--max-agent-failures", type=_positive_int, metavar="N",
-                   help="stop after the agent failed N times in a row (default 5)")
-    p.add_argument("--remeasure", action="store_true",
-                   help="re-run the best commit --noise-runs times first and re-estimate the noise")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the existing branch, recovering an interrupted trial first")
-    p.add_argument("--workers", type=_positive_int, metavar="N",
-                   help="run N trials at once, each in its own git worktree under worktrees/ (default 1)")
-    p.add_argument("--devices", metavar="LIST",
-                   help="CUDA devices of the workers, one each: 0,1,2,3 (default: one GPU per worker when "
-                        "there are enough, else all on CPU, sharing the cores)")
+    add_setting_flags(p, "run")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_run)
 
@@ -305,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "of the unmodified target first.",
     )
     p.add_argument("-m", "--message", required=True, help="one line: what this change tries")
-    _add_experiment_flags(p)
+    add_setting_flags(p, "trial")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_trial)
 
@@ -348,15 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autoloop.config import ConfigError
-    from autoloop.data import DataError
-    from autoloop.finalize import FinalizeError
-    from autoloop.ledger import LedgerError
-    from autoloop.loop import LoopError
-    from autoloop.proposers import ProposerError
-    from autoloop.report import ReportError
-    from autoloop.scaffold import ScaffoldError
-    from autoloop.workspace import WorkspaceError
+    from autoloop.errors import AutoloopError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -365,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except (ConfigError, DataError, FinalizeError, LedgerError, LoopError, ProposerError, ReportError,
-            ScaffoldError, WorkspaceError) as e:
+    except AutoloopError as e:   # every error meant for the user (errors.py)
         print(f"autoloop: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

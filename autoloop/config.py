@@ -27,79 +27,28 @@ came from, ``<file>: <key>: <problem>`` or ``--<flag>: <problem>``, e.g.::
 from __future__ import annotations
 
 import difflib
-import math
 import re
 import shlex
 import sys
 import time
+import typing
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from autoloop.durations import DURATION_HINT, default_timeout, format_duration, parse_duration
+from autoloop.durations import show as _show
+from autoloop.errors import ConfigError
+from autoloop.layout import DEFAULT_QUEUE_DIR, DEFAULT_SLURM_DIR, branch_name
+
+__all__ = ["ConfigError", "DURATION_HINT", "Settings", "build_settings", "format_duration", "load_settings",
+           "parse_duration"]
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
-
-
-class ConfigError(Exception):
-    """A bad setting; the message is one line for the user."""
-
-
-# ---------------------------------------------------------------------------------------------
-# durations
-
-DURATION_HINT = "use 300, 300s, 5m or 1h30m"
-# h, m, s components in that order, each optional but at least one present; spaces between allowed.
-_DURATION = re.compile(
-    r"^(?:(?P<h>\d+(?:\.\d+)?)\s*h)?\s*(?:(?P<m>\d+(?:\.\d+)?)\s*m)?\s*(?:(?P<s>\d+(?:\.\d+)?)\s*s)?$"
-)
-
-
-def parse_duration(text) -> float:
-    """'300', '300s', '5m', '1h30m', 90 -> seconds.
-
-    Rejects zero, negative, non-finite and unreadable values with a ConfigError whose
-    message has no location (the loader adds it).
-    """
-    if isinstance(text, bool) or not isinstance(text, (int, float, str)):
-        raise ConfigError(f"cannot read {_show(text)} as a duration ({DURATION_HINT})")
-    if isinstance(text, (int, float)):
-        seconds = float(text)
-    else:
-        s = text.strip().lower()
-        seconds = None
-        if re.fullmatch(r"[+-]?\d+(?:\.\d*)?|[+-]?\.\d+", s):   # a bare number of seconds
-            seconds = float(s)
-        else:
-            m = _DURATION.match(s)
-            if s and m and any(m.group(k) for k in "hms"):
-                seconds = sum(float(m.group(k) or 0) * f for k, f in (("h", 3600), ("m", 60), ("s", 1)))
-        if seconds is None:
-            raise ConfigError(f"cannot read {_show(text)} as a duration ({DURATION_HINT})")
-    if not math.isfinite(seconds):
-        raise ConfigError(f"cannot read {_show(text)} as a duration ({DURATION_HINT})")
-    if seconds <= 0:
-        raise ConfigError(f"must be positive, got {_show(text)}")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds -> the shortest readable form: 300 -> '5m', 5400 -> '1h30m', 45 -> '45s'.
-
-    Whole seconds from a minute up (sub-second detail is noise at that scale);
-    below a minute fractions are kept: 0.5 -> '0.5s'.
-    """
-    if seconds < 0:
-        return "-" + format_duration(-seconds)
-    if seconds < 60:
-        return f"{round(seconds, 3):g}s"
-    total = int(round(seconds))
-    h, rest = divmod(total, 3600)
-    m, s = divmod(rest, 60)
-    parts = [f"{h}h" if h else "", f"{m}m" if m else "", f"{s}s" if s else ""]
-    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,16 +66,48 @@ def date_tag(now: float | None = None) -> str:
     return f"{_MONTHS[t.tm_mon - 1]}{t.tm_mday}"
 
 
-# Fields that take numbers; a TOML true/false there is a mistake, not 1/0.
-_NUMERIC_FIELDS = {"budget", "timeout", "hours", "max_trials", "min_delta", "seed", "max_rss_gb",
-                   "agent_timeout", "max_proposer_failures", "max_fix_attempts", "max_agent_failures"}
-_NUMERIC_FIELDS |= {"log_cap_mb", "min_free_gb"}
-_NUMERIC_FIELDS |= {"slurm_gpus_per_trial", "slurm_time_limit"}
-_NUMERIC_FIELDS |= {"workers"}
 # The proposers a portfolio can share a night among (#18, proposers/portfolio.py).
 PORTFOLIO_MEMBERS = ("agent", "optuna", "mutate", "queue")
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
+
+
+# The sections of `autoloop run --help`, in order: key -> title.
+SECTIONS = {
+    "night": "the night (branch, when to stop)",
+    "trial": "one trial (what runs, for how long, on what data)",
+    "noise": "noise and the keep rule",
+    "proposer": "proposer and agent",
+    "safety": "safety (memory, logs, disk, network)",
+    "workers": "parallel workers",
+    "slurm": "where trials run (slurm)",
+}
+
+
+def agent_presets() -> list[str]:
+    """The known coding agents (their commands live with the agent proposer)."""
+    from autoloop.proposers.agent import PRESETS
+
+    return list(PRESETS)
+
+
+def setting(default: Any, section: str, help: str, *, metavar: str | None = None, run_only: bool = False,
+            default_text: str | None = None, choices: Any = None, flag: str | None = None, **checks: Any) -> Any:
+    """One setting's field: its default and checks (pydantic), and what its flag needs.
+
+    ``help`` is the --help text; the default is added to it (``{default}`` places it, else
+    it goes at the end), written as the user would type it, or as ``default_text`` says.
+    ``run_only``: a flag of `autoloop run`, not of `autoloop trial`. ``choices``: a callable
+    giving the values the flag accepts (the Literal's values are used when it is one).
+    ``flag``: the flag's name when it is not --<name-with-dashes>.
+    """
+    if section not in SECTIONS:
+        raise ValueError(f"unknown settings section {section!r}")
+    extra = {"section": section, "metavar": metavar, "run_only": run_only, "default_text": default_text,
+             "choices": choices, "flag": flag}
+    if isinstance(default, (dict, list)):
+        return Field(default_factory=type(default), description=help, json_schema_extra=extra, **checks)
+    return Field(default=default, description=help, json_schema_extra=extra, **checks)
 
 
 class Settings(BaseModel):
@@ -134,54 +115,88 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    # -- the experiment ------------------------------------------------------------------------
-    budget: float = 300.0                      # training seconds per trial
-    timeout: float | None = None               # hard limit per trial; None -> see timeout_s
-    hours: float | None = Field(default=None, gt=0)        # stop starting trials after this long
-    max_trials: int | None = Field(default=None, ge=1)     # stop after this many trials
-    target: str = "train.py"                   # the one file a proposer may edit
-    command: str | None = None                 # trial command; None -> python <target>
-    metric: str = "val_bpb"
-    direction: Literal["min", "max"] = "min"
-    min_delta: float = Field(default=0.0, ge=0)            # a keep must beat best by more than this
-    seed: int = 42
-    # Noise (README "Noise"): extra seeds of the baseline, the keep rule and its z.
-    noise_runs: int = Field(default=2, ge=0)   # extra baseline runs (seeds seed+1..) to estimate noise
-    keep_rule: Literal["auto", "noise", "strict"] = "auto"   # auto: noise once an estimate exists
-    noise_z: float = Field(default=2.0, gt=0)  # keep when improvement > max(min_delta, z x noise)
-    remeasure: bool = False                    # re-run the best noise_runs times at start
-    max_rss_gb: float | None = Field(default=None, gt=0)   # kill a trial whose tree grows past this
-    # Integrity (README "Integrity"): a single-run gain over sanity_bound x |best| is re-run
-    # before it can be kept; 0 turns the check off.
-    sanity_bound: float = Field(default=0.1, ge=0, allow_inf_nan=False)
+    # Each field is one setting: its TOML key, its flag (--max-trials), its --help text and
+    # section, its default and its checks. autoloop.flags builds the CLI from these.
 
-    @field_validator("sanity_bound", mode="before")
-    @classmethod
-    def _sanity_bound_number(cls, v: Any) -> Any:
-        if isinstance(v, bool):   # `sanity_bound = true` is a mistake, not 1.0
-            raise ValueError(f"must be a number, got {_show(v)}")
-        return v
+    # -- the night ------------------------------------------------------------------------------
+    tag: str | None = setting(
+        None, "night", "work on branch autoloop/TAG", metavar="TAG", default_text="today, e.g. nov29")
+    resume: bool = setting(
+        False, "night", "continue the existing branch, recovering an interrupted trial first", run_only=True)
+    hours: float | None = setting(
+        None, "night", "start no trial that could not finish within H hours", metavar="H", run_only=True, gt=0)
+    max_trials: int | None = setting(
+        None, "night", "stop after N trials in this run", metavar="N", run_only=True, ge=1)
 
-    # -- data ----------------------------------------------------------------------------------
-    corpus: str = "stdlib"
-    data_dir: str | None = None
-    device: str | None = None                  # cpu | cuda | cuda:N | mps; None -> auto-detect
-    # -- git / session -------------------------------------------------------------------------
-    tag: str | None = None                     # branch autoloop/<tag>; None -> date (run_tag)
-    resume: bool = False
-    # -- proposers -----------------------------------------------------------------------------
-    proposer: Literal["auto", "queue", "mutate", "agent", "optuna", "portfolio"] = "auto"
-    queue_dir: str = "results/queue"
-    agent_cmd: str | None = None
-    agent: str | None = None                   # preset name of a known coding agent
-    agent_timeout: float = 900.0
-    max_proposer_failures: int = Field(default=5, ge=1)    # in a row, then the loop stops
-    max_fix_attempts: int = Field(default=2, ge=0)         # fix requests per trivially-crashed trial
-    max_agent_failures: int = Field(default=5, ge=1)
-    # #18: Optuna's sampler (--proposer optuna, and the optuna member of a portfolio), and the
+    # -- one trial ------------------------------------------------------------------------------
+    budget: float = setting(
+        300.0, "trial", "training time per trial: 300, 300s, 5m, 1h30m", metavar="DURATION")
+    timeout: float | None = setting(
+        None, "trial", "hard limit per trial, start-up and evaluation included", metavar="DURATION",
+        default_text="max(2 x budget, budget + 2m)")
+    target: str = setting("train.py", "trial", "the one file a proposer may edit", metavar="FILE")
+    command: str | None = setting(
+        None, "trial", "trial command, e.g. 'uv run train.py'", metavar="CMD",
+        default_text="this Python on the target")
+    metric: str = setting("val_bpb", "trial", "metric name the trial prints as 'NAME: value'", metavar="NAME")
+    direction: Literal["min", "max"] = setting("min", "trial", "whether lower or higher is better")
+    seed: int = setting(42, "trial", "seed handed to every trial", metavar="N")
+    corpus: str = setting("stdlib", "trial", "'stdlib' or a directory, file or glob of text", metavar="SOURCE")
+    data_dir: str | None = setting(None, "trial", "prepared data folder", metavar="DIR", default_text="per-user cache")
+    device: str | None = setting(
+        None, "trial", "cpu, cuda, cuda:N or mps", metavar="DEV", default_text="auto-detect")
+
+    # -- noise and the keep rule (README "Noise") -----------------------------------------------
+    min_delta: float = setting(0.0, "noise", "a keep must beat the best by more than X", metavar="X", ge=0)
+    noise_runs: int = setting(
+        2, "noise", "extra runs of the baseline with seeds seed+1.. to estimate the noise (default {default}; 0: off)",
+        metavar="N", ge=0)
+    keep_rule: Literal["auto", "noise", "strict"] = setting(
+        "auto", "noise", "noise: keep only beyond max(min-delta, z x noise), confirm borderline gains with a "
+        "re-run; strict: keep any gain > min-delta (default {default}: noise once an estimate exists)")
+    noise_z: float = setting(2.0, "noise", "z of the noise rule", metavar="Z", gt=0)
+    remeasure: bool = setting(
+        False, "noise", "re-run the best commit --noise-runs times first and re-estimate the noise", run_only=True)
+    # A single-run gain over sanity_bound x |best| is re-run before it can be kept (README "Safety").
+    sanity_bound: float = setting(
+        0.1, "noise", "re-run a trial whose gain exceeds X x |best| before keeping it, and keep it only if the "
+        "re-run beats the best too (default {default}, i.e. 10%; 0: off)", metavar="X", ge=0, allow_inf_nan=False)
+
+    # -- the proposer and the agent (README "Proposers") ----------------------------------------
+    proposer: Literal["auto", "queue", "mutate", "agent", "optuna", "portfolio"] = setting(
+        "auto", "proposer", "where changes come from (default {default}: the portfolio when --portfolio is given, "
+        "else the agent when one is configured, else the queue when patches are waiting, else mutate); optuna: "
+        "Bayesian or evolutionary search over the target's constants, several per trial (needs pip install "
+        "'autoloop[hpo]'); portfolio: a bandit shares the night among proposers", run_only=True)
+    queue_dir: str = setting(
+        DEFAULT_QUEUE_DIR, "proposer", "folder of *.patch / *.py changes for the queue proposer", metavar="DIR",
+        run_only=True)
+    agent: str | None = setting(
+        None, "proposer", "coding agent preset: Claude Code, Codex CLI, Aider or Gemini CLI (commands in the "
+        "README)", choices=agent_presets, run_only=True)
+    agent_cmd: str | None = setting(
+        None, "proposer", "any other agent command, run in the workspace with the prompt on stdin; "
+        "{prompt_file}, {description_file}, {target} are filled in", metavar="CMD", run_only=True)
+    agent_timeout: float = setting(
+        900.0, "proposer", "kill the agent's whole process tree after this long per call", metavar="DURATION",
+        run_only=True)
+    max_fix_attempts: int = setting(
+        2, "proposer", "fix requests for a trivially-crashed trial (default {default}; 0: no fixing)", metavar="N",
+        run_only=True, ge=0)
+    max_agent_failures: int = setting(
+        5, "proposer", "stop after the agent failed N times in a row", metavar="N", run_only=True, ge=1)
+    max_proposer_failures: int = setting(
+        5, "proposer", "stop after N failed proposals in a row (the queue, the mutator)", metavar="N",
+        run_only=True, ge=1)
+    # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
     # portfolio's members (README "Proposers").
-    sampler: Literal["tpe", "cmaes", "gp"] = "tpe"
-    portfolio: list[str] | None = None         # e.g. ["agent", "optuna", "mutate"]; None: see default_portfolio
+    sampler: Literal["tpe", "cmaes", "gp"] = setting(
+        "tpe", "proposer", "Optuna's sampler for --proposer optuna and a portfolio's optuna: tpe (Bayesian), "
+        "cmaes (evolution strategy), gp (Gaussian process)", run_only=True)
+    portfolio: list[str] | None = setting(
+        None, "proposer", "the proposers that share the night, e.g. agent,optuna,mutate; giving it implies "
+        "--proposer portfolio", metavar="LIST", run_only=True,
+        default_text="with --proposer portfolio: agent if configured, optuna, mutate")
 
     @field_validator("portfolio", mode="before")
     @classmethod
@@ -203,18 +218,41 @@ class Settings(BaseModel):
         if self.portfolio is not None and self.proposer not in ("portfolio", "auto"):
             raise ValueError(f"portfolio: only used with proposer 'portfolio' (the proposer is '{self.proposer}')")
         return self
-    # -- resources and isolation ---------------------------------------------------------------
-    log_cap_mb: float = Field(default=32.0, ge=0, allow_inf_nan=False)   # per run log; 0: no cap
-    min_free_gb: float = Field(default=2.0, ge=0, allow_inf_nan=False)   # stop below this; 0: no check
-    isolate: bool = False                      # trials without network (Linux network namespaces)
-    # -- executor: where trials run (README "Running trials on a cluster") ---------------------
-    executor: Literal["local", "slurm"] = "local"          # slurm: one submitit job per trial
-    slurm_cluster: Literal["slurm", "local", "debug"] = "slurm"   # local/debug: submitit without a cluster
-    slurm_partition: str | None = None
-    slurm_gpus_per_trial: int = Field(default=1, ge=0)
-    slurm_time_limit: float | None = None      # the job's limit (a duration); None -> timeout + 5m
-    slurm_options: dict[str, str | int | float | bool] = Field(default_factory=dict)  # extra sbatch options
-    slurm_folder: str = "results/slurm"        # submitit's job files; relative to the workspace
+
+    # -- what a trial may use (README "Safety") -------------------------------------------------
+    max_rss_gb: float | None = setting(
+        None, "safety", "kill a trial whose processes use more memory than this", metavar="GB", gt=0)
+    log_cap_mb: float = setting(
+        32.0, "safety", "keep each run log under MB: its first and last halves around a line saying what was "
+        "cut (default {default}; 0: no cap)", metavar="MB", ge=0, allow_inf_nan=False)
+    min_free_gb: float = setting(
+        2.0, "safety", "stop before a trial when the workspace, results or data disk has less free "
+        "(default {default}; 0: off)", metavar="GB", ge=0, allow_inf_nan=False)
+    isolate: bool = setting(
+        False, "safety", "run trials without network access, in a network namespace of their own (Linux)")
+
+    # -- parallel workers (README "More than one GPU") ------------------------------------------
+    workers: int = setting(
+        1, "workers", "run N trials at once, each in its own git worktree under worktrees/", metavar="N",
+        run_only=True, ge=1, le=64)
+    devices: list[int] | None = setting(
+        None, "workers", "CUDA devices of the workers, one each: 0,1,2,3", metavar="LIST", run_only=True,
+        default_text="one GPU per worker when there are enough, else all on CPU, sharing the cores")
+
+    # -- where trials run (README "Running trials on a cluster") --------------------------------
+    executor: Literal["local", "slurm"] = setting(
+        "local", "slurm", "where trials run: local, or slurm (one job per trial through submitit)")
+    slurm_cluster: Literal["slurm", "local", "debug"] = setting(
+        "slurm", "slurm", "submitit cluster: slurm (sbatch), or local/debug to try it without a cluster")
+    slurm_partition: str | None = setting(None, "slurm", "sbatch --partition", metavar="NAME")
+    slurm_gpus_per_trial: int = setting(1, "slurm", "GPUs per trial job", metavar="N", ge=0)
+    slurm_time_limit: float | None = setting(
+        None, "slurm", "the job's time limit, e.g. 20m", metavar="DURATION",
+        default_text="the trial timeout + 5m, rounded up to minutes")
+    slurm_options: dict[str, str | int | float | bool] = setting(
+        {}, "slurm", "extra sbatch option as submitit names it, e.g. account=myproj or mem=64G (repeatable)",
+        metavar="KEY=VALUE", flag="--slurm-option")
+    slurm_folder: str = setting(DEFAULT_SLURM_DIR, "slurm", "submitit's job files", metavar="DIR")
 
     @field_validator("slurm_time_limit", mode="before")
     @classmethod
@@ -228,10 +266,6 @@ class Settings(BaseModel):
             raise ValueError(f"slurm_time_limit: must be longer than the trial timeout ({format_duration(self.timeout_s)}), "
                              f"got {format_duration(self.slurm_time_limit)}")
         return self
-
-    # -- parallel workers (README "Parallel workers", workers.py) -------------------------------
-    workers: int = Field(default=1, ge=1, le=64)   # trials run at once, each in its own git worktree
-    devices: list[int] | None = None           # CUDA device of each worker; None -> one each if enough, else CPU
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -256,7 +290,7 @@ class Settings(BaseModel):
         # bool is an int subclass: without this, `budget = true` would mean 1 second.
         if isinstance(data, dict):
             for key, value in data.items():
-                if isinstance(value, bool) and key in _NUMERIC_FIELDS:
+                if isinstance(value, bool) and key in numeric_fields():
                     raise ValueError(f"{key}: must be a number, got {_show(value)}")
         return data
 
@@ -359,9 +393,7 @@ class Settings(BaseModel):
     @property
     def timeout_s(self) -> float:
         """The hard limit per trial: the configured timeout, else max(2 x budget, budget + 120 s)."""
-        if self.timeout is not None:
-            return self.timeout
-        return max(2 * self.budget, self.budget + 120)
+        return self.timeout if self.timeout is not None else default_timeout(self.budget)
 
     @property
     def command_argv(self) -> list[str]:
@@ -377,7 +409,8 @@ class Settings(BaseModel):
 
     @property
     def branch(self) -> str:
-        return f"autoloop/{self.run_tag}"
+        """The loop's branch for the tag in force (layout.branch_name)."""
+        return branch_name(self.run_tag)
 
     @property
     def source(self) -> str | None:
@@ -387,6 +420,26 @@ class Settings(BaseModel):
 
 
 SETTING_NAMES = tuple(Settings.model_fields)
+
+
+def flag_of(name: str) -> str:
+    """The flag of a setting: its declared one, else --<name with dashes>."""
+    extra = Settings.model_fields[name].json_schema_extra or {}
+    return extra.get("flag") or f"--{name.replace('_', '-')}"
+
+
+def numeric_fields() -> frozenset[str]:
+    """Settings that take numbers (durations included): a TOML true/false there is a
+    mistake, not 1/0."""
+    return _NUMERIC
+
+
+def _is_number(annotation: Any) -> bool:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return all(a in (int, float) for a in args)
+
+
+_NUMERIC = frozenset(name for name, f in Settings.model_fields.items() if _is_number(f.annotation))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,7 +490,7 @@ def _normalise(table: dict, where: str, flag_style: bool) -> dict[str, tuple[Any
     out: dict[str, tuple[Any, str]] = {}
     for raw_key, value in table.items():
         key = str(raw_key).replace("-", "_")
-        label = f"--{key.replace('_', '-')}" if flag_style else f"{where}: {raw_key}"
+        label = (flag_of(key) if key in SETTING_NAMES else f"--{raw_key}") if flag_style else f"{where}: {raw_key}"
         if key not in SETTING_NAMES:
             hint = difflib.get_close_matches(key, SETTING_NAMES, n=1, cutoff=0.6)
             suggestion = ""
@@ -505,11 +558,15 @@ def _message(err: dict) -> str:
     value = err.get("input")
     if kind == "value_error":
         return str(ctx.get("error", err.get("msg", "invalid")))
+    # A number out of bounds is shown as typed: a flag's value is the string '0', not 0.
+    number = value if isinstance(value, str) else _show(value)
     if kind == "greater_than":
         bound = "must be positive" if ctx.get("gt") == 0 else f"must be greater than {_show(ctx.get('gt'))}"
-        return f"{bound}, got {_show(value)}"
+        return f"{bound}, got {number}"
     if kind == "greater_than_equal":
-        return f"must be at least {_show(ctx.get('ge'))}, got {_show(value)}"
+        return f"must be at least {_show(ctx.get('ge'))}, got {number}"
+    if kind == "less_than_equal":
+        return f"must be at most {_show(ctx.get('le'))}, got {number}"
     if kind in ("int_parsing", "int_from_float", "int_type"):
         return f"must be a whole number, got {_show(value)}"
     if kind in ("float_parsing", "float_type", "finite_number"):
@@ -521,19 +578,6 @@ def _message(err: dict) -> str:
     if kind == "literal_error":
         return f"must be {ctx.get('expected')}, got {_show(value)}"
     return _one_line(str(err.get("msg", "invalid"))).lower()
-
-
-def _show(value: Any) -> str:
-    """A value as the user wrote it: strings quoted, TOML booleans lower-case."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, (dict, list)):
-        return "a table" if isinstance(value, dict) else "a list"
-    if isinstance(value, float):
-        return f"{value:g}"   # 0.0 -> '0', as a person would write the bound
-    return str(value)
 
 
 def _one_line(text: str) -> str:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from autoloop.errors import AutoloopError
+
 FORMAT_VERSION = 1
 DEFAULT_VAL_BYTES = 512 * 1024
 DEFAULT_AUDIT_BYTES = 128 * 1024
@@ -44,7 +46,7 @@ _SPLIT_SALT = b"autoloop-split-v1:"
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
-class DataError(Exception):
+class DataError(AutoloopError):
     """A corpus or prepared dataset that cannot be used; the message is one line for the user."""
 
 

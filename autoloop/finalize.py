@@ -38,12 +38,15 @@ from pathlib import Path
 import git
 from git.exc import GitCommandError
 
+from autoloop.errors import AutoloopError
+from autoloop.layout import Layout, final_branch_name, tag_of_branch
 from autoloop.ledger import Ledger, LedgerRecord
-from autoloop.report import best_before, metric_digits
+from autoloop.console import metric_digits
+from autoloop.queries import best_before
 from autoloop.state import load_state
 
 
-class FinalizeError(Exception):
+class FinalizeError(AutoloopError):
     """Nothing (or nothing safe) to finalize; the message is one line for the user."""
 
 
@@ -219,35 +222,35 @@ class _Git:
 # ------------------------------------------------------------------------------ finalize
 
 
-def _ledger_dir(results: Path, tag: str, current_tag: str | None) -> Path:
+def _ledger_dir(results: Layout, tag: str, current_tag: str | None) -> Path:
     """The results folder holding tag's ledger: results/ itself, or its newest archive."""
-    if current_tag in (None, tag) and (results / "ledger.jsonl").exists():
-        return results
+    if current_tag in (None, tag) and results.ledger.exists():
+        return results.root
     pattern = re.compile(rf"^{re.escape(tag)}-\d{{8}}-\d{{6}}(-\d+)?$")
-    archives = sorted(p for p in (results / "archive").glob(f"{tag}-*") if pattern.match(p.name)
-                      and (p / "ledger.jsonl").exists())
+    archives = sorted(p for p in results.archive.glob(f"{tag}-*") if pattern.match(p.name)
+                      and Layout(p).ledger.exists())
     if archives:
         return archives[-1]
-    if (results / "ledger.jsonl").exists():
+    if results.ledger.exists():
         raise FinalizeError(f"no ledger of tag '{tag}': results/ledger.jsonl belongs to tag '{current_tag}' "
                             f"(pass --tag {current_tag})")
-    raise FinalizeError(f"no ledger at {results / 'ledger.jsonl'}: nothing to finalize (run autoloop run first)")
+    raise FinalizeError(f"no ledger at {results.ledger}: nothing to finalize (run autoloop run first)")
 
 
 def finalize(root: Path, tag: str | None = None, branch: str | None = None,
              squash_overlapping: bool = False) -> FinalizeResult:
     root = Path(root).resolve()
-    results = root / "results"
-    current_tag = load_state(results).tag
+    results = Layout.of(root)
+    current_tag = load_state(results.root).tag
     with tempfile.TemporaryDirectory(prefix="autoloop-finalize-") as tmp:
         g = _Git(root, Path(tmp) / "index")
         if tag is None:
             tag = current_tag
         if tag is None:
             head = g.repo.head.reference.name if not g.repo.head.is_detached else ""
-            tag = head[len("autoloop/"):] if head.startswith("autoloop/") else None
-        if tag is None and not (results / "ledger.jsonl").exists():
-            raise FinalizeError(f"no ledger at {results / 'ledger.jsonl'}: nothing to finalize "
+            tag = tag_of_branch(head)
+        if tag is None and not results.ledger.exists():
+            raise FinalizeError(f"no ledger at {results.ledger}: nothing to finalize "
                                 "(run autoloop run first)")
         if tag is None:
             raise FinalizeError("cannot tell which tag to finalize: pass --tag TAG")
@@ -260,7 +263,7 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
         if not changes:
             raise FinalizeError(f"no kept changes in the ledger of tag '{tag}': nothing to finalize")
 
-        branch = branch or f"autoloop/{tag}-final"
+        branch = branch or final_branch_name(tag)
         try:
             g.repo.git.check_ref_format("--branch", branch)
         except GitCommandError:

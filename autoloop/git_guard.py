@@ -27,6 +27,7 @@ from pathlib import Path
 
 from git.exc import GitCommandError
 
+from autoloop.layout import agent_ref_prefix, trial_ref_prefix
 from autoloop.workspace import Workspace, WorkspaceError, _git_error
 
 # The refs an agent must not move or delete (re-created from the snapshot when it did).
@@ -60,13 +61,8 @@ class Reconciled:
     saved_refs: list[str] = field(default_factory=list)
 
 
-def agent_ref_prefix(tag: str, trial: int, attempt: int) -> str:
-    return f"refs/autoloop/{tag}/agent/{trial}-{attempt}/"
-
-
 def snapshot(ws: Workspace, tag: str) -> RefSnapshot:
-    out = ws.repo.git.for_each_ref("--format=%(refname) %(objectname)", *_GUARDED,
-                                   f"refs/autoloop/{tag}/trials/")
+    out = ws.repo.git.for_each_ref("--format=%(refname) %(objectname)", *_GUARDED, trial_ref_prefix(tag))
     refs = {}
     for line in out.splitlines():
         name, _, sha = line.partition(" ")

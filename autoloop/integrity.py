@@ -45,8 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import autoloop
+from autoloop.atomic import atomic_write
+from autoloop.errors import AutoloopError
+from autoloop.layout import PRISTINE, RESULTS, Layout
 
-PRISTINE_DIR = ".pristine"
 MANIFEST = "manifest.json"
 DATA_BACKUP_CAP = 512 * 2**20
 # Tests (and a user with a huge corpus who wants hash-only) may lower the cap.
@@ -57,11 +59,8 @@ MAX_NAMED = 3          # paths named in a reason before "+N more"
 _CHUNK = 1 << 20
 
 
-class IntegrityError(Exception):
+class IntegrityError(AutoloopError):
     """A protected input changed and cannot be restored; the message is one line for the user."""
-
-
-HARNESS_COPY_DIR = ".harness"
 
 
 def harness_dir() -> Path:
@@ -71,7 +70,7 @@ def harness_dir() -> Path:
 
 def harness_path(results_dir: Path) -> Path:
     """The folder trials get first on their PYTHONPATH: it holds the private ``autoloop`` copy."""
-    return Path(results_dir).resolve() / HARNESS_COPY_DIR
+    return Layout(Path(results_dir)).harness
 
 
 def _not_python(folder: str, names: list[str]) -> set[str]:
@@ -259,12 +258,7 @@ class Guard:
 
     def _save(self) -> None:
         doc = {**self.meta, "entries": {k: vars(e) for k, e in self.entries.items()}}
-        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=self.store)
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.store / MANIFEST)
+        atomic_write(self.store / MANIFEST, json.dumps(doc, indent=1))
         # Blobs no longer referenced (an older session's) go; the manifest is already safe.
         wanted = {e.sha256 for e in self.entries.values() if e.blob}
         for blob in (self.store / "blobs").iterdir():
@@ -401,7 +395,7 @@ class Guard:
                    f"{data_backup_cap() // 2**20} MiB)" if not data.backup else "its pristine copy is damaged")
             return (f"the prepared data in {data.root} was changed ({shown}) and {why}: delete {data.root} "
                     "and run `autoloop prepare`, then `autoloop run --resume`")
-        return (f"{shown} changed and cannot be restored from results/{PRISTINE_DIR} (missing or damaged): "
+        return (f"{shown} changed and cannot be restored from {RESULTS}/{PRISTINE} (missing or damaged): "
                 "put them back by hand (git checkout, reinstall autoloop), then `autoloop run --resume`")
 
 
@@ -469,7 +463,7 @@ def open_guard(results_dir: Path, workspace: Path, data_dir: Path | None, tag: s
     it changed meanwhile). Otherwise a fresh snapshot, but never of data that differs from
     its own meta.json: that is restored from an earlier pristine copy, or refused.
     """
-    store = Path(results_dir) / PRISTINE_DIR
+    store = Layout(Path(results_dir)).pristine
     old = Guard.load(store)
     harness = harness_path(results_dir) / "autoloop"
     if reuse and old is not None and harness.is_dir() and _compatible(old, harness, Path(workspace), data_dir, tag):
@@ -500,7 +494,7 @@ def recover_inputs(results_dir: Path, evidence_dir: Path | None) -> Tampering:
     snapshot of some other harness (an older layout, another version) is left out: the next
     session makes a fresh copy anyway.
     """
-    guard = Guard.load(Path(results_dir) / PRISTINE_DIR)
+    guard = Guard.load(Layout(Path(results_dir)).pristine)
     if guard is None:
         return Tampering()
     area = guard.area("harness")

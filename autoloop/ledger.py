@@ -64,7 +64,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +71,10 @@ from typing import Iterable, Literal
 
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autoloop.atomic import atomic_write, fsync_dir
+from autoloop.errors import AutoloopError
+from autoloop.layout import Layout
 
 Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
 CrashClass = Literal["trivial", "fundamental", "timeout"]
@@ -82,13 +85,9 @@ AttemptKind = Literal["baseline", "candidate", "fix", "confirm"]
 TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description", "crash", "trial", "seconds",
                "confidence", "worker"]
 
-LEDGER_NAME = "ledger.jsonl"
-TSV_NAME = "results.tsv"
-LOCK_NAME = ".ledger.lock"
-TORN_PREFIX = "ledger.torn-"
 
 
-class LedgerError(Exception):
+class LedgerError(AutoloopError):
     """The ledger cannot be read or written safely; the message is one line for the user."""
 
 
@@ -125,8 +124,12 @@ class LedgerRecord(BaseModel):
     best: str | None = None            # best commit after this record's decision
     best_metric: float | None = None   # best metric after this record's decision
     outside_changes: list[str] = Field(default_factory=list)  # files reverted by the scope guard
-    extra: dict = Field(default_factory=dict)
-    worker: int | None = None          # parallel worker that ran it (workers.py); None: the single loop
+    extra: dict = Field(default_factory=dict)   # facts about the attempt; the engine never reads control flow here
+    worker: int | None = None          # parallel worker that ran it; None: the single loop
+    # What the decision asked for next in this trial: "confirm" (the same commit once more,
+    # another seed) or "replay" (its change merged onto a best another worker set); None:
+    # the decision was final. A record of what was decided, not an instruction to read back.
+    next: Literal["confirm", "replay"] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,11 +285,11 @@ class Ledger:
         loss may then lose recent records). ``lock_timeout``: seconds to wait for another
         writer before raising LedgerError; flock is released when its holder dies, so a
         wait this long means a live process is stuck holding it."""
-        self.results_dir = Path(results_dir)
-        self.results_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.results_dir / LEDGER_NAME
-        self.tsv_path = self.results_dir / TSV_NAME
-        self.lock_path = self.results_dir / LOCK_NAME
+        self.layout = Layout(Path(results_dir)).ensure()
+        self.results_dir = self.layout.root
+        self.path = self.layout.ledger
+        self.tsv_path = self.layout.tsv
+        self.lock_path = self.layout.ledger_lock
         self.fsync = fsync
         self.lock_timeout = lock_timeout
         self._lock = FileLock(str(self.lock_path), timeout=lock_timeout)
@@ -323,28 +326,11 @@ class Ledger:
     def __len__(self) -> int:
         return len(self.records())
 
-    def next_trial(self) -> int:
-        """The number for a new trial: highest trial so far + 1; 0 (the baseline) when empty."""
-        records = self.records()
-        return max(r.trial for r in records) + 1 if records else 0
-
     def last(self, n: int) -> list[dict]:
         """The last n records as plain dicts (JSON-ready), oldest first."""
         if n <= 0:
             return []
         return [r.model_dump(mode="json") for r in self.records()[-n:]]
-
-    def best(self) -> tuple[str | None, float | None]:
-        """(best commit, best metric) as set by the latest record that has a ``best``;
-        (None, None) when no record has one yet."""
-        for record in reversed(self.records()):
-            if record.best is not None:
-                return record.best, record.best_metric
-        return None, None
-
-    def attempts_of(self, trial: int) -> list[LedgerRecord]:
-        """Every attempt of one trial, in the order they were recorded."""
-        return [r for r in self.records() if r.trial == trial]
 
     # -- repair -------------------------------------------------------------------------------
 
@@ -366,18 +352,18 @@ class Ledger:
         if not parsed.torn:
             return None
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        torn_path = self.results_dir / f"{TORN_PREFIX}{stamp}"
+        torn_path = self.layout.torn(stamp)
         n = 1
         while torn_path.exists():
             n += 1
-            torn_path = self.results_dir / f"{TORN_PREFIX}{stamp}-{n}"
+            torn_path = self.layout.torn(f"{stamp}-{n}")
         # Save the fragment durably BEFORE truncating: a crash in between leaves it in
         # both places, never in neither.
         with open(torn_path, "xb") as f:
             f.write(parsed.torn)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(self.results_dir)
+        fsync_dir(self.results_dir)
         with open(self.path, "r+b") as f:
             f.truncate(parsed.good_end)
             f.flush()
@@ -460,7 +446,7 @@ class Ledger:
         finally:
             os.close(fd)
         if created and self.fsync:
-            _fsync_dir(self.results_dir)   # make the new directory entry itself durable
+            fsync_dir(self.results_dir)   # make the new directory entry itself durable
 
     def write_tsv(self) -> None:
         """Rewrite results.tsv from the ledger: temp file in results/, fsync, os.replace."""
@@ -471,39 +457,5 @@ class Ledger:
             self._lock.release()
 
     def _write_tsv_locked(self) -> None:
-        _atomic_write(self.tsv_path, format_tsv(self.records()).encode("utf-8"), self.fsync)
+        atomic_write(self.tsv_path, format_tsv(self.records()), fsync=self.fsync)
 
-
-def _atomic_write(path: Path, data: bytes, fsync: bool = True) -> None:
-    """Replace path with data so readers see the old or the new file, never a mix."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)   # mkstemp makes 0600; the TSV is for people to read
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    if fsync:
-        _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    """fsync a directory so a create/rename in it survives power loss (POSIX only)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass   # some platforms/filesystems refuse fsync on directories
-    finally:
-        os.close(fd)

@@ -13,10 +13,13 @@ matplotlib is an optional extra (``pip install autoloop[plot]``); without it
 
 from __future__ import annotations
 
+import io
 import math
 import statistics
 from pathlib import Path
 
+from autoloop.atomic import atomic_write
+from autoloop.queries import best_before, infer_direction
 from autoloop.ledger import LedgerRecord
 
 WIDTH_IN, HEIGHT_IN, DPI = 12.0, 6.75, 100   # 1200 x 675 pixels
@@ -78,8 +81,6 @@ def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | No
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise PlotUnavailable("matplotlib is not installed (pip install autoloop[plot])") from None
-
-    from autoloop.report import best_before, infer_direction
 
     direction = direction or infer_direction(records)
     judged = [r for r in records if r.status != "skip"]
@@ -204,10 +205,10 @@ def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | No
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=DPI)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=DPI)
     plt.close(fig)
-    tmp.replace(path)
+    atomic_write(path, image.getvalue())
     return path
 
 

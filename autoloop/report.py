@@ -1,7 +1,5 @@
 """Reading a workspace's results for people.
 
-* while the loop runs: the verdict line of each finished attempt and the live line of
-  the running one (``format_verdict``, ``live_line``; pure, ``loop.py`` prints them);
 * ``autoloop status``: where the loop stands, text or JSON (``status_data``);
 * ``autoloop report``: the morning summary ``results/report.md`` and the picture
   ``results/progress.png`` (drawn by ``plot.py``).
@@ -15,133 +13,31 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop.config import format_duration
+from autoloop import queries
+from autoloop.atomic import atomic_write
+from autoloop.console import parse_progress, time_left, whole_seconds
+from autoloop.errors import AutoloopError
+from autoloop.layout import Layout, branch_name
 from autoloop.ledger import Ledger, LedgerRecord, trial_label
+from autoloop.queries import best_before, is_noise_sample, tampered_attempts
 from autoloop.state import load_state
 
 
-class ReportError(Exception):
+class ReportError(AutoloopError):
     """Nothing to report on; the message is one line for the user."""
 
 
 # ------------------------------------------------------------------------------ small pure helpers
 
-_NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
-_LOSS_RE = re.compile(r"\bloss:\s*(" + _NUM + r")", re.IGNORECASE)
-_PERCENT_RE = re.compile(r"\((\d+(?:\.\d+)?)%\)")
-_STEP_RE = re.compile(r"^step\s+(\d+)")
-
-
-def parse_progress(line: str | None) -> dict:
-    """What a progress line says: ``step 00123 (41.0%) | loss: 2.3450 | ...`` ->
-    ``{"step": 123, "percent": 41.0, "loss": 2.345}``; missing parts are left out."""
-    out: dict = {}
-    if not line:
-        return out
-    if m := _STEP_RE.match(line.strip()):
-        out["step"] = int(m.group(1))
-    if m := _PERCENT_RE.search(line):
-        out["percent"] = float(m.group(1))
-    if m := _LOSS_RE.search(line):
-        out["loss"] = float(m.group(1))
-    return out
-
-
-def _dur(seconds: float | None) -> str:
-    """Whole seconds, readable: 4 -> '4s', 125 -> '2m5s'."""
-    if seconds is None:
-        return "-"
-    return format_duration(max(0, round(seconds)))
-
-
-def metric_digits(delta: float | None) -> int:
-    """4 decimals, 6 when the delta would round away at 4 (a tiny but real change)."""
-    if delta is not None and math.isfinite(delta) and delta != 0 and abs(delta) < 0.0005:
-        return 6
-    return 4
-
-
 def _fmt(value: float | None, digits: int = 4) -> str:
     if value is None:
         return "-"
     return f"{value:.{digits}f}"
-
-
-def best_before(records: list[LedgerRecord]) -> list[float | None]:
-    """For each record, the best metric in force when it was judged (None before the baseline)."""
-    out, best = [], None
-    for r in records:
-        out.append(best)
-        if r.best is not None:
-            best = r.best_metric
-    return out
-
-
-def format_verdict(label: str, record: LedgerRecord, reference: float | None) -> str:
-    """One line per finished attempt, e.g.
-
-    ``#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06``
-
-    ``reference`` is the best metric the attempt was judged against; the σ part (|delta|
-    over the noise estimate) only appears when the record carries a noise estimate.
-    """
-    description = record.description or "-"
-    if record.status == "crash":
-        return f"{label} crash ({record.crash or 'fundamental'}) {description}: {record.reason or '-'}"
-    if record.status == "skip":
-        return f"{label} skipped: {record.reason or description}"
-    if record.metric is None:
-        return f"{label} {record.status} - {description}"
-    delta = None
-    if record.kind != "baseline" and reference is not None and math.isfinite(reference):
-        delta = record.metric - reference
-    digits = metric_digits(delta)
-    detail = ""
-    if delta is not None:
-        parts = [f"{delta:+.{digits}f}"]
-        if record.noise is not None and math.isfinite(record.noise) and record.noise > 0:
-            parts.append(f"{abs(delta) / record.noise:.1f}σ")
-        detail = f" ({', '.join(parts)})"
-    return f"{label} {record.status} {record.metric:.{digits}f}{detail} {description}"
-
-
-def live_line(label: str, phase: str, elapsed_s: float | None, budget_s: float | None,
-              progress: str | None, best_metric: float | None, time_left_s: float | None) -> str:
-    """The one live line of the running attempt, e.g.
-
-    ``#17 training 41% of 5m, 2m3s in | loss 2.3450 | best 1.0275 | stops in 6h12m``
-
-    The percentage is train.py's own (its timed training loop); the time "in" is wall
-    time since the trial process started, start-up and compilation included.
-    """
-    parsed = parse_progress(progress)
-    head = f"{label} {phase}"
-    if "percent" in parsed and budget_s:
-        head += f" {parsed['percent']:.0f}% of {_dur(budget_s)}"
-    elif budget_s:
-        head += f" (budget {_dur(budget_s)})"
-    if elapsed_s is not None:
-        head += f", {_dur(elapsed_s)} in"
-    parts = [head]
-    if "loss" in parsed:
-        parts.append(f"loss {parsed['loss']:.4f}")
-    if best_metric is not None:
-        parts.append(f"best {best_metric:.4f}")
-    if time_left_s is not None:
-        parts.append(f"stops in {_coarse(time_left_s)}")
-    return " | ".join(parts)
-
-
-def _coarse(seconds: float) -> str:
-    """A time left: whole minutes from an hour up (6h12m), whole seconds below."""
-    seconds = max(0.0, seconds)
-    return _dur(round(seconds / 60) * 60 if seconds >= 3600 else seconds)
 
 
 # ------------------------------------------------------------------------------ status
@@ -156,25 +52,7 @@ def _pid_alive(pid: int | None) -> bool:
 
 
 def _read_records(results_dir: Path) -> list[LedgerRecord]:
-    return Ledger(results_dir).records() if (results_dir / "ledger.jsonl").exists() else []
-
-
-def is_noise_sample(record: LedgerRecord) -> bool:
-    """A re-run of the best to estimate the noise (kind confirm, status keep): not a change."""
-    return "noise_samples" in record.extra
-
-
-def tampered_attempts(records: list[LedgerRecord]) -> list[dict]:
-    """Attempts that found a protected input of the measurement changed (integrity.py):
-    "during" the attempt (its trial is invalid: crash, fundamental) or "before" its run
-    (a proposer changed it; restored, so the run stood). Restored in both cases."""
-    out = []
-    for r in records:
-        for key, when in (("tampered", "during"), ("tampered_before_run", "before")):
-            if r.extra.get(key):
-                out.append({"trial": r.trial, "attempt": r.attempt, "when": when, "status": r.status,
-                            "description": r.description, "paths": list(r.extra[key])})
-    return out
+    return Ledger(results_dir).records() if Layout(results_dir).ledger.exists() else []
 
 
 def status_data(results_dir: Path, now: float | None = None) -> dict:
@@ -184,13 +62,9 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
     records = _read_records(results_dir)
     state = load_state(results_dir)
     judged = [r for r in records if r.status != "skip"]
-    baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
-    best_commit, best_metric = None, None
-    for r in reversed(records):
-        if r.best is not None:
-            best_commit, best_metric = r.best, r.best_metric
-            break
-    best_record = next((r for r in reversed(records) if r.status == "keep" and r.commit == best_commit), None)
+    baseline = queries.baseline(records)
+    best_commit, best_metric = queries.best(records)
+    best_record = queries.best_record(records)
     # The orchestrator is alive in every phase but "stopped", also between attempts ("idle").
     alive = state.phase != "stopped" and _pid_alive(state.pid)
     first_start = min((r.started_at for r in judged), default=None)
@@ -210,11 +84,11 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
             "alive": alive,
         }
     workers = []
-    for path in sorted(results_dir.glob("state-w*.json")) if state.workers else []:
-        # Parallel workers (workers.py): each has its own attempt in flight.
+    for k, path in Layout(results_dir).worker_states() if state.workers else []:
+        # Parallel workers: each has its own attempt in flight.
         ws = load_state(results_dir, path.name)
         if ws.in_flight:
-            workers.append({"worker": path.stem.removeprefix("state-"), "trial": ws.trial, "attempt": ws.attempt,
+            workers.append({"worker": f"w{k}", "trial": ws.trial, "attempt": ws.attempt,
                             "kind": ws.kind, "phase": ws.phase, "description": ws.description,
                             "elapsed_s": round(now - ws.attempt_started_at, 1) if ws.attempt_started_at else None})
     improvement = None
@@ -255,7 +129,7 @@ def status_text(data: dict) -> str:
     if data["current"]:
         c = data["current"]
         label = f"#{c['trial']}" + (f".{c['attempt']}" if (c["attempt"] or 1) > 1 else "")
-        elapsed = f", {_dur(c['elapsed_s'])} in" if c["elapsed_s"] is not None else ""
+        elapsed = f", {whole_seconds(c['elapsed_s'])} in" if c["elapsed_s"] is not None else ""
         state = "running" if c["alive"] else "interrupted (no live orchestrator: resume with autoloop run --resume)"
         lines.append(f"{state}: {label} {c['kind']} '{c['description'] or '-'}' ({c['phase']}{elapsed})")
         if c["progress"]:
@@ -269,7 +143,7 @@ def status_text(data: dict) -> str:
         verb = "running" if data["running"] else "interrupted"
         for w in data["workers"]:
             label = f"#{w['trial']}" + (f".{w['attempt']}" if (w["attempt"] or 1) > 1 else "")
-            elapsed = f", {_dur(w['elapsed_s'])} in" if w["elapsed_s"] is not None else ""
+            elapsed = f", {whole_seconds(w['elapsed_s'])} in" if w["elapsed_s"] is not None else ""
             lines.append(f"{verb} {w['worker']}: {label} {w['kind']} '{w['description'] or '-'}' ({w['phase']}{elapsed})")
         if not data["running"]:
             lines.append("  no live orchestrator: resume with autoloop run --resume")
@@ -299,7 +173,7 @@ def status_text(data: dict) -> str:
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
     if data["time_left_s"] is not None:
-        lines.append(f"time left: {_coarse(data['time_left_s'])}")
+        lines.append(f"time left: {time_left(data['time_left_s'])}")
     if data.get("noise") is not None:
         lines.append(f"noise: σ {data['noise']:.6f} (the noise rule needs a gain beyond z x σ)")
     if data.get("tampered"):
@@ -319,25 +193,11 @@ def status_json(data: dict) -> str:
 # ------------------------------------------------------------------------------ the morning report
 
 
-def infer_direction(records: list[LedgerRecord]) -> str:
-    """'min' or 'max' from the ledger itself: a kept change that raised the metric means
-    higher is better. Ties and an empty ledger: 'min' (val_bpb)."""
-    before = best_before(records)
-    for r, ref in zip(records, before):
-        if (r.status == "keep" and r.kind != "baseline" and r.metric is not None and ref is not None
-                and not is_noise_sample(r)):
-            if r.metric > ref:
-                return "max"
-            if r.metric < ref:
-                return "min"
-    return "min"
-
-
 def eval_seconds(results_dir: Path, records: list[LedgerRecord]) -> dict[tuple[int, int], float]:
     """eval_seconds of each attempt from its result file (runs/<trial>-<attempt>.result.json)."""
     out = {}
     for r in records:
-        path = Path(results_dir) / "runs" / f"{r.trial}-{r.attempt}.result.json"
+        path = Layout(Path(results_dir)).result(r.trial, r.attempt)
         try:
             value = json.loads(path.read_text()).get("eval_seconds")
         except (OSError, ValueError, AttributeError):
@@ -410,22 +270,22 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     if not records:
         raise ReportError("the ledger has no records yet: nothing to report")
     metric = records[-1].metric_name
-    direction = infer_direction(records)
+    direction = queries.infer_direction(records)
     before = best_before(records)
     judged = [r for r in records if r.status != "skip"]
-    baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
-    best_commit, best_metric = next(((r.best, r.best_metric) for r in reversed(records) if r.best), (None, None))
+    baseline = queries.baseline(records)
+    best_commit, best_metric = queries.best(records)
     kept = [(r, ref) for r, ref in zip(records, before)
             if r.status == "keep" and r.kind != "baseline" and not is_noise_sample(r)]
     crashes = [r for r in records if r.status == "crash"]
     skips = [r for r in records if r.status == "skip"]
     counts = Counter(r.status for r in records)
-    branch = f"autoloop/{tag}" if tag else "the autoloop branch"
+    branch = branch_name(tag) if tag else "the autoloop branch"
     first, last = min(r.started_at for r in records), max(r.ended_at for r in records)
 
     out = [f"# autoloop report: {branch}", ""]
     out.append(f"{len(judged)} attempts of {len({r.trial for r in judged})} trials from {_clock(first)} to "
-               f"{_clock(last)} ({_dur(last - first)}); {metric}, {'lower' if direction == 'min' else 'higher'} "
+               f"{_clock(last)} ({whole_seconds(last - first)}); {metric}, {'lower' if direction == 'min' else 'higher'} "
                f"is better. Written {_clock(now or time.time())} from `results/ledger.jsonl`.")
     out.append("")
 
@@ -436,7 +296,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     else:
         out += [f"| | {metric} | commit | trial |", "|---|---:|---|---:|",
                 f"| baseline | {baseline.metric:.6f} | `{(baseline.commit or '-')[:7]}` | {baseline.trial} |"]
-        best_rec = next((r for r in reversed(records) if r.status == "keep" and r.commit == best_commit), baseline)
+        best_rec = queries.best_record(records) or baseline
         if best_metric is not None:
             out.append(f"| best | {best_metric:.6f} | `{(best_commit or '-')[:7]}` | {best_rec.trial} |")
             delta = best_metric - baseline.metric
@@ -565,14 +425,14 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += ["## Where the time went", "",
             "| | time | share | how it is computed |", "|---|---:|---:|---|"]
     for name, value, how in rows:
-        out.append(f"| {name} | {_dur(value)} | {_pct(value, s)} | {how} |")
+        out.append(f"| {name} | {whole_seconds(value)} | {_pct(value, s)} | {how} |")
     if abs(split.unaccounted) >= 1:
-        out.append(f"| overlap / unaccounted | {_dur(abs(split.unaccounted))} | {_pct(abs(split.unaccounted), s)} | "
+        out.append(f"| overlap / unaccounted | {whole_seconds(abs(split.unaccounted))} | {_pct(abs(split.unaccounted), s)} | "
                    "the span minus the rows above (records that overlap in time: parallel writers) |")
-    out.append(f"| **total** | **{_dur(s)}** | 100% | first record's `started_at` to the last record's `ended_at` |")
+    out.append(f"| **total** | **{whole_seconds(s)}** | 100% | first record's `started_at` to the last record's `ended_at` |")
     out.append("")
     if split.longest_gap >= 1800:
-        out += [f"The longest gap between two attempts, {_dur(split.longest_gap)} from {_clock(split.longest_gap_at)}, "
+        out += [f"The longest gap between two attempts, {whole_seconds(split.longest_gap)} from {_clock(split.longest_gap_at)}, "
                 "is probably time when no loop was running; it is counted in the last row.", ""]
     return "\n".join(out)
 
@@ -600,7 +460,7 @@ def proposers_section(records: list[LedgerRecord], direction: str, metric: str) 
     for name, y in yields.items():
         rate = change(y.gain * 3600 / y.seconds) if y.seconds > 0 else "-"
         out.append(f"| {_md(name)} | {y.trials} | {y.keeps} | {y.failed} | {change(y.gain)} | "
-                   f"{_dur(y.seconds)} | {rate} |")
+                   f"{whole_seconds(y.seconds)} | {rate} |")
     return out + [""]
 
 
@@ -614,28 +474,25 @@ class ReportFiles:
 def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
     """Write report.md and progress.png for the ledger in ``results_dir`` into ``output_dir``
     (default: ``results_dir``)."""
-    results_dir = Path(results_dir)
-    output_dir = Path(output_dir) if output_dir else results_dir
-    if not (results_dir / "ledger.jsonl").exists():
-        raise ReportError(f"no ledger at {results_dir / 'ledger.jsonl'}: nothing to report (run autoloop run first)")
-    records = Ledger(results_dir).records()
+    results = Layout(Path(results_dir))
+    output = Layout(Path(output_dir)) if output_dir else results
+    if not results.ledger.exists():
+        raise ReportError(f"no ledger at {results.ledger}: nothing to report (run autoloop run first)")
+    records = Ledger(results.root).records()
     if not records:
-        raise ReportError(f"{results_dir / 'ledger.jsonl'} has no records yet: nothing to report")
-    tag = tag or load_state(results_dir).tag
-    output_dir.mkdir(parents=True, exist_ok=True)
+        raise ReportError(f"{results.ledger} has no records yet: nothing to report")
+    tag = tag or load_state(results.root).tag
+    output.ensure()
 
     from autoloop import plot
 
-    picture, note = output_dir / "progress.png", None
+    picture, note = output.picture, None
     try:
         plot.write_progress_png(records, picture, tag=tag)
     except plot.PlotUnavailable as e:
         picture, note = None, str(e)
-    text = report_markdown(records, eval_seconds(results_dir, records), tag=tag,
+    text = report_markdown(records, eval_seconds(results.root, records), tag=tag,
                            picture=picture.name if picture else None,
                            picture_note=f"_No picture: {note}._" if note else None)
-    md = output_dir / "report.md"
-    tmp = md.with_name(f".{md.name}.tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(md)
-    return ReportFiles(md, picture, note)
+    atomic_write(output.report, text + "\n")
+    return ReportFiles(output.report, picture, note)

@@ -15,7 +15,7 @@ line saying how much was cut (``autoloop.runlog``); with ``isolate`` the trial r
 network namespace of its own (``autoloop.isolate``), entered between fork and exec so the
 session, token and subreaper arrangements above are unchanged.
 
-Decisions where DESIGN.md is silent:
+Decisions the contracts leave open (docs/architecture.md, "Contracts"):
   * The child's ``AUTOLOOP_RESULT`` is always the file the runner reads (``result_path``,
     else the spec's own ``AUTOLOOP_RESULT``); an inherited value is dropped, so a trial
     can never write a result somewhere nobody looks.
@@ -30,7 +30,6 @@ Decisions where DESIGN.md is silent:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import math
@@ -38,21 +37,23 @@ import os
 import re
 import select
 import shlex
-import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-import psutil
 from pydantic import BaseModel, Field, field_validator
 
+from autoloop.durations import default_timeout
 from autoloop.isolate import enter_network_namespace, isolation_available
+from autoloop.procs import TOKEN_VAR, ProcessTree, adopting_orphans
 from autoloop.runlog import RunLog
+
+__all__ = ["TOKEN_VAR", "TrialOutcome", "TrialSpec", "build_env", "default_timeout", "run_trial"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ TAIL_BYTES = 64 * 1024        # log tail kept in memory: enough for any tracebac
 TAIL_LINES = 200
 READ_CHUNK = 1 << 20          # big reads: a trial flooding stdout costs few system calls
 MAX_LINE = 4096               # longer lines cannot be progress or metric lines; not carried over
-KILL_WAIT_S = 10.0            # after SIGKILL, how long to wait for the kernel to finish the job
-TOKEN_VAR = "AUTOLOOP_TRIAL_TOKEN"  # inherited by every descendant that keeps its environment
 PROGRESS_PREFIX = b"step "    # train.py (and autoresearch) progress lines
 
 # A line starts after \n or \r: autoresearch redraws its progress line with \r.
@@ -70,11 +69,6 @@ _NUMBER = rb"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 _PROGRESS_RE = re.compile(_LINE_START + re.escape(PROGRESS_PREFIX) + rb"[^\r\n]*")
 _EOL_RE = re.compile(rb"[\r\n]")
 _SUMMARY_LINE_RE = re.compile(r"^(\w+):\s*(" + _NUMBER.decode() + r")\s*$", re.IGNORECASE)
-
-
-def default_timeout(budget_s: float) -> float:
-    """The hard limit when none is configured: max(2 x budget, budget + 120 s)."""
-    return max(2 * budget_s, budget_s + 120)
 
 
 def default_command() -> list[str]:
@@ -254,163 +248,7 @@ def _last_match(pattern: re.Pattern[bytes], data: bytes) -> re.Match[bytes] | No
 
 
 # ---------------------------------------------------------------------------------
-# The process tree: everything the trial started, and how to end it.
-
-_subreaper_lock = threading.Lock()
-_subreaper_users = 0
-
-
-def _set_subreaper(on: bool) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    pr_set_child_subreaper = 36
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, int(on), 0, 0, 0)
-    except (OSError, AttributeError):  # no prctl: orphans go to init, the final sweep still finds them
-        pass
-
-
-@contextlib.contextmanager
-def _adopting_orphans() -> Iterator[None]:
-    """This process is the child subreaper while any trial runs (a process-wide flag, so counted)."""
-    global _subreaper_users
-    with _subreaper_lock:
-        _subreaper_users += 1
-        if _subreaper_users == 1:
-            _set_subreaper(True)
-    try:
-        yield
-    finally:
-        with _subreaper_lock:
-            _subreaper_users -= 1
-            if _subreaper_users == 0:
-                _set_subreaper(False)
-
-
-class _Tree:
-    """Every process of one trial, remembered by (pid, start time) until it is gone."""
-
-    def __init__(self, root: subprocess.Popen, token: str):
-        self._root = root
-        self._token = token
-        self._me = psutil.Process()
-        self._known: dict[tuple[int, float], psutil.Process] = {}
-        self._foreign: set[tuple[int, float]] = set()  # our other children (another thread's git)
-        with contextlib.suppress(psutil.Error):
-            self._remember(psutil.Process(root.pid))
-
-    def _remember(self, proc: psutil.Process) -> None:
-        self._known[(proc.pid, proc.create_time())] = proc
-
-    def _is_ours(self, proc: psutil.Process) -> bool:
-        try:
-            if proc.ppid() in {pid for pid, _ in self._known}:
-                return True
-            return proc.environ().get(TOKEN_VAR) == self._token
-        except psutil.Error:
-            return False
-
-    def alive(self) -> list[psutil.Process]:
-        """Known processes still running; zombies count as dead (no code, no memory) and the
-        dead are forgotten, so a trial spawning thousands of short jobs stays cheap."""
-        living = []
-        for key, proc in list(self._known.items()):
-            try:
-                if not proc.is_running():  # gone, or its pid now belongs to someone else
-                    raise psutil.NoSuchProcess(proc.pid)
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    living.append(proc)
-                    continue
-                if proc.pid != self._root.pid and proc.ppid() == self._me.pid:
-                    os.waitpid(proc.pid, os.WNOHANG)  # an orphan re-parented to us: reap it
-                    continue
-                if proc.pid == self._root.pid:
-                    continue  # Popen reaps the main process, keeping its exit status
-            except (psutil.NoSuchProcess, ChildProcessError):
-                pass
-            except psutil.Error:
-                continue
-            del self._known[key]
-        return living
-
-    def refresh(self) -> list[psutil.Process]:
-        """Take in new descendants, then return the living members. As subreaper, orphans of
-        the trial are re-parented to us, so our own descendants hold the whole tree."""
-        try:
-            descendants = self._me.children(recursive=True)  # parents come before their children
-        except psutil.Error:
-            descendants = []
-        for proc in descendants:
-            try:
-                key = (proc.pid, proc.create_time())
-            except psutil.Error:
-                continue
-            if key in self._known or key in self._foreign:
-                continue
-            if self._is_ours(proc):
-                self._known[key] = proc
-            else:
-                self._foreign.add(key)
-        return self.alive()
-
-    def sweep(self) -> list[psutil.Process]:
-        """refresh() plus a scan of every process for the trial's session or token: finds a
-        daemon that left the tree before any sample saw it (where there is no subreaper)."""
-        session = self._root.pid  # start_new_session: the session id is the main process's pid
-        for proc in psutil.process_iter():
-            if proc.pid == self._me.pid:
-                continue
-            try:
-                if os.getsid(proc.pid) == session or proc.environ().get(TOKEN_VAR) == self._token:
-                    self._remember(proc)
-            except (psutil.Error, OSError):
-                continue
-        return self.refresh()
-
-    def members(self) -> list[tuple[int, float]]:
-        return list(self._known)
-
-    def rss_bytes(self, procs: list[psutil.Process]) -> int:
-        total = 0
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-        return total
-
-    def _signal(self, procs: list[psutil.Process], sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._root.pid, sig)  # the group first: members we have not seen yet
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)  # psutil checks the start time: a reused pid is left alone
-
-    def end(self, grace_s: float) -> int:
-        """SIGTERM every member, SIGKILL what is left after the grace period, and wait until
-        all are gone. Returns how many were alive at the start."""
-        living = self.sweep()
-        count = len(living)
-        if not living:
-            return 0
-        self._signal(living, signal.SIGTERM)
-        self._signal(living, signal.SIGCONT)  # a stopped process only acts on SIGTERM once continued
-        terminated = {proc.pid for proc in living}
-        deadline = time.monotonic() + grace_s
-        while living and time.monotonic() < deadline:
-            time.sleep(0.02)
-            self._root.poll()
-            living = self.refresh()
-            late = [proc for proc in living if proc.pid not in terminated]  # born during the grace
-            self._signal(late, signal.SIGTERM)
-            terminated.update(proc.pid for proc in late)
-        deadline = time.monotonic() + KILL_WAIT_S
-        while living and time.monotonic() < deadline:
-            self._signal(living, signal.SIGKILL)
-            time.sleep(0.02)
-            self._root.poll()
-            living = self.sweep()
-        if living:
-            logger.error("trial processes survived SIGKILL: %s", [proc.pid for proc in living])
-        return count
+# Waiting for the main process.
 
 
 class _ExitWatch:
@@ -526,7 +364,7 @@ def _launch_failure(spec: TrialSpec, log: RunLog, timeout_s: float, exit_code: i
                         log_tail=log.notes[-1], started_at=now, ended_at=now)
 
 
-def _supervise(proc: subprocess.Popen, tree: _Tree, log: RunLog, spec: TrialSpec, deadline: float,
+def _supervise(proc: subprocess.Popen, tree: ProcessTree, log: RunLog, spec: TrialSpec, deadline: float,
                stop_event: threading.Event | None) -> tuple[str | None, int]:
     """Sample the tree until the main process exits or a limit ends it:
     (killed_reason, peak RSS of the tree in bytes)."""
@@ -583,7 +421,7 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
     if not Path(spec.cwd).is_dir():
         return _launch_failure(spec, log, spec.timeout_s, 127, f"workspace not found: {spec.cwd}")
 
-    with _adopting_orphans():
+    with adopting_orphans():
         started_at, t0 = time.time(), time.monotonic()
         stdin = open(spec.stdin_path, "rb") if spec.stdin_path is not None else subprocess.DEVNULL
         try:
@@ -608,7 +446,7 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
 
         reader = _Reader(proc.stdout.fileno(), log, spec.metric, on_progress)
         reader.start()
-        tree = _Tree(proc, token)
+        tree = ProcessTree(proc, token)
         if on_start is not None:
             try:
                 on_start(tree.members())

@@ -8,15 +8,18 @@ from pathlib import Path
 
 import git
 
-GITIGNORE = """# autoloop: ledger, logs and reports stay out of git, so resets never touch them.
-results/*
-!results/README.md
-worktrees/
+from autoloop.errors import AutoloopError
+from autoloop.layout import RESULTS, WORKTREES, Layout
+
+GITIGNORE = f"""# autoloop: ledger, logs and reports stay out of git, so resets never touch them.
+{RESULTS}/*
+!{RESULTS}/README.md
+{WORKTREES}/
 __pycache__/
 """
 
 
-class ScaffoldError(Exception):
+class ScaffoldError(AutoloopError):
     """The folder cannot be made into an experiment repository; one line for the user."""
 
 
@@ -34,10 +37,10 @@ def init_experiment(path: Path) -> Path:
         (path / "train.py").write_text(template_text("train.py"))
         (path / "program.md").write_text(template_text("program.md"))
         (path / ".gitignore").write_text(GITIGNORE)
-        (path / "results").mkdir()
-        (path / "results" / "README.md").write_text("Ledger, logs and reports of autoloop (git-ignored).\n")
+        readme = Layout.of(path).ensure().root / "README.md"
+        readme.write_text("Ledger, logs and reports of autoloop (git-ignored).\n")
         repo = git.Repo.init(path)
-        repo.index.add(["train.py", "program.md", ".gitignore", "results/README.md"])
+        repo.index.add(["train.py", "program.md", ".gitignore", readme.relative_to(path).as_posix()])
         author = None
         reader = repo.config_reader()
         if not (reader.has_option("user", "name") and reader.has_option("user", "email")):

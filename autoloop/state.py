@@ -1,24 +1,32 @@
-"""The orchestrator's state file: which trial is in flight and in what phase.
+"""The orchestrator's state file: which attempt is in flight and in what phase.
 
-``results/state.json`` is rewritten atomically at every phase change, so that after a
-``kill -9`` at any moment the next start knows exactly what was interrupted: the
-trial and attempt, the best commit it was built on, the candidate commit if one was
-made, and the pids of the processes it had started (to end them).
+``results/state.json`` (and ``state-w<k>.json`` for parallel worker k) is rewritten
+atomically at every phase change, *before* the phase starts, so that after a ``kill -9``
+at any moment the next start knows exactly what was interrupted: the trial and attempt,
+the best commit it was built on, the candidate commit if one was made, and the pids (and
+token, and job) of the processes it had started, to end them. The phases of one attempt,
+in order: proposing, committing, running, judging, then idle; ``stopped`` ends a run.
+
+:class:`StateFile` is one such file held by one worker slot of the engine; it is also
+where the fault-injection points of the recovery tests sit (``fault_point``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
+import signal
 import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from autoloop.atomic import atomic_write
+from autoloop.layout import STATE, Layout
+
 Phase = Literal["idle", "proposing", "committing", "running", "judging", "stopped"]
-STATE_FILE = "state.json"
+STATE_FILE = STATE
 
 
 class RunState(BaseModel):
@@ -51,12 +59,12 @@ class RunState(BaseModel):
 
 
 def state_path(results_dir: Path, name: str = STATE_FILE) -> Path:
-    return Path(results_dir) / name
+    return Layout(Path(results_dir)).state(name)
 
 
 def worker_state_name(worker: int) -> str:
-    """A parallel worker's own state file (workers.py): each has its attempt in flight."""
-    return f"state-w{worker}.json"
+    """A parallel worker's own state file: each has its attempt in flight."""
+    return Layout.worker_state_name(worker)
 
 
 def load_state(results_dir: Path, name: str = STATE_FILE) -> RunState:
@@ -73,12 +81,7 @@ def load_state(results_dir: Path, name: str = STATE_FILE) -> RunState:
 def save_state(results_dir: Path, state: RunState, name: str = STATE_FILE) -> None:
     path = state_path(results_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(state.model_dump(mode="json")))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(state.model_dump(mode="json")), sync_dir=False)
 
 
 def set_phase(results_dir: Path, state: RunState, phase: Phase, name: str = STATE_FILE, **fields) -> RunState:
@@ -87,3 +90,39 @@ def set_phase(results_dir: Path, state: RunState, phase: Phase, name: str = STAT
     updated = state.model_copy(update={"phase": phase, "phase_started_at": now, **fields})
     save_state(results_dir, updated, name)
     return updated
+
+
+def fault_point(name: str, trial: int | None, attempt: int | None = None) -> None:
+    """Fault injection for the recovery tests and the soak benchmark: with
+    AUTOLOOP_FAULT_KILL_AT=<point>:<trial> (or <point>:<trial>.<attempt>, e.g. running:1.2
+    for a confirmation re-run) the orchestrator SIGKILLs itself there. The points are the
+    phases (on entering them) and proposed, committed, recorded (just after each)."""
+    wanted = os.environ.get("AUTOLOOP_FAULT_KILL_AT")
+    if wanted and (wanted == f"{name}:{trial}" or wanted == f"{name}:{trial}.{attempt}"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StateFile:
+    """One state file and the state it holds, for the one thread that writes it."""
+
+    def __init__(self, results_dir: Path, name: str = STATE_FILE, state: RunState | None = None):
+        self.results_dir, self.name = Path(results_dir), name
+        self.state = state if state is not None else load_state(self.results_dir, name)
+
+    @property
+    def path(self) -> Path:
+        return state_path(self.results_dir, self.name)
+
+    def enter(self, phase: Phase, **fields) -> None:
+        """Persist the phase (and fields) before anything of it happens."""
+        self.state = set_phase(self.results_dir, self.state, phase, self.name, **fields)
+        fault_point(phase, self.state.trial, self.state.attempt)
+
+    def update(self, **fields) -> None:
+        """Persist more of the current phase (the pids it started, its progress)."""
+        self.state = self.state.model_copy(update=fields)
+        save_state(self.results_dir, self.state, self.name)
+
+    def replace(self, state: RunState) -> None:
+        self.state = state
+        save_state(self.results_dir, state, self.name)

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import git
 from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
+
+from autoloop.errors import AutoloopError
+from autoloop.layout import RESULTS, branch_name, trial_ref, trial_ref_prefix
 
 # Used for candidate commits when the user has no git identity configured (a fresh
 # machine, a container): git would refuse to commit, and the night would be lost.
@@ -25,7 +30,7 @@ FALLBACK_EMAIL = "autoloop@localhost"
 _MAX_LISTED = 10
 
 
-class WorkspaceError(Exception):
+class WorkspaceError(AutoloopError):
     """The repository is not usable as a workspace; the message is one line for the user."""
 
 
@@ -48,13 +53,18 @@ def _listing(paths: list[str]) -> str:
 
 
 class Workspace:
-    """One experiment repository: the git work tree holding the target file."""
+    """One experiment repository: the git work tree holding the target file.
 
-    # Ref prefixes that other parts of the loop move while a proposer runs (parallel
-    # workers: the loop's branch, the other workers' branches); git_guard leaves them alone.
-    foreign_refs: tuple[str, ...] = ()
+    ``branch``: the branch this work tree works on when it is not the loop's own
+    ``autoloop/<tag>`` (a parallel worker's worktree has a branch of its own).
+    ``foreign_refs``: ref prefixes that other parts of the loop move while a proposer runs
+    here (the loop's branch and every worker's); git_guard leaves them alone.
+    """
 
-    def __init__(self, path: Path, target: str = "train.py", results_dir: str = "results") -> None:
+    def __init__(self, path: Path, target: str = "train.py", results_dir: str | Path = RESULTS, *,
+                 branch: str | None = None, foreign_refs: tuple[str, ...] = ()) -> None:
+        self.branch = branch
+        self.foreign_refs = foreign_refs
         path = Path(path).resolve()
         try:
             self.repo = git.Repo(path, search_parent_directories=True)
@@ -160,9 +170,9 @@ class Workspace:
 
     # -------------------------------------------------------------- branches
 
-    @staticmethod
-    def branch_name(tag: str) -> str:
-        return f"autoloop/{tag}"
+    def branch_name(self, tag: str) -> str:
+        """The branch this work tree works on: its own, else the loop's autoloop/<tag>."""
+        return self.branch or branch_name(tag)
 
     def current_branch(self) -> str | None:
         """The checked-out branch, None when HEAD is detached."""
@@ -283,16 +293,12 @@ class Workspace:
 
     # ---------------------------------------------------------- trial refs
 
-    @staticmethod
-    def _trial_prefix(tag: str) -> str:
-        return f"refs/autoloop/{tag}/trials/"
-
     def save_trial_ref(self, tag: str, trial: int, attempt: int, sha: str) -> str:
         """Keep a discarded or crashed candidate reachable (and safe from gc) after a reset.
 
         The name is `<trial>-<attempt>`: git cannot hold both trials/5 and trials/5/2.
         """
-        ref = f"{self._trial_prefix(tag)}{trial}-{attempt}"
+        ref = trial_ref(tag, trial, attempt)
         full = self._resolve(sha)
         try:
             self.repo.git.update_ref("-m", f"autoloop trial {trial}-{attempt}", ref, full)
@@ -302,7 +308,7 @@ class Workspace:
 
     def trial_refs(self, tag: str) -> dict[str, str]:
         """Every saved trial ref of the tag: full ref name -> sha."""
-        out = self.repo.git.for_each_ref("--format=%(refname) %(objectname)", self._trial_prefix(tag))
+        out = self.repo.git.for_each_ref("--format=%(refname) %(objectname)", trial_ref_prefix(tag))
         refs: dict[str, str] = {}
         for line in out.splitlines():
             name, _, sha = line.partition(" ")
@@ -462,3 +468,19 @@ class Workspace:
         if blob.type != "blob":
             return None
         return blob.data_stream.read().decode("utf-8", errors="replace")
+
+    def merge_change(self, base: str, ours: str, theirs: str) -> str | None:
+        """The target of `theirs` (a change built on `base`) replayed onto `ours`: a 3-way
+        merge of the target alone; None on a conflict or when a side has no target."""
+        texts = [self.file_at(sha, self.target) for sha in (ours, base, theirs)]
+        if any(t is None for t in texts):
+            return None
+        with tempfile.TemporaryDirectory(prefix="autoloop-merge-") as tmp:
+            paths = []
+            for name, text in zip(("ours", "base", "theirs"), texts):
+                path = Path(tmp) / name
+                path.write_text(text)
+                paths.append(str(path))
+            # Exit code: the number of conflicts (0: clean), negative (255) on an error.
+            out = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True, text=True)
+        return out.stdout if out.returncode == 0 else None

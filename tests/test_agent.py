@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autoloop.cli import _settings, build_parser
+from autoloop.cli import build_parser, settings_from
 from autoloop.config import Settings
 from autoloop.proposers import ProposerError, make_proposer
 from autoloop.proposers.agent import PRESETS, AgentProposer, describe_change, results_table, split_command
@@ -180,7 +180,7 @@ def test_agent_setup_errors_are_one_line(tmp_path, monkeypatch, values, message)
 def test_cli_flags_map_to_settings(tmp_path):
     args = build_parser().parse_args(["run", "-C", str(tmp_path), "--agent", "codex", "--agent-cmd", "x {prompt_file}",
                                       "--agent-timeout", "3s", "--max-fix-attempts", "0", "--max-agent-failures", "2"])
-    s = _settings(args)
+    s = settings_from(args)
     assert (s.agent, s.agent_cmd, s.agent_timeout, s.max_fix_attempts, s.max_agent_failures) == \
         ("codex", "x {prompt_file}", 3.0, 0, 2)
 

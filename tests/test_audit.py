@@ -7,7 +7,8 @@ import time
 
 from autoloop.config import Settings
 from autoloop.ledger import Ledger, LedgerRecord
-from autoloop.loop import Session, strip_audit
+from autoloop.candidate import proposal_request, strip_audit
+from autoloop.layout import Layout
 from autoloop.proposers.agent import build_prompt
 from conftest import TRAIN_PY, init_repo
 
@@ -35,8 +36,11 @@ def test_audit_never_reaches_a_proposer_or_the_tsv(tmp_path):
     tsv = (repo / "results" / "results.tsv").read_text()
     assert "audit" not in tsv and "3.14" not in tsv
 
-    session = Session(Settings(), repo)
-    request = session.proposal_request(3, 1)
+    from autoloop import queries
+    from autoloop.workspace import Workspace
+
+    records = ledger.records()
+    request = proposal_request(Settings(), Workspace(repo), Layout.of(repo), records, 3, 1, queries.best(records))
     text = json.dumps(request.ledger_tail)
     assert "audit" not in text and "3.14" not in text
     assert request.ledger_tail[0]["extra"] == {"source": "x"}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoloop import ledger as ledger_mod
+from autoloop import queries
 from autoloop.ledger import TSV_COLUMNS, Ledger, LedgerError, LedgerRecord, format_tsv
 
 
@@ -259,21 +260,23 @@ def test_format_tsv_is_pure():
 
 
 # ---------------------------------------------------------------------------------------------
-# helpers the orchestrator uses
+# the queries the orchestrator asks (autoloop.queries), on a real ledger
 
 
-def test_helpers(tmp_path):
+def test_queries(tmp_path):
     ledger = Ledger(tmp_path / "results")         # created on demand
-    assert ledger.next_trial() == 0
-    assert ledger.best() == (None, None)
+    assert queries.next_trial(ledger.records()) == 0
+    assert queries.best(ledger.records()) == (None, None)
     assert ledger.last(3) == []
     ledger.append(rec(0, kind="baseline", best="aaa", best_metric=1.3))
     ledger.append(rec(1, status="crash", crash="trivial", metric=None))
     ledger.append(rec(1, attempt=2, kind="fix", status="keep", metric=1.2, best="bbb", best_metric=1.2))
     ledger.append(rec(2, status="skip", metric=None))   # no best field: best() looks further back
-    assert ledger.next_trial() == 3
-    assert ledger.best() == ("bbb", 1.2)
-    assert [r.attempt for r in ledger.attempts_of(1)] == [1, 2]
+    records = ledger.records()
+    assert queries.next_trial(records) == 3
+    assert queries.best(records) == ("bbb", 1.2)
+    assert queries.next_attempt(records, 1) == 3 and queries.next_attempt(records, 7) == 1
+    assert queries.best_before(records) == [None, 1.3, 1.3, 1.2]
     tail = ledger.last(2)
     assert [d["trial"] for d in tail] == [1, 2] and isinstance(tail[0], dict)
     json.dumps(tail)                               # JSON-ready

@@ -242,3 +242,22 @@ def test_a_damaged_study_fails_the_proposal_not_the_night(bowl_repo, tiny_data_d
     observed = sorted(t.user_attrs["autoloop"]["trial"] for t in study_trials(bowl_repo)
                       if t.user_attrs["autoloop"].get("observed"))
     assert observed == measured == [0, 1]
+
+
+def test_a_new_tag_archives_the_study_with_the_ledger(bowl_repo, tiny_data_dir):
+    first = run(bowl_repo, tiny_data_dir, "--max-trials", "2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    old = [r["extra"]["optuna"]["trial"] for r in candidates(read_ledger(bowl_repo))]
+    # argparse keeps the last --tag: a new night on autoloop/t2, from the best of t.
+    second = run(bowl_repo, tiny_data_dir, "--max-trials", "1", "--tag", "t2")
+    assert second.returncode == 0, second.stdout + second.stderr
+    archived = list((bowl_repo / "results" / "archive").glob("t-*"))
+    assert len(archived) == 1 and (archived[0] / STUDY_FILE).exists() and (archived[0] / "ledger.jsonl").exists()
+    storage = f"sqlite:///{archived[0] / STUDY_FILE}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    assert summary.n_trials >= len(old)
+    # The new study knows only the new night: its baseline, observed, and one suggestion.
+    trials = study_trials(bowl_repo)
+    assert [t.user_attrs["autoloop"]["trial"] for t in trials if t.user_attrs["autoloop"].get("observed")] == [0]
+    assert len([t for t in trials if not t.user_attrs["autoloop"].get("observed")]) >= 1
+    assert all(r["proposer"] == "optuna" for r in candidates(read_ledger(bowl_repo)))

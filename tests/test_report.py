@@ -13,10 +13,9 @@ import pytest
 
 from night_helpers import Step, build_night, realistic_steps
 
-from autoloop.console import Console, plain
+from autoloop.console import Console, format_verdict, live_line, parse_progress, plain
 from autoloop.ledger import LedgerRecord
-from autoloop.report import (eval_seconds, format_verdict, live_line, parse_progress, report_markdown, time_split,
-                             write_report)
+from autoloop.report import eval_seconds, report_markdown, time_split, write_report
 
 PROGRESS = ("step 00123 (41.0%) | loss: 2.3450 | lrm: 1.00 | dt: 52ms | tok/sec: 78,769 | remaining: 177s")
 

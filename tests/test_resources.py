@@ -254,17 +254,23 @@ def test_low_disk_stops_the_loop_cleanly(tmp_path, tiny_data_dir):
     assert proc.returncode == 1 and proc.stderr.strip() == "autoloop: --min-free-gb: must be at least 0, got -1"
 
 
-def test_low_disk_is_checked_before_every_trial(tmp_path):
-    """Between trials too, not only at start (where the test above sees it)."""
+def test_low_disk_is_checked_before_every_trial(tmp_path, tiny_data_dir):
+    """Between trials too, not only at start (where the test above sees it): the
+    scheduler's stop conditions, asked before each trial, include the free space."""
     from autoloop.config import build_settings
-    from autoloop.loop import Loop
+    from autoloop.console import Console
+    from autoloop.night import open_night
     from autoloop.proposers import make_proposer
+    from autoloop.scheduler import Scheduler
 
     repo = foreign_repo(tmp_path, QUIET_OR_FLOOD_TRAIN)
     reasons = []
     for min_free_gb in (0, 0.001, 100000):
-        settings = build_settings({"proposer": "queue", "min_free_gb": min_free_gb})
-        reasons.append(Loop(settings, repo, make_proposer(settings, repo)[0])._stop_reason(3, 0, None))
+        settings = build_settings({"proposer": "queue", "min_free_gb": min_free_gb, "data_dir": str(tiny_data_dir),
+                                   "tag": f"t{len(reasons)}"})
+        with open_night(settings, repo, Console()) as night:
+            reasons.append(Scheduler(night, make_proposer(settings, repo)[0]).stop_reason())
+        git(repo, "checkout", "-q", "main")
     assert reasons[:2] == [None, None] and reasons[2].startswith("low disk: ")
 
 

@@ -120,7 +120,7 @@ def test_a_slower_winner_is_replayed_on_the_new_best_and_wins_again(repo, tiny_d
     first, replay = by_source(ledger, "01_lower_a.py")
     # beat its start (the baseline) while the best moved to b: recorded, then replayed on b
     assert first["status"] == "discard" and first["metric"] == 1.5 and first["parent"] == ledger[0]["commit"]
-    assert first["extra"]["replay"] == "pending" and "replaying" in first["reason"]
+    assert first["next"] == "replay" and "replaying" in first["reason"]
     assert first["best"] == b[0]["commit"]
     assert replay["kind"] == "confirm" and replay["trial"] == first["trial"] and replay["attempt"] == 2
     assert replay["extra"]["replay_of"] == first["commit"] and replay["parent"] == b[0]["commit"]
@@ -141,7 +141,7 @@ def test_a_replay_that_loses_on_the_new_best_is_discarded(repo, tiny_data_dir):
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
     b = by_source(ledger, "02_lower_b.py")[0]
     first, replay = by_source(ledger, "01_lower_a.py")
-    assert first["extra"]["replay"] == "pending"
+    assert first["next"] == "replay"
     assert replay["kind"] == "confirm" and replay["extra"]["replay_of"] == first["commit"]
     assert replay["status"] == "discard" and replay["metric"] == pytest.approx(6.2)
     assert ledger[-1]["best"] == b["commit"] == git(repo, "rev-parse", "HEAD")
@@ -176,9 +176,9 @@ def test_confirmation_re_runs_work_with_workers_and_replays(repo, tiny_data_dir)
     [b] = by_source(ledger, "02_lower_b.py")
     assert b["status"] == "keep" and b["metric"] == 0.9 + 1.0
     first, replay, confirm = by_source(ledger, "01_lower_a.py")
-    assert first["extra"]["replay"] == "pending" and "confirm" not in first["extra"]
+    assert first["next"] == "replay" and "confirm" not in first["extra"]
     assert replay["extra"]["replay_of"] == first["commit"] and replay["status"] == "discard"
-    assert replay["extra"]["confirm"] == "pending" and "sanity bound" in replay["reason"]
+    assert replay["next"] == "confirm" and "sanity bound" in replay["reason"]
     assert confirm["kind"] == "confirm" and confirm["commit"] == replay["commit"] and confirm["status"] == "keep"
     assert confirm["metric"] == pytest.approx(1.4) and confirm["extra"]["runs"] == pytest.approx([1.4, 1.4])
     assert [r["attempt"] for r in (first, replay, confirm)] == [1, 2, 3]
@@ -194,7 +194,7 @@ def test_candidates_while_the_best_stays_are_judged_as_usual(repo, tiny_data_dir
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = check_worker_invariants(repo, ["01_raise_a.py", "02_raise_b.py", "03_crash.py"])
     assert sorted(r["status"] for r in ledger[1:]) == ["crash", "discard", "discard"]
-    assert all("replay" not in r["extra"] and "stale" not in r["extra"] for r in ledger)
+    assert all(r["next"] is None and "replay_of" not in r["extra"] and "stale" not in r["extra"] for r in ledger)
     assert git(repo, "rev-parse", "HEAD") == ledger[0]["commit"]
 
 
@@ -325,8 +325,8 @@ def test_an_agent_works_in_its_worker_worktree(repo, tiny_data_dir):
 
 def test_worker_devices(monkeypatch):
     from autoloop.config import Settings
-    from autoloop.loop import LoopError
-    from autoloop.workers import worker_envs
+    from autoloop.devices import worker_envs
+    from autoloop.errors import NightError
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     envs, why = worker_envs(Settings(workers=2, devices=[3, 5]), 2)
@@ -339,7 +339,7 @@ def test_worker_devices(monkeypatch):
     assert envs == [{"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "AUTOLOOP_DEVICE": "cpu",
                      "CUDA_VISIBLE_DEVICES": ""}] * 4
     assert "share 16 CPU cores, 4 thread(s) per trial" in why and "2 GPU(s) visible" in why
-    with pytest.raises(LoopError, match="needs 2 CUDA devices, 1 visible"):
+    with pytest.raises(NightError, match="needs 2 CUDA devices, 1 visible"):
         worker_envs(Settings(workers=2, device="cuda"), 2, cuda_count=1)
 
 
@@ -347,7 +347,7 @@ def test_worker_devices(monkeypatch):
     (["--workers", "2", "--devices", "0"], "1 listed for 2 workers"),
     (["--workers", "2", "--devices", "0,0"], "listed twice"),
     (["--workers", "2", "--devices", "gpu0,gpu1"], "CUDA device numbers"),
-    (["--workers", "0"], "expected a positive number"),
+    (["--workers", "0"], "--workers: must be at least 1, got 0"),
 ])
 def test_bad_worker_flags_are_one_line_errors(repo, tiny_data_dir, flags, message):
     proc = autoloop(repo, "run", "--tag", "t", *flags, data_dir=tiny_data_dir)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from autoloop.errors import AutoloopError
 from autoloop.runner import TrialOutcome, TrialSpec, run_trial
 
 OnProgress = Callable[[str], None]
@@ -23,7 +24,7 @@ OnStart = Callable[[list[tuple[int, float]]], None]
 OnJob = Callable[[dict], None]
 
 
-class ExecutorError(Exception):
+class ExecutorError(AutoloopError):
     """The executor cannot be set up; the message is one line for the user."""
 
 

@@ -37,7 +37,8 @@ from pathlib import Path
 import psutil
 
 from autoloop.executors import ExecutorError, OnJob, OnProgress, OnStart
-from autoloop.runner import _PROGRESS_RE, TOKEN_VAR, TrialOutcome, TrialSpec, default_timeout, run_trial
+from autoloop.procs import TOKEN_VAR, end_token_holders
+from autoloop.runner import _PROGRESS_RE, TrialOutcome, TrialSpec, default_timeout, run_trial
 
 try:
     import submitit
@@ -217,7 +218,7 @@ class SlurmExecutor:
         if self.cluster == "local":
             # A job killed on this machine leaves its trial running: end it (a real cluster's
             # scheduler ends everything in the job's cgroup).
-            strays = _end_token_holders(token)
+            strays = end_token_holders(token)
             if strays:
                 with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
                     f.write(f"\n[autoloop] ended {strays} trial process(es) left by job {job.job_id}\n")
@@ -285,18 +286,6 @@ class SlurmExecutor:
             max_rss_gb=spec.max_rss_gb, metric_name=spec.metric, log_path=spec.log_path, log_tail=tail,
             started_at=started_at, ended_at=time.time(), wall_seconds=time.monotonic() - t0,
             timeout_s=spec.timeout_s, last_progress=follower.last, job=info)
-
-
-def _end_token_holders(token: str) -> int:
-    """SIGKILL every process carrying the trial's token (orphans of a dead job); how many."""
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if proc.pid != os.getpid() and proc.environ().get(TOKEN_VAR) == token:
-                proc.kill()
-                found.append(proc)
-    psutil.wait_procs(found, timeout=5)
-    return len(found)
 
 
 def _job_state(job) -> str:

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoloop.proposers.base import Proposer
+from autoloop.proposers.base import Proposer, ProposerError
 
-
-class ProposerError(Exception):
-    """No usable proposer for these settings; the message is one line for the user."""
+__all__ = ["Proposer", "ProposerError", "make_proposer"]
 
 
 def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
@@ -56,13 +54,10 @@ def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
 
 
 def _agent(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
-    from autoloop.config import format_duration
-    from autoloop.proposers.agent import AgentSetupError, make_agent_proposer
+    from autoloop.durations import format_duration
+    from autoloop.proposers.agent import make_agent_proposer
 
-    try:
-        proposer, command = make_agent_proposer(settings, root)
-    except AgentSetupError as e:
-        raise ProposerError(str(e)) from None
+    proposer, command = make_agent_proposer(settings, root)   # AgentSetupError is a ProposerError
     source = "--agent-cmd" if proposer.label == "--agent-cmd" else f"preset {proposer.label}"
     ignored = " (--agent-cmd given: preset ignored)" if settings.agent and settings.agent_cmd else ""
     why = " (auto: an agent is configured)" if auto else ""
@@ -89,13 +84,10 @@ def _mutate(settings, root: Path) -> tuple[Proposer, str]:
 
 def _optuna(settings, root: Path) -> tuple[Proposer, str]:
     from autoloop.proposers.mutate import MutateError
-    from autoloop.proposers.optuna_search import STUDY_FILE, OptunaProposer, OptunaSetupError, check_installed
+    from autoloop.proposers.optuna_search import STUDY_FILE, OptunaProposer, check_installed
     from autoloop.proposers.space import build_space
 
-    try:
-        check_installed(settings.sampler)
-    except OptunaSetupError as e:
-        raise ProposerError(str(e)) from None
+    check_installed(settings.sampler)   # OptunaSetupError is a ProposerError
     try:
         space = build_space((root / settings.target).read_bytes())
     except FileNotFoundError:

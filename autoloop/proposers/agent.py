@@ -34,9 +34,9 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
+from autoloop.layout import RESULTS, Layout
+from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 
-AGENTS_DIR = "agents"
 RECENT_ROWS = 15           # results shown in the prompt
 LOG_TAIL_LINES = 60        # of a crashed run, in a fix request
 MAX_DESCRIPTION = 200
@@ -63,7 +63,7 @@ PRESETS: dict[str, str] = {
 }
 
 
-class AgentSetupError(Exception):
+class AgentSetupError(ProposerError):
     """The agent cannot run at all (one line for the user, at start-up)."""
 
 
@@ -250,17 +250,14 @@ class AgentProposer:
     can_fix = True
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
-        from autoloop.config import format_duration
+        from autoloop.durations import format_duration
         from autoloop.runner import TOKEN_VAR, TrialSpec, run_trial
 
         workspace = Path(request.workspace)
-        results_dir = Path(request.results_dir) if request.results_dir else workspace / "results"
-        agents = results_dir / AGENTS_DIR
-        agents.mkdir(parents=True, exist_ok=True)
-        stem = f"{request.trial}-{request.attempt}"
-        prompt_file = agents / f"{stem}.prompt.md"
-        description_file = agents / f"{stem}.description.txt"
-        log_path = agents / f"{stem}.log"
+        layout = Layout(Path(request.results_dir)) if request.results_dir else Layout.of(workspace)
+        results_dir = layout.root
+        layout.agents.mkdir(parents=True, exist_ok=True)
+        prompt_file, description_file, log_path = layout.agent_files(request.trial, request.attempt)
         description_file.unlink(missing_ok=True)   # a stale one must not describe this change
         prompt_file.write_text(build_prompt(request, description_file))
 
@@ -281,7 +278,8 @@ class AgentProposer:
                       log_cap_bytes=self.log_cap_bytes),
             stop_event=request.stop_event, on_start=request.on_start,
         )
-        log = f"see results/{AGENTS_DIR}/{log_path.name}"
+        log_rel = log_path.relative_to(results_dir).as_posix()   # agents/<trial>-<attempt>.log
+        log = f"see {RESULTS}/{log_rel}"
         if outcome.launch_error:
             raise ProposalFailed(f"agent could not start: {outcome.launch_error}")
         if outcome.killed_reason == "timeout":
@@ -306,7 +304,7 @@ class AgentProposer:
                                           (after or b"").decode("utf-8", "replace"), request.target)
             if request.fix is not None:
                 description = f"{request.fix.description} (fix: {description})"
-        return Proposal(description=description, source=f"{AGENTS_DIR}/{log_path.name}", derived=derived)
+        return Proposal(description=description, source=log_rel, derived=derived)
 
 
 def _fill(arg: str, values: dict[str, str]) -> str:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from autoloop.errors import AutoloopError
+
 
 @dataclass
 class FixContext:
@@ -42,7 +44,7 @@ class ProposalRequest:
     # Given to every process the proposer starts (runner.TOKEN_VAR) and saved in the state
     # file first: a restart finds them all by it, even those that left the process tree.
     process_token: str | None = None
-    # Parallel workers (workers.py): what the other workers are trying right now, as
+    # Parallel workers (scheduler.Claims): what the other workers are trying right now, as
     # ledger-like dicts (parent, kind, description), so that no two try the same move at once.
     in_flight: list[dict] = field(default_factory=list)
 
@@ -52,9 +54,11 @@ class Proposal:
     description: str                # one line: what this change tries
     source: str | None = None       # where it came from (patch file, agent log), for the ledger
     derived: bool = False           # the description was made from the diff, not given by the proposer
-    # Fields of the proposer's own carried into the record's `extra` (#18): the Optuna trial
-    # number, the portfolio's choice and reason. JSON-serialisable values only.
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)   # more facts for its ledger record's extra (JSON-ready)
+
+
+class ProposerError(AutoloopError):
+    """No usable proposer for these settings; the message is one line for the user."""
 
 
 class ProposalFailed(Exception):

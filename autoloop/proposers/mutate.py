@@ -44,7 +44,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
+from autoloop.layout import Layout
+from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 
 # Constants the mutator never touches: they change what is measured or how it is
 # reported, not how well the model learns.
@@ -66,7 +67,7 @@ _DESCRIPTION = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*) (?P<old>.+) -> (?P<new>.+
 Number = int | float  # bool is an int too; told apart where it matters
 
 
-class MutateError(Exception):
+class MutateError(ProposerError):
     """The target cannot be searched (not Python, no constants); one line for the user."""
 
 
@@ -330,7 +331,7 @@ def parse_description(text: str) -> tuple[str, object, object] | None:
 def _records(request: ProposalRequest) -> list[dict]:
     """The whole ledger when the loop says where it is (memory must survive restarts and
     outlast the short tail), else the tail it passed."""
-    if request.results_dir is not None and (Path(request.results_dir) / "ledger.jsonl").exists():
+    if request.results_dir is not None and Layout(Path(request.results_dir)).ledger.exists():
         from autoloop.ledger import Ledger
 
         return [r.model_dump(mode="json") for r in Ledger(Path(request.results_dir)).records()] + request.in_flight

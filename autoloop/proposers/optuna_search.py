@@ -40,14 +40,16 @@ import hashlib
 import warnings
 from pathlib import Path
 
+from autoloop import queries
+from autoloop.layout import OPTUNA_STUDY, Layout
 from autoloop.ledger import Ledger
-from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
+from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 from autoloop.proposers.mutate import MutateError, _canon
 from autoloop.proposers.outcomes import TrialOutcome, trial_outcomes
 from autoloop.proposers.space import Space, build_space
 from autoloop.workspace import Workspace, WorkspaceError
 
-STUDY_FILE = "optuna.db"
+STUDY_FILE = OPTUNA_STUDY   # under results/ (layout.py)
 SAMPLERS = ("tpe", "cmaes", "gp")
 # Draws per proposal: each one already measured (or infeasible) is settled without a run and
 # the sampler asked again; this many in a row means the search has nowhere new to go.
@@ -58,7 +60,7 @@ STARTUP_TRIALS = 8
 INSTALL_HINT = "pip install 'autoloop[hpo]'"
 
 
-class OptunaSetupError(Exception):
+class OptunaSetupError(ProposerError):
     """Optuna (or the sampler's own dependency) is not installed; one line for the user."""
 
 
@@ -148,8 +150,8 @@ class OptunaProposer:
         from sqlalchemy.exc import SQLAlchemyError   # Optuna's storage layer
 
         records = Ledger(Path(request.results_dir)).records()
-        baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep" and r.commit), None)
-        if baseline is None:
+        baseline = queries.baseline(records)
+        if baseline is None or not baseline.commit:
             raise ProposalFailed("optuna: no baseline in the ledger to build the search space around")
         ws = Workspace(Path(request.workspace), request.target)
         try:
@@ -190,7 +192,7 @@ class OptunaProposer:
         return self._spaces[baseline_commit]
 
     def _study(self, optuna, request: ProposalRequest, baseline_commit: str, space: Space):
-        url = f"sqlite:///{(Path(request.results_dir) / STUDY_FILE).resolve()}"
+        url = f"sqlite:///{Layout(Path(request.results_dir)).optuna_study.resolve()}"
         name = study_name(baseline_commit)
         if self._study_key == (url, name):
             return self._cached_study

@@ -1,6 +1,7 @@
 """What each trial of a ledger came to: who proposed it, the value judged, the gain it made, its time.
 
-Pure functions over ledger records, shared by the Optuna proposer (the value it tells the
+Pure functions over ledger records, built on :mod:`autoloop.queries` (the best in force
+before each record, what a noise sample is), shared by the Optuna proposer (the value it tells the
 study), the portfolio (the bandit's evidence) and the morning report (yield per proposer).
 The ledger is the truth, so all three agree and all survive a restart.
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Literal
 
+from autoloop import queries
 from autoloop.ledger import LedgerRecord
 
 Status = Literal["measured", "crash", "interrupted", "skip"]
@@ -46,7 +48,6 @@ class TrialOutcome:
     kept: bool
     gain: float                # improvement of the best it made, >= 0 for a keep
     seconds: float             # night time used: its attempts, plus its proposing time when recorded
-    pending: bool              # its last attempt awaits a re-run (confirmation or replay)
     reason: str                # the last attempt's reason
     first: LedgerRecord        # its first attempt (where the proposer's own fields are)
 
@@ -66,11 +67,9 @@ def record_proposer(record: LedgerRecord) -> str:
 def trial_outcomes(records: list[LedgerRecord], direction: str = "min") -> dict[int, TrialOutcome]:
     """Trial number -> its outcome, for every trial of the ledger (the baseline's included)."""
     by_trial: dict[int, list[tuple[LedgerRecord, float | None]]] = {}
-    best = None
-    for r in records:   # in ledger order, with the best in force when each was judged
-        by_trial.setdefault(r.trial, []).append((r, best))
-        if r.best is not None:
-            best = r.best_metric
+    # In ledger order, with the best in force when each was judged.
+    for r, before in zip(records, queries.best_before(records)):
+        by_trial.setdefault(r.trial, []).append((r, before))
     return {trial: _outcome(trial, attempts, direction) for trial, attempts in by_trial.items()}
 
 
@@ -85,7 +84,7 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
             and not r.extra.get("replay_of")]
     gain = 0.0
     for r, before in attempts:
-        if r.status == "keep" and r.kind != "baseline" and "noise_samples" not in r.extra \
+        if r.status == "keep" and r.kind != "baseline" and not queries.is_noise_sample(r) \
                 and before is not None and r.best_metric is not None:
             gain += (before - r.best_metric) if direction == "min" else (r.best_metric - before)
     if first.status == "skip" and not runs:
@@ -104,12 +103,11 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
         m = _PORTFOLIO_SKIP.match(first.reason or "")
         if m:
             seconds += float(m["seconds"])
-    pending = last.extra.get("confirm") == "pending" or last.extra.get("replay") == "pending"
     return TrialOutcome(
         trial=trial, proposer=record_proposer(first), kind=first.kind, status=status, commit=commit,
         value=fmean(runs) if runs else None, runs=len(runs),
-        kept=any(r.status == "keep" and "noise_samples" not in r.extra for r in records),
-        gain=gain, seconds=seconds, pending=pending, reason=last.reason or "", first=first)
+        kept=any(r.status == "keep" and not queries.is_noise_sample(r) for r in records),
+        gain=gain, seconds=seconds, reason=last.reason or "", first=first)
 
 
 @dataclass

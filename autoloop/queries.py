@@ -1,0 +1,106 @@
+"""Questions asked of a ledger: pure functions of its records, in ledger order.
+
+The ledger (``ledger.py``) reads and writes records; everything that *reads meaning* from
+them lives here, once: the best so far, the baseline, the noise estimate, the runs of one
+commit, the tampered attempts, the best in force before each record. The engine, ``status``,
+``report``, ``plot`` and ``finalize`` all ask these, so they always agree, and none of them
+imports another to get an answer (no import cycles).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from autoloop.ledger import LedgerRecord
+
+Best = tuple[str | None, float | None]     # (best commit, its metric); (None, None) before the baseline
+
+
+def best(records: list[LedgerRecord]) -> Best:
+    """The best as the latest record with a ``best`` set it (the ledger's commit point)."""
+    for record in reversed(records):
+        if record.best is not None:
+            return record.best, record.best_metric
+    return None, None
+
+
+def baseline(records: list[LedgerRecord]) -> LedgerRecord | None:
+    """The kept baseline record, None before there is one."""
+    return next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
+
+
+def best_record(records: list[LedgerRecord]) -> LedgerRecord | None:
+    """The latest kept record of the best commit: the change (or baseline) that made it."""
+    commit = best(records)[0]
+    return next((r for r in reversed(records) if r.status == "keep" and r.commit == commit), None)
+
+
+def best_before(records: list[LedgerRecord]) -> list[float | None]:
+    """For each record, the best metric in force when it was judged (None before the baseline)."""
+    out, current = [], None
+    for r in records:
+        out.append(current)
+        if r.best is not None:
+            current = r.best_metric
+    return out
+
+
+def is_noise_sample(record: LedgerRecord) -> bool:
+    """A re-run of the best to estimate the noise (kind confirm, status keep): not a change."""
+    return "noise_samples" in record.extra
+
+
+def noise(records: list[LedgerRecord]) -> float | None:
+    """The noise estimate decisions use: the latest noise sample that produced one."""
+    for r in reversed(records):
+        if r.extra.get("noise_method") and r.noise is not None and r.status == "keep":
+            return r.noise
+    return None
+
+
+def runs_of(records: list[LedgerRecord], commit: str) -> list[float]:
+    """Metrics of the judged runs of one commit (its first run and its re-runs)."""
+    return [r.metric for r in records
+            if r.commit == commit and r.metric is not None and r.status in ("keep", "discard")]
+
+
+def next_trial(records: list[LedgerRecord]) -> int:
+    """The number for a new trial: highest so far + 1; 0 (the baseline) when there is none."""
+    return max((r.trial for r in records), default=-1) + 1
+
+
+def next_attempt(records: list[LedgerRecord], trial: int) -> int:
+    """The number for a new attempt of ``trial``."""
+    return max((r.attempt for r in records if r.trial == trial), default=0) + 1
+
+
+def typical_attempt_seconds(records: list[LedgerRecord], default: float) -> float:
+    """What the next attempt will likely take: the median of the last ten that ran."""
+    walls = [r.ended_at - r.started_at for r in records[-10:] if r.status != "skip"]
+    return statistics.median(walls) if walls else default
+
+
+def tampered_attempts(records: list[LedgerRecord]) -> list[dict]:
+    """Attempts that found a protected input of the measurement changed (integrity.py):
+    "during" the attempt (its trial is invalid: crash, fundamental) or "before" its run
+    (a proposer changed it; restored, so the run stood). Restored in both cases."""
+    out = []
+    for r in records:
+        for key, when in (("tampered", "during"), ("tampered_before_run", "before")):
+            if r.extra.get(key):
+                out.append({"trial": r.trial, "attempt": r.attempt, "when": when, "status": r.status,
+                            "description": r.description, "paths": list(r.extra[key])})
+    return out
+
+
+def infer_direction(records: list[LedgerRecord]) -> str:
+    """'min' or 'max' from the ledger itself: a kept change that raised the metric means
+    higher is better. Ties and an empty ledger: 'min' (val_bpb)."""
+    for r, ref in zip(records, best_before(records)):
+        if (r.status == "keep" and r.kind != "baseline" and r.metric is not None and ref is not None
+                and not is_noise_sample(r)):
+            if r.metric > ref:
+                return "max"
+            if r.metric < ref:
+                return "min"
+    return "min"

@@ -1,0 +1,247 @@
+"""The scheduler: N worker slots running trials until something says stop.
+
+``autoloop run`` is one Scheduler, whatever ``--workers`` says. First the baseline and its
+noise samples, in the main checkout. Then N slots, each a thread with an
+:class:`~autoloop.attempt.AttemptRunner` and its own work tree: with N = 1 that is the main
+checkout itself (the single loop), with N > 1 a git worktree per slot (``worktrees.py``)
+and a device each (``devices.py``). Each slot, again and again: under the arbiter's lock it
+asks whether to stop, reserves the next trial number and takes the current best as the
+trial's start; then it runs one :class:`~autoloop.trial.Trial` from there.
+
+Stop conditions, checked before each trial: a slot's fatal error, the proposer out of
+ideas, a signal, ``--max-trials`` (trials in flight count), the proposer failing
+``--max-*-failures`` times in a row, a disk under ``--min-free-gb``, and ``--hours`` (no
+trial starts that could not end in time, from the median of the recent attempts).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+from autoloop import queries
+from autoloop.attempt import AttemptRunner, Slot
+from autoloop.console import Prefixed
+from autoloop.devices import slot_envs
+from autoloop.durations import format_duration
+from autoloop.executors import make_executor
+from autoloop.layout import Layout
+from autoloop.night import Night, low_disk
+from autoloop.proposers.base import Proposer
+from autoloop.state import RunState, StateFile, load_state
+from autoloop.trial import Trial, measure_noise, run_baseline
+from autoloop.worktrees import ensure_worktree, remove_worktree, worker_workspace
+
+JOIN_SLICE_S = 0.2     # the main thread joins the slots in slices: it must stay free to take signals
+
+
+class Claims:
+    """What each slot is trying right now, for the proposer's memory (the mutator then never
+    draws the same move twice at once); and one proposal at a time for the proposers that
+    are quick and read one shared memory (the queue, the mutator). Agents work in parallel:
+    that is the point."""
+
+    def __init__(self, one_at_a_time: bool):
+        self._lock = threading.Lock()
+        self._serial = threading.Lock() if one_at_a_time else None
+        self._claims: dict[int | None, dict] = {}
+
+    @contextmanager
+    def proposing(self, worker: int | None) -> Iterator[list[dict]]:
+        with self._serial or nullcontext():
+            with self._lock:
+                others = [dict(d) for w, d in self._claims.items() if w != worker]
+            yield others
+
+    def claim(self, worker: int | None, what: dict) -> None:
+        with self._lock:
+            self._claims[worker] = what
+
+    def release(self, worker: int | None) -> None:
+        with self._lock:
+            self._claims.pop(worker, None)
+
+
+class Scheduler:
+    def __init__(self, night: Night, proposer: Proposer):
+        self.night, self.proposer = night, proposer
+        self.n = night.settings.workers
+        self.claims = Claims(one_at_a_time=proposer.name != "agent")
+        self.reserved: dict[int | None, int] = {}   # slot -> trial in flight
+        self.started = 0                           # trials started by this run (failed proposals excluded)
+        self.failures = 0                          # failed proposals in a row, all slots together
+        self.exhausted = False
+        self.reason: str | None = None
+        self.error: BaseException | None = None
+        self.deadline: float | None = None
+        self.main: StateFile | None = None
+
+    def run(self) -> str:
+        """Run until a stop condition; returns the stop reason (also stored in state.json)."""
+        night, s = self.night, self.night.settings
+        envs, devices = slot_envs(s, self.n)
+        started = time.time()
+        self.deadline = started + s.hours * 3600 if s.hours else None
+        self.main = StateFile(night.layout.root, state=RunState(
+            tag=night.tag, pid=os.getpid(), run_started_at=started, deadline=self.deadline,
+            workers=self.n if self.n > 1 else None))
+        self.main.replace(self.main.state)
+        until = f", until {time.strftime('%H:%M', time.localtime(self.deadline))}" if self.deadline else ""
+        night.console.line(f"autoloop on {night.ws.branch_name(night.tag)}: "
+                           + (f"{self.n} workers, " if self.n > 1 else "")
+                           + f"proposer {self.proposer.name}, budget {format_duration(s.budget)}, timeout "
+                           f"{format_duration(s.timeout_s)}{until}" + (f"; {devices}" if devices else ""))
+        reason = self._baseline() or self._trials(envs)
+        if not self.main.state.in_flight:   # an error mid-attempt leaves it for --resume to recover
+            self.main.enter("stopped", stop_reason=reason, stopped_at=time.time())
+        best, metric = night.arbiter.best()
+        night.console.line(f"stopped: {reason}. best {'-' if metric is None else f'{metric:.6f}'} "
+                           f"at {best[:7] if best else '-'}")
+        if self.error is not None:
+            raise self.error
+        return reason
+
+    # -- the phases -----------------------------------------------------------------------
+
+    def _main_slot(self) -> Slot:
+        night = self.night
+        return Slot(night.ws, self.main, None, night.executor, {}, night.console)
+
+    def _baseline(self) -> str | None:
+        """The baseline and its noise runs, in the main checkout, before any trial."""
+        night = self.night
+        reason = low_disk(night)
+        if reason:
+            return reason
+        runner = AttemptRunner(night, self._main_slot())
+        if queries.baseline(night.arbiter.records()) is None:
+            if self.deadline is not None and time.time() + self._expected() > self.deadline:
+                return "time is up: not even the baseline fits before the --hours deadline"
+            run_baseline(night, runner)
+            measure_noise(night, runner)
+        elif night.settings.remeasure:
+            measure_noise(night, runner)
+        return None
+
+    def _trials(self, envs: list[dict[str, str]]) -> str:
+        night = self.night
+        slots = self._slots(envs)
+        threads = [threading.Thread(target=self._work, args=(slot,), name=f"autoloop-slot-{slot.worker}", daemon=True)
+                   for slot in slots]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=JOIN_SLICE_S)
+        night.arbiter.publish()
+        if self.n > 1:
+            for slot in slots:
+                slot.ws.close()
+            self._remove_worktrees()
+        if self.error is None and night.stop.is_set():
+            # A signal ends the run even when a slot had found another reason first.
+            return f"stopped by {night.stop.signal or 'request'}"
+        return self.reason or "stopped"
+
+    def _slots(self, envs: list[dict[str, str]]) -> list[Slot]:
+        """One slot on the main checkout, or one per worker on its own worktree at the best."""
+        night = self.night
+        if self.n == 1:
+            return [self._main_slot()]
+        best = night.arbiter.best()[0]
+        slots = []
+        for k in range(self.n):
+            ensure_worktree(night.ws, k, night.tag, best)
+            ws = worker_workspace(night.ws.root, k, night.tag, night.settings.target, night.layout.root)
+            ws.reset_to(best)
+            state = StateFile(night.layout.root, Layout.worker_state_name(k), self.main.state.model_copy(
+                update={"workers": None}))
+            slots.append(Slot(ws, state, k, make_executor(night.settings, night.ws.root), envs[k],
+                              Prefixed(night.console, f"[w{k}]")))
+        return slots
+
+    def _remove_worktrees(self) -> None:
+        """A clean stop: the worktrees go (a resume makes them again); what they held is in
+        the ledger, the trial refs and results/. Kept after an error or with an attempt in
+        flight, for --resume."""
+        layout = self.night.layout
+        if self.error is not None or any(load_state(layout.root, p.name).in_flight for _, p in layout.worker_states()):
+            return
+        for k in range(self.n):
+            remove_worktree(self.night.ws, k, self.night.tag)
+            layout.state(Layout.worker_state_name(k)).unlink(missing_ok=True)
+
+    # -- one slot -------------------------------------------------------------------------
+
+    def _work(self, slot: Slot) -> None:
+        night, runner = self.night, AttemptRunner(self.night, slot)
+        try:
+            while True:
+                with night.arbiter.lock:
+                    reason = self.stop_reason()
+                    if reason:
+                        self.reason = self.reason or reason
+                        return
+                    trial = max([queries.next_trial(night.arbiter.records()), *(t + 1 for t in self.reserved.values())])
+                    self.reserved[slot.worker] = trial
+                    start = night.arbiter.best()
+                if start[0] and slot.ws.head() != start[0]:
+                    slot.ws.reset_to(start[0])   # always propose on the current best
+                outcome = "failed"
+                try:
+                    outcome = Trial(night, slot, runner, self.proposer, trial, start, self.claims).run()
+                finally:
+                    self._release(slot.worker, outcome)
+        except BaseException as e:   # noqa: BLE001 - handed to the main thread, which reports it
+            self._fail(e)
+
+    def _release(self, worker: int | None, outcome: str) -> None:
+        with self.night.arbiter.lock:
+            self.reserved.pop(worker, None)
+            self.claims.release(worker)
+            if outcome == "exhausted":
+                self.exhausted = True
+            elif outcome == "failed":
+                self.failures += 1
+            else:
+                self.failures = 0
+                self.started += 1
+
+    def _fail(self, error: BaseException) -> None:
+        with self.night.arbiter.lock:
+            self.error = self.error or error
+            self.reason = self.reason or f"{'a worker' if self.n > 1 else 'the loop'} failed: {error}"
+        self.night.stop.event.set()   # the other slots' trials end now, recorded as interrupted
+
+    # -- when to stop ---------------------------------------------------------------------
+
+    def stop_reason(self) -> str | None:
+        """Why no further trial may start, or None (callers hold the arbiter's lock)."""
+        night, s = self.night, self.night.settings
+        if self.reason:
+            return self.reason
+        if self.exhausted and not night.stop.is_set():
+            return f"proposer '{self.proposer.name}' has no more ideas"
+        if night.stop.is_set():
+            return f"stopped by {night.stop.signal or 'request'}"
+        if s.max_trials is not None and self.started + len(self.reserved) >= s.max_trials:
+            return f"reached --max-trials {s.max_trials}"
+        # An agent has a limit of its own (its failures are slow and cost money).
+        limit, flag = ((s.max_agent_failures, "--max-agent-failures") if self.proposer.name == "agent"
+                       else (s.max_proposer_failures, "--max-proposer-failures"))
+        if self.failures >= limit:
+            records = night.arbiter.records()
+            why = f"; last: {records[-1].reason}" if records and records[-1].reason else ""
+            return f"{self.proposer.name} failed {self.failures} times in a row ({flag} {limit}){why}"
+        reason = low_disk(night)
+        if reason:
+            return reason
+        if self.deadline is not None and time.time() + self._expected() > self.deadline:
+            return "time is up: the next trial could not finish before the --hours deadline"
+        return None
+
+    def _expected(self) -> float:
+        return queries.typical_attempt_seconds(self.night.arbiter.records(), self.night.settings.budget + 30)

@@ -1,0 +1,89 @@
+"""Parallel workers' git worktrees: ``worktrees/w<k>`` on branch ``autoloop/<tag>-w<k>``.
+
+Each worker slot of the engine (N > 1) works in a linked worktree of its own, so that its
+proposer, commits and trial never touch another's files. The main checkout keeps the loop's
+branch ``autoloop/<tag>``, which always shows the best. Worktrees are made at start (an
+existing one is kept: it may hold an interrupted attempt's edit, which recovery saves) and
+removed, with their branches, at a clean stop.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from git.exc import GitCommandError
+
+from autoloop.errors import NightError
+from autoloop.layout import WORKTREES, branch_name, worker_branch_name
+from autoloop.workspace import Workspace, WorkspaceError, _git_error
+
+
+def worker_workspace(root: Path, worker: int, tag: str, target: str, results_dir: Path) -> Workspace:
+    """Worker k's worktree as a Workspace: its own branch; the loop's and the other workers'
+    branches are moved by others meanwhile (not the proposer's doing, for the git guard)."""
+    return Workspace(worktree_path(root, worker), target, results_dir, branch=worker_branch_name(tag, worker),
+                     foreign_refs=(f"refs/heads/{branch_name(tag)}",))
+
+
+def worktree_path(root: Path, worker: int) -> Path:
+    return Path(root) / WORKTREES / f"w{worker}"
+
+
+def ensure_worktrees_ignored(ws: Workspace) -> None:
+    """worktrees/ must be ignored by the main checkout (else its clean-tree check, scope
+    guard and resets would see the workers' files): added to .git/info/exclude when the
+    user's .gitignore does not already ignore it."""
+    try:
+        try:
+            ws.repo.git.check_ignore("-q", f"{WORKTREES}/w0/probe")
+            return
+        except GitCommandError as err:
+            if err.status != 1:
+                raise
+        common = Path(ws.repo.git.rev_parse("--git-common-dir"))
+    except GitCommandError as err:
+        raise NightError(f"cannot ignore {WORKTREES}/: {_git_error(err)}") from None
+    exclude = (common if common.is_absolute() else ws.root / common) / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    text = exclude.read_text() if exclude.exists() else ""
+    exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n")
+                       + f"# autoloop parallel workers' git worktrees\n/{WORKTREES}/\n")
+
+
+def ensure_worktree(main: Workspace, worker: int, tag: str, at: str) -> None:
+    """Worker k's worktree, created at `at` when missing (a folder left half-made by a kill
+    is replaced). An existing one is left as it is: it may hold an interrupted attempt's
+    edit, which recovery saves."""
+    path = worktree_path(main.root, worker)
+    if (path / ".git").is_file():
+        try:
+            existing = Workspace(path)
+            ok = existing.root == path.resolve()
+            existing.close()
+            if ok:
+                return
+        except WorkspaceError:
+            pass   # a worktree git no longer knows: made again
+    if path.exists():
+        shutil.rmtree(path)
+    try:
+        main.repo.git.worktree("prune")
+        main.repo.git.worktree("add", "-q", "-f", "-B", worker_branch_name(tag, worker), str(path), at)
+    except GitCommandError as err:
+        raise NightError(f"cannot create the worker worktree {path}: {_git_error(err)}") from None
+
+
+def remove_worktree(main: Workspace, worker: int, tag: str) -> None:
+    """Worker k's worktree and branch, gone (a clean stop: everything is in the ledger,
+    the trial refs and results/)."""
+    path = worktree_path(main.root, worker)
+    try:
+        main.repo.git.worktree("remove", "--force", str(path))
+    except GitCommandError:
+        shutil.rmtree(path, ignore_errors=True)
+        main.repo.git.worktree("prune")
+    try:
+        main.repo.git.branch("-D", worker_branch_name(tag, worker))
+    except GitCommandError:
+        pass

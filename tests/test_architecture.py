@@ -1,0 +1,101 @@
+"""The shape of the package, checked: no import cycles, one error base class, nothing in
+the repository pointing at a file outside it. docs/architecture.md says why."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
+import subprocess
+from pathlib import Path
+
+import autoloop
+from autoloop.errors import AutoloopError
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "autoloop"
+# Exceptions that never reach the user: control flow between two parts of the harness.
+INTERNAL = {"ProposalFailed", "PlotUnavailable", "IsolationError"}
+
+
+def modules() -> dict[str, Path]:
+    found = {"autoloop": PACKAGE / "__init__.py"}
+    for info in pkgutil.walk_packages([str(PACKAGE)], "autoloop."):
+        path = PACKAGE.joinpath(*info.name.split(".")[1:])
+        found[info.name] = path / "__init__.py" if info.ispkg else path.with_suffix(".py")
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every autoloop module `name` imports, at the top or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            if node.level:   # relative: not used in this package, but read correctly
+                base = ".".join(name.split(".")[:-node.level] + [node.module])
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def test_no_import_cycles():
+    found = modules()
+    graph = {name: imports_of(name, path, set(found)) for name, path in found.items()}
+    graph["autoloop"] = set()   # the package itself imports nothing of its own
+    state: dict[str, str] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if nxt.startswith(node + "."):
+                continue   # a package importing its own submodule is not a cycle
+            assert state.get(nxt) != "open", " -> ".join([*trail, node, nxt])
+            if nxt not in state:
+                visit(nxt, [*trail, node])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+
+
+def test_every_user_facing_error_derives_from_one_base():
+    seen = []
+    for name in modules():
+        module = importlib.import_module(name)
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == name and issubclass(cls, Exception) and cls_name not in INTERNAL:
+                seen.append(cls_name)
+                assert issubclass(cls, AutoloopError), f"{name}.{cls_name} does not derive from AutoloopError"
+    assert len(seen) >= 10, seen
+    cli = (PACKAGE / "cli.py").read_text()
+    assert "except AutoloopError" in cli and not re.search(r"except \(\w+Error, ", cli)
+
+
+def test_nothing_points_outside_the_repository():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    outside = re.compile(r"\.\./shared|DESIGN\.md")
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix not in (".py", ".md", ".toml", ".txt", "") or not path.is_file():
+            continue
+        if Path(name) == Path(__file__).relative_to(ROOT):
+            continue
+        text = path.read_text(errors="replace")
+        assert not outside.search(text), f"{name} points outside the repository: {outside.search(text).group()}"
+
+
+def test_the_architecture_document_names_every_module():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for name in modules():
+        if name != "autoloop":
+            leaf = name.rsplit(".", 1)[1]   # the tree names a package's modules indented under it
+            assert re.search(rf"(^|\s){re.escape(leaf)}(\.py|/)\s", text, re.MULTILINE), f"docs/architecture.md does not name {name}"
+    assert autoloop.__file__
