@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent

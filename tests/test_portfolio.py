@@ -249,6 +249,26 @@ def test_a_fix_request_goes_back_to_the_member_that_made_the_edit(tmp_path, tiny
         assert r["extra"]["portfolio"]["reason"] == f"fix request for its own trial {r['trial']}"
 
 
+def test_a_member_whose_edit_cannot_run_is_charged_for_its_skip(tmp_path, tiny_data_dir):
+    # The queue's replacement is train.py as it is: the screen skips the trial, and the skip
+    # still says whose proposal it was (the engine carries Proposal.extra into it).
+    repo = init_repo(tmp_path / "repo", {"train.py": BOWL.read_text()})
+    queue = repo / "results" / "queue"
+    queue.mkdir(parents=True)
+    (queue / "01_same.py").write_text(BOWL.read_text())
+    proc = autoloop(repo, "run", "--portfolio", "queue,mutate", *FAST, "--max-trials", "6", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = assert_invariants(repo)
+    skips = [r for r in ledger if r["status"] == "skip"]
+    if not skips:
+        pytest.fail(f"the bandit never chose the queue in 6 trials: {[r['extra'] for r in ledger]}")
+    (skip,) = skips
+    assert skip["reason"] == "proposal made no change to train.py"
+    assert skip["extra"]["portfolio"]["choice"] == "queue" and skip["extra"]["portfolio"]["propose_s"] >= 0
+    yields = proposer_yields([LedgerRecord.model_validate(r) for r in ledger])
+    assert "portfolio" not in yields and yields["queue"].failed == 1 and yields["queue"].trials == 1
+
+
 def test_the_report_shows_what_each_proposer_brought():
     from autoloop.report import report_markdown
 
