@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autoloop import git_guard
 from autoloop.attempt import Candidate, Slot
@@ -35,6 +35,7 @@ class Skipped:
     reason: str
     outside_changes: tuple[str, ...] = ()
     git_events: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)   # the proposal's own facts, when it made one (#18)
 
 
 def strip_audit(record: dict) -> dict:
@@ -103,10 +104,11 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
         ws.reset_to(base)
         if proposal is not None:   # nothing to run: recorded as a skip, like a failed proposal
             failure = f"{proposer.name} deleted {ws.target}"
-        return Skipped(failure, outside, events) if failure is not None else None
+        extra = dict(proposal.extra) if proposal is not None else {}
+        return Skipped(failure, outside, events, extra) if failure is not None else None
     refused = screen(ws, broken)
-    if refused:
-        return Skipped(refused, outside, events)
+    if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
+        return Skipped(refused, outside, events, dict(proposal.extra))
     description = proposal.description
     if proposal.derived and guard.commit_message:
         # The agent said what it did in its commits rather than in the description file.

@@ -66,6 +66,8 @@ def date_tag(now: float | None = None) -> str:
     return f"{_MONTHS[t.tm_mon - 1]}{t.tm_mday}"
 
 
+# The proposers a portfolio can share a night among (#18, proposers/portfolio.py).
+PORTFOLIO_MEMBERS = ("agent", "optuna", "mutate", "queue")
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
 
@@ -166,9 +168,11 @@ class Settings(BaseModel):
         "re-run beats the best too (default {default}, i.e. 10%; 0: off)", metavar="X", ge=0, allow_inf_nan=False)
 
     # -- the proposer and the agent (README "Proposers") ----------------------------------------
-    proposer: Literal["auto", "queue", "mutate", "agent"] = setting(
-        "auto", "proposer", "where changes come from (default {default}: the agent when one is configured, else "
-        "the queue when patches are waiting, else mutate)", run_only=True)
+    proposer: Literal["auto", "queue", "mutate", "agent", "optuna", "portfolio"] = setting(
+        "auto", "proposer", "where changes come from (default {default}: the portfolio when --portfolio is given, "
+        "else the agent when one is configured, else the queue when patches are waiting, else mutate); optuna: "
+        "Bayesian or evolutionary search over the target's constants, several per trial (needs pip install "
+        "'autoloop[hpo]'); portfolio: a bandit shares the night among proposers", run_only=True)
     queue_dir: str = setting(
         DEFAULT_QUEUE_DIR, "proposer", "folder of *.patch / *.py changes for the queue proposer", metavar="DIR",
         run_only=True)
@@ -198,6 +202,37 @@ class Settings(BaseModel):
         90.0, "proposer", "end an agent call whose CLI has kept printing only its retry messages this long "
         "(codex 'Reconnecting...', gemini 'Retrying with backoff'; default {default}; 0: off)",
         metavar="DURATION", run_only=True)
+
+    # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
+    # portfolio's members (README "Proposers").
+    sampler: Literal["tpe", "cmaes", "gp"] = setting(
+        "tpe", "proposer", "Optuna's sampler for --proposer optuna and a portfolio's optuna: tpe (Bayesian), "
+        "cmaes (evolution strategy), gp (Gaussian process)", run_only=True)
+    portfolio: list[str] | None = setting(
+        None, "proposer", "the proposers that share the night, e.g. agent,optuna,mutate; giving it implies "
+        "--proposer portfolio", metavar="LIST", run_only=True,
+        default_text="with --proposer portfolio: agent if configured, optuna, mutate")
+
+    @field_validator("portfolio", mode="before")
+    @classmethod
+    def _portfolio(cls, v: Any) -> Any:
+        if isinstance(v, str):   # "agent,optuna,mutate" from the command line
+            v = [p.strip() for p in v.split(",") if p.strip()]
+        if isinstance(v, list):
+            for name in v:
+                if name not in PORTFOLIO_MEMBERS:
+                    raise ValueError(f"unknown proposer {name!r} (a portfolio takes {', '.join(PORTFOLIO_MEMBERS)})")
+            if len(set(v)) != len(v):
+                raise ValueError(f"a proposer is listed twice: {','.join(v)}")
+            if len(v) < 2:
+                raise ValueError(f"a portfolio needs at least two proposers, got {','.join(v) or 'none'}")
+        return v
+
+    @model_validator(mode="after")
+    def _portfolio_needs_its_proposer(self) -> "Settings":
+        if self.portfolio is not None and self.proposer not in ("portfolio", "auto"):
+            raise ValueError(f"portfolio: only used with proposer 'portfolio' (the proposer is '{self.proposer}')")
+        return self
 
     # -- what a trial may use (README "Safety") -------------------------------------------------
     max_rss_gb: float | None = setting(

@@ -24,6 +24,7 @@ about where something is. Nothing here touches the disk except ``ensure``.
       .harness/autoloop/       the private copy of the harness that trials import
       queue/, queue/done/      the queue proposer's patches (default --queue-dir)
       slurm/                   submitit's job files (default --slurm-folder)
+      optuna.db                the Optuna proposer's study (SQLite; -wal, -shm beside it)
       archive/<tag>-<stamp>/   a previous tag's results, moved aside when a new tag starts
       report.md, progress.png  `autoloop report`
 """
@@ -43,8 +44,10 @@ STATE = "state.json"
 PRISTINE = ".pristine"
 HARNESS = ".harness"
 TORN_PREFIX = "ledger.torn-"
+OPTUNA_STUDY = "optuna.db"        # #18: one night's study, relearnt from the ledger when moved aside
 # What a new tag moves into archive/ (the rest: queue, locks, pristine copies, stay).
-TAG_FILES = ("ledger.jsonl", "results.tsv", STATE, "runs", "agents", "quarantine", "progress.png", "report.md")
+TAG_FILES = ("ledger.jsonl", "results.tsv", STATE, "runs", "agents", "quarantine", "progress.png", "report.md",
+             OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm")
 
 
 def branch_name(tag: str) -> str:
@@ -197,6 +200,10 @@ class Layout:
     @property
     def queue(self) -> Path:
         return self.root / QUEUE
+
+    @property
+    def optuna_study(self) -> Path:
+        return self.root / OPTUNA_STUDY
 
     @property
     def slurm(self) -> Path:

@@ -328,6 +328,9 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
                        f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} |")
     out.append("")
 
+    # -- yield per proposer (#18)
+    out += proposers_section(records, direction, metric)
+
     # -- counts
     out += ["## Attempts", ""]
     words = {"keep": "kept", "discard": "discarded", "crash": "crashed"}
@@ -432,6 +435,33 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
         out += [f"The longest gap between two attempts, {whole_seconds(split.longest_gap)} from {_clock(split.longest_gap_at)}, "
                 "is probably time when no loop was running; it is counted in the last row.", ""]
     return "\n".join(out)
+
+
+def proposers_section(records: list[LedgerRecord], direction: str, metric: str) -> list[str]:
+    """'## Proposers': what each proposer brought (a portfolio's members one by one)."""
+    from autoloop.proposers.outcomes import proposer_yields
+
+    yields = proposer_yields(records, direction)
+    if not yields:
+        return []
+    sign = -1 if direction == "min" else 1
+    digits = 6 if any(0 < y.gain < 0.0005 for y in yields.values()) else 4
+
+    def change(gain: float) -> str:   # the metric's change, "0" rather than "-0.0000"
+        return f"{sign * gain:+.{digits}f}" if gain else "0"
+
+    summary = "; ".join(f"{name}: {y.keeps} keep{'s' if y.keeps != 1 else ''} in {y.trials} trial"
+                        f"{'s' if y.trials != 1 else ''}, {change(y.gain)}" for name, y in yields.items())
+    out = ["## Proposers", "", f"{summary}.", "",
+           "Trials count failed proposals too; keeps are the trials that moved the best, and the change is how "
+           f"far they moved it. Time is each trial's attempts plus, in a portfolio, its proposing time.", "",
+           f"| proposer | trials | keeps | failed to propose | {metric} change | time | change per hour |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, y in yields.items():
+        rate = change(y.gain * 3600 / y.seconds) if y.seconds > 0 else "-"
+        out.append(f"| {_md(name)} | {y.trials} | {y.keeps} | {y.failed} | {change(y.gain)} | "
+                   f"{whole_seconds(y.seconds)} | {rate} |")
+    return out + [""]
 
 
 @dataclass

@@ -167,8 +167,10 @@ class Trial:
             request.in_flight = others
             prepared = prepare(self.night, self.slot, self.proposer, request, broken)
             if isinstance(prepared, Candidate):
+                # "trial" (#18): tells the optuna proposer which of its suggestions are still running.
                 self.claims.claim(self.slot.worker, {"parent": request.best_commit, "kind": "candidate",
-                                                     "description": prepared.description, "worker": self.slot.worker})
+                                                     "description": prepared.description, "worker": self.slot.worker,
+                                                     "trial": request.trial})
             return prepared
 
     def _reset(self) -> None:
@@ -179,17 +181,20 @@ class Trial:
     def _skip(self, attempt: int, reason: str, description: str, found: Skipped) -> None:
         self._reset()
         record_skip(self.night, self.slot, self.number, attempt, self.proposer.name, reason, description,
-                    found.outside_changes, found.git_events, self.start)
+                    found.outside_changes, found.git_events, self.start, found.extra)
 
 
 def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,
-                outside: tuple[str, ...], events: tuple[str, ...], start: queries.Best) -> LedgerRecord:
-    """A proposal that failed before anything ran: in the ledger as a skip (not in the TSV)."""
+                outside: tuple[str, ...], events: tuple[str, ...], start: queries.Best,
+                extra: dict | None = None) -> LedgerRecord:
+    """A proposal that failed before anything ran: in the ledger as a skip (not in the TSV).
+    ``extra``: the facts of a proposal that was made but cannot run (Proposal.extra)."""
     now = time.time()
     record = night.arbiter.record({
         "trial": trial, "attempt": attempt, "started_at": now, "ended_at": now, "proposer": proposer,
         "parent": start[0], "description": description, "metric_name": night.settings.metric,
-        "outside_changes": list(outside), "extra": {"git_events": list(events)} if events else {},
+        "outside_changes": list(outside),
+        "extra": {**(extra or {}), **({"git_events": list(events)} if events else {})},
     }, skipped(reason, start, night.arbiter.best()), slot.worker)
     # The ledger keeps the reason whole (up to ~500 characters); the screen gets it shortened.
     (slot.console or night.console).line(f"#{trial} skipped: {shorten(reason)}")

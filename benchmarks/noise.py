@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,10 +76,33 @@ if __name__ == "__main__":
 #         three do not at all: as in a real train.py, many moves change nothing but the luck.
 # dense:  every knob matters, most of them a little (a x1.4 step is worth 0.6-2.3 sigma):
 #         the gains the noise rule must not throw away are the size of the noise.
+# coupled: the best LR_A depends on WIDTH_C (it scales as 1 / WIDTH_C, as a learning rate
+#         does with the width): a long diagonal valley, where moving one knob at a time
+#         zigzags and moving both at once goes straight (benchmarks/search.py).
 LANDSCAPES = {
     "sparse": {"LR_A": 0.5, "LR_B": 0.3, "WIDTH_C": 0.0, "SCALE_D": 0.4, "DECAY_E": 0.0, "CLIP_F": 0.0},
     "dense": {"LR_A": 0.2, "LR_B": 0.12, "WIDTH_C": 0.08, "SCALE_D": 0.15, "DECAY_E": 0.05, "CLIP_F": 0.1},
+    "coupled": {"LR_A": 0.5, "LR_B": 0.3, "WIDTH_C": 0.1, "SCALE_D": 0.4, "DECAY_E": 0.0, "CLIP_F": 0.1},
 }
+# knob -> {other knob: c}: the knob's distance from its optimum (in log units) is shifted by
+# c x the other's, so its best value moves with the other knob.
+COUPLINGS = {"coupled": {"LR_A": {"WIDTH_C": 1.0}}}
+_PLAIN_TRUE_VALUE = "    return 1.0 + sum(WEIGHT[k] * math.log(values[k] / OPT[k]) ** 2 for k in OPT)\n"
+_COUPLED_TRUE_VALUE = (
+    "    x = {k: math.log(values[k] / OPT[k]) for k in OPT}\n"
+    "    couple = __COUPLE__\n"
+    "    return 1.0 + sum(WEIGHT[k] * (x[k] + sum(c * x[j] for j, c in couple.get(k, {}).items())) ** 2 for k in OPT)\n"
+)
+
+
+def fake_train(landscape: str) -> str:
+    """The fake train.py of a landscape (sparse and dense byte for byte as before: the noise
+    of a run is keyed by the file's text, so the README's tables stay reproducible)."""
+    text = FAKE_TRAIN.replace("__WEIGHT__", repr(LANDSCAPES[landscape]))
+    if landscape in COUPLINGS:
+        assert _PLAIN_TRUE_VALUE in text
+        text = text.replace(_PLAIN_TRUE_VALUE, _COUPLED_TRUE_VALUE.replace("__COUPLE__", repr(COUPLINGS[landscape])))
+    return text
 
 
 def true_value_of(source: str) -> float:
@@ -92,19 +116,22 @@ def git(repo: Path, *args: str) -> str:
 
 
 def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path, seed: int = 42,
-          landscape: str = "sparse", checkpoints: tuple[int, ...] = (), noise_z: float = 2.0) -> dict:
-    repo = workdir / f"{landscape}-{rule}-{seed}"
+          landscape: str = "sparse", checkpoints: tuple[int, ...] = (), noise_z: float = 2.0,
+          proposer: tuple[str, ...] = ("--proposer", "mutate"), label: str | None = None) -> dict:
+    """One simulated night through the real CLI; ``proposer`` are the flags choosing the
+    proposer (benchmarks/search.py compares them), ``label`` names the night's folder."""
+    repo = workdir / f"{landscape}-{label or rule}-{seed}"
     repo.mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "config", "user.email", "bench@example.com")
     git(repo, "config", "user.name", "bench")
     git(repo, "config", "commit.gpgsign", "false")
     (repo / ".gitignore").write_text("results/*\n__pycache__/\n")
-    (repo / "train.py").write_text(FAKE_TRAIN.replace("__WEIGHT__", repr(LANDSCAPES[landscape])))
+    (repo / "train.py").write_text(fake_train(landscape))
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "fake train.py")
     env = {**os.environ, "BENCH_SIGMA": str(sigma), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "autoloop.cli", "run", "--budget", "1", "--proposer", "mutate", "--tag", "bench",
+    cmd = [sys.executable, "-m", "autoloop.cli", "run", "--budget", "1", *proposer, "--tag", "bench",
            "--command", f"{sys.executable} train.py", "--max-trials", str(trials), "--keep-rule", rule,
            "--noise-runs", str(noise_runs), "--seed", str(seed), "--noise-z", str(noise_z),
            # The sanity bound (re-run a suspiciously large gain) would add the same runs to
@@ -114,7 +141,7 @@ def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path, 
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
     wall = time.time() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{rule}: autoloop failed:\n{proc.stdout}\n{proc.stderr}")
+        raise SystemExit(f"{label or rule}: autoloop failed:\n{proc.stdout}\n{proc.stderr}")
     records = [json.loads(line) for line in (repo / "results" / "ledger.jsonl").read_text().splitlines()]
     truth: dict[str, float] = {}
 
@@ -142,6 +169,10 @@ def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path, 
         "runs": sum(1 for r in records if r["status"] != "skip"),
         "confirms": sum(1 for r in records if r["kind"] == "confirm" and "noise_samples" not in r["extra"]),
         "wall": wall, "stop": proc.stdout.strip().splitlines()[-1],
+        "crashes": sum(1 for r in records if r["status"] == "crash"),
+        # A portfolio's choices (benchmarks/search.py): trials per member.
+        "by_proposer": dict(Counter((r["extra"].get("portfolio") or {}).get("choice", r["proposer"])
+                                    for r in records if r["attempt"] == 1 and r["kind"] == "candidate")),
     }
 
 
@@ -152,12 +183,13 @@ def main() -> int:
     ap.add_argument("--nights", type=int, default=10, help="nights per rule, seeds 42, 43, ... (totals are printed)")
     ap.add_argument("--noise-runs", type=int, default=2, help="for the noise rule (strict gets 0, as autoresearch)")
     ap.add_argument("--noise-z", type=float, default=2.0, help="z of the noise rule")
-    ap.add_argument("--landscape", choices=[*LANDSCAPES, "both"], default="both")
+    ap.add_argument("--landscape", choices=[*LANDSCAPES, "both"], default="both",
+                    help="both: sparse and dense (the table in the README); coupled is benchmarks/search.py's")
     ap.add_argument("--checkpoints", default="20,30,45,60,90",
                     help="also print the true gain after this many runs (a shorter night), comma-separated")
     args = ap.parse_args()
     checkpoints = tuple(int(k) for k in args.checkpoints.split(",") if k)
-    landscapes = list(LANDSCAPES) if args.landscape == "both" else [args.landscape]
+    landscapes = ["sparse", "dense"] if args.landscape == "both" else [args.landscape]
     work = Path(tempfile.mkdtemp(prefix="autoloop-noise-bench-"))
     try:
         for landscape in landscapes:

@@ -2,13 +2,14 @@
 
 ``--proposer auto`` (the default) picks, in this order:
 
-1. the coding agent, when one is configured (``agent`` or ``agent_cmd``);
-2. the queue, when patches are waiting in ``queue_dir``;
-3. the offline mutator (hyperparameter search over the target's constants).
+1. the portfolio, when ``portfolio`` lists its members;
+2. the coding agent, when one is configured (``agent`` or ``agent_cmd``);
+3. the queue, when patches are waiting in ``queue_dir``;
+4. the offline mutator (hyperparameter search over the target's constants).
 
-An explicit ``--proposer agent|queue|mutate`` gets exactly that one. Whatever is chosen is
-checked now, so a missing agent executable or a target without constants is one line at
-start-up, not a failure in every trial.
+An explicit ``--proposer agent|queue|mutate|optuna|portfolio`` gets exactly that one.
+Whatever is chosen is checked now, so a missing agent executable, a missing Optuna or a
+target without constants is one line at start-up, not a failure in every trial.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
     queue_dir = root / settings.queue_dir
     agent_configured = bool(settings.agent or settings.agent_cmd)
     choice = settings.proposer
+    if choice == "portfolio" or (choice == "auto" and settings.portfolio):
+        return _portfolio(settings, root, auto=choice == "auto")
+    if choice == "optuna":
+        return _optuna(settings, root)
     if choice == "queue":
         return QueueProposer(queue_dir), f"proposer: queue of patches in {settings.queue_dir}/"
     if choice == "agent" or (choice == "auto" and agent_configured):
@@ -76,3 +81,55 @@ def _mutate(settings, root: Path) -> tuple[Proposer, str]:
         raise ProposerError(f"mutate: {settings.target} has no UPPER_CASE constants to tune; "
                             f"configure an agent (--agent, --agent-cmd) or queue patches")
     return MutateProposer(), f"proposer: mutate ({len(tunable)} constants of {settings.target} to tune)"
+
+
+def _optuna(settings, root: Path) -> tuple[Proposer, str]:
+    from autoloop.proposers.mutate import MutateError
+    from autoloop.proposers.optuna_search import STUDY_FILE, OptunaProposer, check_installed
+    from autoloop.proposers.space import build_space
+
+    check_installed(settings.sampler)   # OptunaSetupError is a ProposerError
+    try:
+        space = build_space((root / settings.target).read_bytes())
+    except FileNotFoundError:
+        raise ProposerError(f"optuna: {settings.target} not found") from None
+    except MutateError as e:
+        raise ProposerError(f"optuna: {settings.target}: {e}") from None
+    if not space:
+        raise ProposerError(f"optuna: {settings.target} has no UPPER_CASE constants to search; "
+                            f"configure an agent (--agent, --agent-cmd) or queue patches")
+    return OptunaProposer(settings.sampler), (f"proposer: optuna, sampler {settings.sampler} "
+                                              f"({len(space.dimensions)} values of {settings.target}; "
+                                              f"study in results/{STUDY_FILE})")
+
+
+def _portfolio(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
+    from autoloop.proposers.portfolio import PortfolioProposer
+    from autoloop.proposers.queue import QueueProposer
+
+    names = settings.portfolio or default_portfolio(settings)
+    members: dict[str, Proposer] = {}
+    shown: list[str] = []
+    for name in names:
+        if name == "agent":
+            if not (settings.agent or settings.agent_cmd):
+                raise ProposerError("--portfolio includes agent: pass --agent PRESET (claude, codex, aider, gemini) "
+                                    "or --agent-cmd CMD")
+            member, why = _agent(settings, root, auto=False)
+        elif name == "optuna":
+            member, why = _optuna(settings, root)
+        elif name == "mutate":
+            member, why = _mutate(settings, root)
+        else:
+            member, why = QueueProposer(root / settings.queue_dir), f"proposer: queue of patches in {settings.queue_dir}/"
+        members[name] = member
+        shown.append(why.removeprefix("proposer: "))
+    why = " (auto: --portfolio given)" if auto else ""
+    return PortfolioProposer(members, min_trial_s=settings.budget), (
+        f"proposer: portfolio of {', '.join(names)}, a Thompson-sampling bandit on the best's gain per hour "
+        f"picking who proposes each trial{why}; " + "; ".join(shown))
+
+
+def default_portfolio(settings) -> list[str]:
+    """--proposer portfolio without --portfolio: the agent when one is configured, Optuna, the mutator."""
+    return (["agent"] if settings.agent or settings.agent_cmd else []) + ["optuna", "mutate"]
