@@ -227,7 +227,8 @@ def test_a_damaged_study_fails_the_proposal_not_the_night(bowl_repo, tiny_data_d
     proc = run(bowl_repo, tiny_data_dir, "--max-trials", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (bowl_repo / "results" / STUDY_FILE).write_bytes(b"this is not an SQLite database" * 100)
-    again = run(bowl_repo, tiny_data_dir, "--max-trials", "2", "--resume", "--max-proposer-failures", "2")
+    # --max-trials 3: skips count toward it, so the failure limit (2) is what stops this run.
+    again = run(bowl_repo, tiny_data_dir, "--max-trials", "3", "--resume", "--max-proposer-failures", "2")
     assert again.returncode == 0, again.stdout + again.stderr
     skips = [r for r in read_ledger(bowl_repo) if r["status"] == "skip"]
     assert len(skips) == 2 and all(r["reason"].startswith("optuna: results/optuna.db: ") for r in skips)
