@@ -43,6 +43,11 @@ from autoloop.worktrees import ensure_worktree, remove_worktree, worker_workspac
 JOIN_SLICE_S = 0.2     # the main thread joins the slots in slices: it must stay free to take signals
 
 
+def _uses_agent(proposer: Proposer) -> bool:
+    """The agent proposes here: alone, or as a member of a portfolio (which calls it too)."""
+    return proposer.name == "agent" or "agent" in (getattr(proposer, "members", None) or {})
+
+
 class Claims:
     """What each slot is trying right now, for the proposer's memory (the mutator then never
     draws the same move twice at once); and one proposal at a time for the proposers that
@@ -87,7 +92,7 @@ class Scheduler:
     def run(self) -> str:
         """Run until a stop condition; returns the stop reason (also stored in state.json)."""
         night, s = self.night, self.night.settings
-        if self.proposer.name == "agent" and not s.skip_preflight:
+        if _uses_agent(self.proposer) and not s.skip_preflight:
             # Before the baseline and before this run's state is written: an agent that cannot
             # run is one line now, not a failed call after minutes of baseline, five times over.
             run_preflight(s, night.ws.root, night.console.line)

@@ -121,6 +121,16 @@ def test_a_failed_preflight_is_one_line_before_the_baseline(tmp_path, tiny_data_
     assert elapsed < 60    # seconds of checks, where the baseline alone is a minute on a GPU
 
 
+def test_a_portfolio_with_an_agent_runs_its_preflight(tmp_path, tiny_data_dir):
+    """The portfolio calls the agent too: an agent that cannot run stops it before the baseline."""
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    proc = autoloop(repo, "run", "--portfolio", "agent,mutate", "--agent", "gemini", "--budget", BUDGET,
+                    data_dir=tiny_data_dir, env=cli_env(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("autoloop: preflight: gemini auth: no auth method"), proc.stderr
+    assert not (repo / "results" / "ledger.jsonl").exists()
+
+
 def test_claude_as_root_fails_the_preflight(tmp_path, tiny_data_dir):
     prefix = root_prefix()
     if prefix is None:
