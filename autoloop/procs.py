@@ -12,6 +12,11 @@ all of it can be found again, also processes that double-forked and left the ses
 * :func:`end_token_holders` ends every process carrying one token (the slurm executor,
   for a trial that outlived its local job).
 
+The short helpers the orchestrator itself waits on (git, and GitPython's long-lived
+``git cat-file`` processes) start in a process group of their own, :data:`OWN_GROUP`: a
+terminal's Ctrl-C goes to its whole foreground process group, and it must reach the
+orchestrator alone, which then ends its trials and records them with git still working.
+
 Cgroup containment, when it comes, belongs here too.
 """
 
@@ -35,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 TOKEN_VAR = "AUTOLOOP_TRIAL_TOKEN"  # inherited by every descendant that keeps its environment
 KILL_WAIT_S = 10.0                  # after SIGKILL, how long to wait for the kernel to finish the job
+
+# Popen keywords for a helper out of the terminal's reach: a process group of its own (a
+# background group: git neither reads the terminal nor needs its signals).
+OWN_GROUP: dict = {"process_group": 0} if os.name == "posix" else {}
 
 
 # ------------------------------------------------------------------------------ a live tree

@@ -20,6 +20,7 @@ from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchP
 
 from autoloop.errors import AutoloopError
 from autoloop.layout import RESULTS, branch_name, trial_ref, trial_ref_prefix
+from autoloop.procs import OWN_GROUP
 
 # Used for candidate commits when the user has no git identity configured (a fresh
 # machine, a container): git would refuse to commit, and the night would be lost.
@@ -52,6 +53,26 @@ def _listing(paths: list[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
+class _OwnGroupGit(git.Git):
+    """GitPython's git runner, every git process in a process group of its own.
+
+    GitPython keeps `git cat-file --batch` helpers alive between object lookups; in the
+    terminal's foreground group a Ctrl-C killed them with the orchestrator's SIGINT, and the
+    next lookup (judging the interrupted attempt) died of a BrokenPipeError.
+    """
+
+    def execute(self, command, *args, **kwargs):
+        for key, value in OWN_GROUP.items():
+            kwargs.setdefault(key, value)
+        return super().execute(command, *args, **kwargs)
+
+
+class Repository(git.Repo):
+    """A GitPython repository whose git processes a terminal's Ctrl-C does not reach."""
+
+    GitCommandWrapperType = _OwnGroupGit
+
+
 class Workspace:
     """One experiment repository: the git work tree holding the target file.
 
@@ -67,7 +88,7 @@ class Workspace:
         self.foreign_refs = foreign_refs
         path = Path(path).resolve()
         try:
-            self.repo = git.Repo(path, search_parent_directories=True)
+            self.repo = Repository(path, search_parent_directories=True)
         except (InvalidGitRepositoryError, NoSuchPathError):
             raise WorkspaceError(
                 f"not a git repository: {path} (run git init, or autoloop init DIR for a fresh experiment repo)"
@@ -482,5 +503,5 @@ class Workspace:
                 path.write_text(text)
                 paths.append(str(path))
             # Exit code: the number of conflicts (0: clean), negative (255) on an error.
-            out = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True, text=True)
+            out = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True, text=True, **OWN_GROUP)
         return out.stdout if out.returncode == 0 else None

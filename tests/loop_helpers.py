@@ -51,7 +51,9 @@ def night_queue(repo: Path) -> None:
 
 
 def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeout: float = 300,
-             env: dict | None = None) -> subprocess.CompletedProcess:
+             env: dict | None = None, own_group: bool = False) -> subprocess.CompletedProcess:
+    """Run the CLI; own_group: in a process group of its own, as a shell starts a job (so that
+    a Ctrl-C to that group, sent as a terminal does, reaches the CLI and its helpers alone)."""
     if args and args[0] in ("run", "trial") and "--noise-runs" not in args:
         # The existing end-to-end tests count ledger rows of a night without noise runs;
         # tests/test_noise.py covers them.
@@ -62,7 +64,8 @@ def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeou
         args = (*args, "--sanity-bound", "0")
     cmd = [sys.executable, "-m", "autoloop.cli", *args]
     full_env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu", **(env or {})}
-    proc = subprocess.run(cmd, cwd=repo, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=repo, env=full_env, capture_output=True, text=True, timeout=timeout,
+                          start_new_session=own_group)
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc

@@ -193,6 +193,23 @@ time.sleep(30)
 print("val_bpb: 0.5")
 '''
 
+# Ctrl-C in a terminal: SIGINT to the orchestrator's whole process group (the terminal's
+# foreground group: the orchestrator and every helper it started there), then trains on.
+CTRL_C_TRAIN = '''import os, signal, time
+with open("results/fault.pid", "w") as f:
+    f.write(str(os.getpid()))
+os.killpg(os.getpgid(os.getppid()), signal.SIGINT)
+time.sleep(30)
+print("val_bpb: 0.5")
+'''
+
+
+def stopped_by_sigint(repo: Path, row: dict, tmp: Path) -> None:
+    state = json.loads((repo / "results" / "state.json").read_text())
+    assert state["stop_reason"] == "stopped by SIGINT"
+    assert all(map(pid_dead, pids_in(repo / "results" / "fault.pid")))
+
+
 FAULTS = [
     # -- train.py fails: the edit is to blame (trivial: a fixing proposer gets the traceback)
     Fault("syntax-error", "crash", "trivial", "SyntaxError: invalid syntax (train.py:5)", train=script("syntax_error.py")),
@@ -234,6 +251,8 @@ FAULTS = [
     # -- train.py turns on the orchestrator
     Fault("sigterms-the-orchestrator", "crash", "fundamental", "interrupted (SIGTERM)",
           train=KILL_PARENT_TRAIN.format(sig="TERM"), check=stopped_by_sigterm),
+    Fault("ctrl-c-in-a-terminal", "crash", "fundamental", "interrupted (SIGINT)", train=CTRL_C_TRAIN,
+          check=stopped_by_sigint),
     Fault("sigkills-the-orchestrator", "crash", "fundamental", "interrupted (orchestrator stopped during running)",
           train=KILL_PARENT_TRAIN.format(sig="KILL"), orchestrator_killed=True, check=daemon_ended),
     # -- train.py's report cannot be trusted (train.py under the harness: the result file is required)
@@ -322,7 +341,8 @@ def test_fault(fault: Fault, night_templates, tiny_data_dir, tmp_path):
         args += ["--proposer", "queue"]
     args += fault.args
 
-    proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120)
+    # In a process group of its own, as a shell starts a job: a group signal stays in it.
+    proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120, own_group=True)
     if fault.orchestrator_killed:
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
         proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120)

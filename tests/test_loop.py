@@ -95,8 +95,9 @@ def start_long_trial(repo, data_dir) -> tuple[subprocess.Popen, list[psutil.Proc
     queue_file(repo, "01_long.py", GOOD, "restore learning rates")
     env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu"}
     args = ["run", "--budget", "30", "--proposer", "queue", "--tag", "t", "--resume"]
+    # A process group of its own, as a shell starts a job: a terminal's signal goes to the group.
     proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", *args], cwd=repo, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     state_file = repo / "results" / "state.json"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -136,7 +137,7 @@ def test_sigint_or_sigterm_stops_cleanly_and_records_the_trial(baselined_repo, t
     repo = baselined_repo
     proc, children = start_long_trial(repo, tiny_data_dir)
     started = time.time()
-    proc.send_signal(sig)
+    os.killpg(proc.pid, sig)   # as a terminal (Ctrl-C) or a service manager sends it: the whole group
     out, _ = proc.communicate(timeout=60)
     assert time.time() - started < 20  # the 30 s trial was ended, not waited for
     assert proc.returncode == 0, out

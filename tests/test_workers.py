@@ -214,7 +214,9 @@ def wait_for(proc: subprocess.Popen, repo: Path, description: str, recorded_sour
 def start(repo: Path, tiny_data_dir: Path) -> subprocess.Popen:
     env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
     cmd = [sys.executable, "-m", "autoloop.cli", *args("--noise-runs", "0", "--sanity-bound", "0")]
-    return subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A process group of its own, as a shell starts a job: a terminal's Ctrl-C goes to the group.
+    return subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 def test_sigint_stops_both_workers_cleanly(repo, tiny_data_dir):
@@ -222,7 +224,7 @@ def test_sigint_stops_both_workers_cleanly(repo, tiny_data_dir):
     queue(repo, "02_lower_b.py", fake(B=0.7))
     proc = start(repo, tiny_data_dir)
     wait_for(proc, repo, "lower a", "02_lower_b.py")
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: the whole foreground group, git's helpers too
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
