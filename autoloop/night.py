@@ -65,6 +65,12 @@ class Stop:
     def is_set(self) -> bool:
         return self.event.is_set()
 
+    def exit_status(self) -> int:
+        """The shell's convention for a run a signal stopped: 128 + its number (130 for
+        SIGINT, 143 for SIGTERM), so that a script or a scheduler sees it was stopped;
+        0 for every other stop (--hours, --max-trials, no more ideas)."""
+        return 128 + signal.Signals[self.signal].value if self.signal else 0
+
 
 @dataclass
 class Night:

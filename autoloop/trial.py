@@ -203,7 +203,7 @@ def run_baseline(night, runner: AttemptRunner) -> LedgerRecord:
     trial = queries.next_trial(night.arbiter.records())
     plan = AttemptPlan(trial, 1, "baseline", Candidate(head, head, None, "baseline", "-"), night.settings.seed)
     record = runner.run(plan).record
-    if record.status != "keep":
+    if record.status != "keep" and not night.stop.is_set():   # a signal's stop is no failure of the baseline
         raise NightError(f"the baseline run of the unmodified {night.settings.target} failed "
                          f"({record.crash}: {record.reason}); see results/{record.log_path}")
     return record

@@ -107,6 +107,7 @@ class Fault:
     night: str = "stdout"           # stdout: a foreign --command; result: the result file is required
     args: tuple[str, ...] = ()      # more flags for the run
     orchestrator_killed: bool = False   # the misbehaviour SIGKILLs the orchestrator: --resume after it
+    exit_status: int = 0            # the run's exit status (130/143: stopped by SIGINT/SIGTERM)
     check: Callable[[Path, dict, Path], None] | None = None   # more assertions (repo, row, tmp)
     pending: str | None = None      # not handled yet: a strict xfail saying what should happen
 
@@ -250,9 +251,9 @@ FAULTS = [
     Fault("stdout-flood", "discard", None, None, train=script("flood.py"), check=flood_read),
     # -- train.py turns on the orchestrator
     Fault("sigterms-the-orchestrator", "crash", "fundamental", "interrupted (SIGTERM)",
-          train=KILL_PARENT_TRAIN.format(sig="TERM"), check=stopped_by_sigterm),
+          train=KILL_PARENT_TRAIN.format(sig="TERM"), exit_status=143, check=stopped_by_sigterm),
     Fault("ctrl-c-in-a-terminal", "crash", "fundamental", "interrupted (SIGINT)", train=CTRL_C_TRAIN,
-          check=stopped_by_sigint),
+          exit_status=130, check=stopped_by_sigint),
     Fault("sigkills-the-orchestrator", "crash", "fundamental", "interrupted (orchestrator stopped during running)",
           train=KILL_PARENT_TRAIN.format(sig="KILL"), orchestrator_killed=True, check=daemon_ended),
     # -- train.py's report cannot be trusted (train.py under the harness: the result file is required)
@@ -346,8 +347,8 @@ def test_fault(fault: Fault, night_templates, tiny_data_dir, tmp_path):
     if fault.orchestrator_killed:
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
         proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == fault.exit_status, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and "internal error" not in proc.stderr
 
     ledger = assert_invariants(repo)
     assert not trial_processes(repo)
@@ -362,6 +363,19 @@ def test_fault(fault: Fault, night_templates, tiny_data_dir, tmp_path):
         assert row["commit"] and read_tsv(repo)[-1]["trial"] == "1"
     if fault.check:
         fault.check(repo, row, tmp_path)
+
+
+def test_ctrl_c_during_the_baseline_is_a_stop_not_a_failed_baseline(tmp_path, tiny_data_dir):
+    """Ctrl-C while the baseline trains (the first minutes of every night): a stop (130),
+    the baseline recorded as interrupted, not "the baseline failed" (exit 1)."""
+    repo = init_repo(tmp_path / "repo", {"train.py": CTRL_C_TRAIN})
+    proc = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--proposer", "queue", data_dir=tiny_data_dir,
+                    timeout=120, own_group=True)
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert proc.stderr == "" and "stopped: stopped by SIGINT" in proc.stdout, proc.stdout + proc.stderr
+    [baseline] = read_ledger(repo)
+    assert (baseline["kind"], baseline["status"], baseline["reason"]) == ("baseline", "crash", "interrupted (SIGINT)")
+    assert git(repo, "status", "--porcelain") == ""
 
 
 def test_the_table_names_enough_distinct_misbehaviours():

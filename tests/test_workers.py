@@ -226,7 +226,7 @@ def test_sigint_stops_both_workers_cleanly(repo, tiny_data_dir):
     wait_for(proc, repo, "lower a", "02_lower_b.py")
     os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: the whole foreground group, git's helpers too
     out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, out
+    assert proc.returncode == 130, out
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
     [stopped] = by_source(ledger, "01_lower_a.py")
     assert stopped["status"] == "crash" and "SIGINT" in stopped["reason"]
