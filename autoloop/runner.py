@@ -309,10 +309,13 @@ def _read_metric(spec: TrialSpec, result_path: Path | None, nonce: str | None,
     name = spec.metric
     stdout_value = float(stdout_text) if stdout_text is not None else None
     if result_path is None or not result_path.exists():
-        if spec.require_result:
-            return None, f"no result file from autoloop.evaluate ({result_path})", None
         if stdout_value is None:
+            # Nothing reported at all (an edit that skips the evaluation, an early exit 0):
+            # a bug of the edit, which a fix request can mend (classify: trivial).
             return None, None, None
+        if spec.require_result:
+            # A number on stdout that autoloop.evaluate never wrote cannot be trusted.
+            return None, f"no result file from autoloop.evaluate ({result_path}) for the {name} on stdout", None
         if not math.isfinite(stdout_value):
             return None, f"{name} is {stdout_value}", None
         return stdout_value, None, None

@@ -257,6 +257,8 @@ FAULTS = [
     Fault("sigkills-the-orchestrator", "crash", "fundamental", "interrupted (orchestrator stopped during running)",
           train=KILL_PARENT_TRAIN.format(sig="KILL"), orchestrator_killed=True, check=daemon_ended),
     # -- train.py's report cannot be trusted (train.py under the harness: the result file is required)
+    Fault("exit-0-without-result-file", "crash", "trivial", "no val_bpb reported", night="result",
+          train="import sys\nprint('step 00001 | loss: 5.0')\nsys.exit(0)\n"),
     Fault("stdout-metric-without-result-file", "crash", "fundamental", "no result file from autoloop.evaluate",
           night="result", train=result_train(None, "0.5")),
     Fault("result-file-wrong-nonce", "crash", "fundamental", "result nonce mismatch", night="result",
