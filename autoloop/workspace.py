@@ -164,9 +164,33 @@ class Workspace:
         return sorted(paths)
 
     def ensure_clean(self) -> None:
-        dirty = self.dirty_paths()
-        if dirty:
-            raise WorkspaceError(f"working tree has uncommitted changes: {_listing(dirty)} (commit or stash them first)")
+        """Refuse a tree with uncommitted changes or untracked files, naming the commands that help.
+
+        Untracked files are refused rather than worked around: every trial would run with
+        them (an imported helper, a config) while no commit records them, so a kept change
+        would not reproduce from its commit; and the scope guard, which moves away whatever
+        a proposer or a run creates, could not tell them from its own. Ignored files (data,
+        logs) are outside all of this.
+        """
+        changed, untracked = [], []
+        for xy, path, orig in self._status():
+            (untracked if xy == "??" else changed).append(path)
+            if orig:
+                changed.append(orig)
+        changed, untracked = sorted(set(changed)), sorted(set(untracked))
+        if changed and untracked:
+            raise WorkspaceError(
+                f"working tree has uncommitted changes: {_listing(changed)}; and untracked files: "
+                f"{_listing(untracked)} (commit them, or set them aside with git stash -u; "
+                "add outputs such as run.log to .gitignore)")
+        if changed:
+            raise WorkspaceError(f"working tree has uncommitted changes: {_listing(changed)} "
+                                 "(commit them, or set them aside with git stash)")
+        if untracked:
+            raise WorkspaceError(
+                f"working tree has untracked files: {_listing(untracked)} (trials would use them but no "
+                "commit records them: set them aside with git stash -u, or add them to .gitignore "
+                "if they are outputs such as run.log)")
 
     def ensure_results_ignored(self) -> None:
         """Resets must never touch the ledger: anything written under results/ must be ignored.
