@@ -84,6 +84,7 @@ def finish_attempt(night, ws: Workspace, state_file: StateFile, worker: int | No
                            f"restoring the branch to {best[:7]}")
     else:
         best = _record_interrupted(night, ws, state, tampered, worker) or state.best or ws.head()
+    _set_aside_untracked(night, ws, state)
     ws.reset_to(best)
     state_file.enter("idle", candidate=None, child_pids=[], job=None, progress=None)
 
@@ -109,6 +110,19 @@ def _end_what_it_left(night, state: RunState) -> Tampering:
     if tampered.unrestorable:
         raise NightError(tampered.message)
     return tampered
+
+
+def _set_aside_untracked(night, ws: Workspace, state: RunState) -> None:
+    """Untracked files in the work tree (the interrupted run's, or yours, made since the
+    kill) are moved to the attempt's quarantine, never deleted by the reset that follows."""
+    if state.trial is None or state.attempt is None:
+        return
+    dest = night.layout.quarantine(state.trial, state.attempt) / "recovery"
+    moved = ws.set_aside_untracked(dest)
+    if moved:
+        shown = ", ".join(moved[:5]) + (f" and {len(moved) - 5} more" if len(moved) > 5 else "")
+        where = dest.relative_to(night.ws.root) if dest.is_relative_to(night.ws.root) else dest
+        night.console.line(f"recovery: untracked {shown} set aside in {where}/ (not deleted)")
 
 
 def _remove_index_lock(ws: Workspace) -> None:

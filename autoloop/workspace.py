@@ -428,8 +428,13 @@ class Workspace:
         except GitCommandError as err:
             raise WorkspaceError(f"scope guard could not restore files: {_git_error(err)}") from None
 
-        # Then move untracked files away. Repeat: moving an untracked .gitignore can reveal
-        # files it was hiding (bounded, in case something keeps reappearing).
+        # Then move untracked files away.
+        return sorted(restore | unstage | set(self.set_aside_untracked(quarantine_dir)))
+
+    def set_aside_untracked(self, dest_dir: Path) -> list[str]:
+        """Move every untracked (not ignored) file but the target into dest_dir, keeping its
+        relative path; returns the sorted paths. Repeated: moving an untracked .gitignore can
+        reveal files it was hiding (bounded, in case something keeps reappearing)."""
         moved: set[str] = set()
         for _ in range(5):
             untracked = [p.rstrip("/") for xy, p, _ in self._status() if xy == "??" and p != self.target]
@@ -439,12 +444,12 @@ class Workspace:
                 src = self.root / p
                 if not (src.exists() or src.is_symlink()):
                     continue
-                dest = self._free_path(quarantine_dir / p)
+                dest = self._free_path(Path(dest_dir) / p)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(src), str(dest))  # a nested repository moves as a whole folder
                 self._prune_empty_dirs(src.parent)
                 moved.add(p)
-        return sorted(restore | unstage | moved)
+        return sorted(moved)
 
     @staticmethod
     def _free_path(dest: Path) -> Path:

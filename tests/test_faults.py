@@ -469,6 +469,29 @@ def test_recovery_ends_every_process_of_the_orphaned_trial(night_templates, tiny
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_recovery_sets_untracked_files_aside_never_deletes_them(night_templates, tiny_data_dir, tmp_path):
+    """After a kill -9, a file nobody committed (the person's, written while the loop was
+    down, or the run's) is moved to the attempt's quarantine by --resume, not deleted by
+    the reset to the best."""
+    repo = tmp_path / "repo"
+    shutil.copytree(night_templates["stdout"], repo, symlinks=True)
+    pids = start_and_kill_mid_trial(repo, tiny_data_dir, forget_pids=False)
+    (repo / "mine").mkdir()
+    (repo / "mine" / "notes.txt").write_text("my notes\n")
+    try:
+        resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--proposer", "queue",
+                           data_dir=tiny_data_dir, timeout=120)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "recovery: untracked mine/notes.txt set aside in results/quarantine/1-1/recovery/" in resumed.stdout
+        assert (repo / "results" / "quarantine" / "1-1" / "recovery" / "mine" / "notes.txt").read_text() == "my notes\n"
+        assert not (repo / "mine").exists()
+        assert_invariants(repo)
+    finally:
+        for pid in pids:
+            if not pid_dead(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_recovery_rewrites_a_results_tsv_left_a_row_short(night_templates, tiny_data_dir, tmp_path):
     """Soak finding: a kill between the ledger append and the results.tsv rewrite left the
     table a row short after --resume (nothing rewrote it until the next record)."""
