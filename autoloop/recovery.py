@@ -136,8 +136,12 @@ def _candidate(night, ws: Workspace, state: RunState) -> tuple[str | None, list[
     best = state.best or ws.head()
     candidate, events, deleted = state.candidate, [], False
     if state.phase == "proposing" and state.best:
-        # The proposer may have committed, switched branch or reset before the kill.
-        guard = git_guard.reconcile(ws, night.tag, best, state.trial, state.attempt or 1)
+        # The proposer may have committed, switched branch or reset, or moved tags and
+        # branches, before the kill: the refs snapshot persisted before the call puts them back.
+        saved_refs = night.layout.ref_snapshot(state.trial, state.attempt or 1)
+        guard = git_guard.reconcile(ws, night.tag, best, state.trial, state.attempt or 1,
+                                    git_guard.RefSnapshot.load(saved_refs))
+        saved_refs.unlink(missing_ok=True)
         events, deleted = guard.events, guard.target_deleted
         if events:
             night.console.line(f"recovery: git: {'; '.join(events)}")

@@ -492,6 +492,31 @@ def test_recovery_sets_untracked_files_aside_never_deletes_them(night_templates,
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_kill_9_during_an_agent_call_puts_back_the_refs_it_moved(night_templates, tiny_data_dir, tmp_path):
+    """The agent force-moved a branch and a tag, then the orchestrator was SIGKILLed during
+    the call: the refs snapshot persisted before the call lets --resume put them back."""
+    repo = tmp_path / "repo"
+    shutil.copytree(night_templates["stdout"], repo, symlinks=True)
+    git(repo, "tag", "v1", "main")
+    main, best = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "HEAD")
+    args = [*RUN, *NIGHTS["stdout"][1], "--resume", "--noise-runs", "0"]
+    killed = autoloop(repo, *args, "--proposer", "agent", "--agent-cmd", f"{AGENTS / 'git_move_refs_then_kill.py'} LR=0.5",
+                      data_dir=tiny_data_dir, timeout=120, own_group=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    moved = git(repo, "rev-parse", "main")
+    assert moved != main and git(repo, "rev-parse", "v1") == moved   # as the agent left them
+    assert (repo / "results" / "agents" / "1-1.refs.json").exists()
+
+    resumed = autoloop(repo, *args, "--proposer", "queue", data_dir=tiny_data_dir, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert git(repo, "rev-parse", "main") == main and git(repo, "rev-parse", "v1^{commit}") == main
+    assert "main" in resumed.stdout and "v1" in resumed.stdout and "restored" in resumed.stdout, resumed.stdout
+    ledger = assert_invariants(repo)
+    assert ledger[-1]["reason"] == "interrupted (orchestrator stopped during proposing)"
+    assert ledger[-1]["commit"] and git(repo, "rev-parse", f"{ledger[-1]['commit']}~1") == best
+    assert not (repo / "results" / "agents" / "1-1.refs.json").exists()
+
+
 def test_recovery_rewrites_a_results_tsv_left_a_row_short(night_templates, tiny_data_dir, tmp_path):
     """Soak finding: a kill between the ledger append and the results.tsv rewrite left the
     table a row short after --resume (nothing rewrote it until the next record)."""
