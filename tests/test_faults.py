@@ -39,6 +39,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from autoloop import procs
 from conftest import git, init_repo
 from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger, read_tsv
 
@@ -205,6 +206,14 @@ print("val_bpb: 0.5")
 '''
 
 
+# setsid, a double fork, an empty environment: beyond session, token and tree tracking.
+ESCAPING_TRAIN = f'''import subprocess, sys
+subprocess.run([sys.executable, {str(SCRIPTS / "escaping_daemon.py")!r}, "results/fault.pid"], check=True)
+print("val_bpb: 1.25")
+'''
+CONTAINED = procs.containment()[0] is not None
+
+
 def stopped_by_sigint(repo: Path, row: dict, tmp: Path) -> None:
     state = json.loads((repo / "results" / "state.json").read_text())
     assert state["stop_reason"] == "stopped by SIGINT"
@@ -248,6 +257,8 @@ FAULTS = [
           check=metric_not_taken),
     # -- train.py leaves things behind, or floods
     Fault("setsid-daemon-grandchild", "keep", None, "improved", train=DAEMON_TRAIN, check=daemon_ended),
+    Fault("daemon-escapes-session-token-and-tree", "keep", None, "improved", train=ESCAPING_TRAIN, check=daemon_ended,
+          pending=None if CONTAINED else f"no writable cgroup here ({procs.containment()[1]}): it escapes"),
     Fault("stdout-flood", "discard", None, None, train=script("flood.py"), check=flood_read),
     # -- train.py turns on the orchestrator
     Fault("sigterms-the-orchestrator", "crash", "fundamental", "interrupted (SIGTERM)",
