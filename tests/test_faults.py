@@ -25,6 +25,7 @@ Covered elsewhere, at other levels, and not repeated here:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -478,6 +479,44 @@ def test_recovery_ends_every_process_of_the_orphaned_trial(night_templates, tiny
         for pid in pids:
             if not pid_dead(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not CONTAINED, reason="no writable cgroup on this machine")
+def test_recovery_ends_a_daemon_that_escaped_everything_but_its_cgroup(night_templates, tiny_data_dir, tmp_path):
+    """kill -9 of the orchestrator mid-trial, then the trial's main process ends too: what is
+    left is a daemon with no session, token or parent of ours. --resume ends it through the
+    run's cgroup, found by the token state.json recorded before the run."""
+    repo = tmp_path / "repo"
+    shutil.copytree(night_templates["stdout"], repo, symlinks=True)
+    train = ESCAPING_TRAIN.replace('print("val_bpb: 1.25")', 'import time; time.sleep(60)')
+    queue_file(repo, "01_escape.py", train, "escape")
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", *RUN, *NIGHTS["stdout"][1], "--resume",
+                             "--proposer", "queue", "--noise-runs", "0"], cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    pid_file = repo / "results" / "fault.pid"
+    deadline = time.time() + 60
+    while not pid_file.exists():
+        assert time.time() < deadline and proc.poll() is None, "the trial never started"
+        time.sleep(0.05)
+    daemon = pids_in(pid_file)[0]
+    state = json.loads((repo / "results" / "state.json").read_text())
+    proc.kill()
+    proc.wait()
+    for pid, _ in state["child_pids"]:      # the trial's main process goes too
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        assert not pid_dead(daemon) and state["child_token"]
+        resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--proposer", "queue",
+                           data_dir=tiny_data_dir, timeout=120)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert pid_dead(daemon), "the escaped daemon outlived the recovery"
+        assert "recovery: ended" in resumed.stdout
+        assert_invariants(repo)
+    finally:
+        if not pid_dead(daemon):
+            os.kill(daemon, signal.SIGKILL)
 
 
 def test_recovery_sets_untracked_files_aside_never_deletes_them(night_templates, tiny_data_dir, tmp_path):
