@@ -31,7 +31,7 @@ from autoloop.executors import Executor
 from autoloop.integrity import Tampering, harness_path, tampered_reason
 from autoloop.keep import Decision, Facts
 from autoloop.ledger import AttemptKind, LedgerRecord
-from autoloop.runner import TrialOutcome, TrialSpec, build_env
+from autoloop.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
 from autoloop.state import StateFile, fault_point
 from autoloop.workspace import Workspace
 
@@ -172,6 +172,10 @@ class AttemptRunner:
             # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
             # itself is not a measurement. A foreign --command may only have stdout.
             require_result=s.command is None, log_cap_bytes=int(s.log_cap_mb * 2**20), isolate=s.isolate)
+        # The run's token, recorded before it starts: recovery finds its processes (and its
+        # cgroup) by it after a kill -9, also those that left the session and the tree.
+        spec.env[TOKEN_VAR] = secrets.token_hex(16)
+        self.slot.state.update(child_token=spec.env[TOKEN_VAR])
         self.console.line(f"{plan.label} {plan.kind}: {plan.candidate.description} [{commit[:7]}] "
                           f"training {format_duration(s.budget)}")
         return self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line),
@@ -247,7 +251,7 @@ class AttemptRunner:
             return
         if record.best and self.slot.ws.head() != record.best:
             self.slot.ws.reset_to(record.best)
-        self.slot.state.enter("idle", candidate=None, child_pids=[], job=None, progress=None)
+        self.slot.state.enter("idle", candidate=None, child_pids=[], child_token=None, job=None, progress=None)
         self.console.line(verdict)
 
     def _on_progress(self, label: str, line: str) -> None:

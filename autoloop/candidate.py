@@ -76,6 +76,8 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
     ws, console = slot.ws, slot.console or night.console
     base = ws.head()
     before = git_guard.snapshot(ws, night.tag)
+    saved_refs = night.layout.ref_snapshot(request.trial, request.attempt)
+    before.save(saved_refs)   # before the state says proposing: recovery finds it for any kill during the call
     request.process_token = secrets.token_hex(16)
     request.stop_event = night.stop.event
     request.on_start = lambda pids: slot.state.update(child_pids=pids)
@@ -94,6 +96,7 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
     # Git first: a proposer that committed, switched branch or reset must not have the
     # scope guard (or a reset) act on some other branch than the loop's.
     guard = git_guard.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
+    saved_refs.unlink(missing_ok=True)
     if guard.events:
         console.line(f"#{request.trial}: git: {'; '.join(guard.events)}")
     outside = tuple(ws.scope_guard(night.layout.quarantine(request.trial, request.attempt), base=base))

@@ -55,7 +55,7 @@ def cmd_run(args) -> int:
     console.line(why)
     with open_night(settings, root, console, "run") as night:
         Scheduler(night, proposer).run()
-    return 0
+    return night.stop.exit_status()
 
 
 def cmd_trial(args) -> int:
@@ -73,7 +73,7 @@ def cmd_trial(args) -> int:
     metric = "-" if record.metric is None else f"{record.metric:.6f}"
     crash = f" {record.crash}" if record.crash else ""
     print(f"verdict: {record.status}{crash} {settings.metric}: {metric} reason: {record.reason}")
-    return 0 if record.status != "crash" else 3
+    return night.stop.exit_status() or (0 if record.status != "crash" else 3)
 
 
 def cmd_doctor(args) -> int:
@@ -238,7 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "the commit if the metric improved, else reset; record every attempt in "
                     "results/ledger.jsonl and results/results.tsv. The first trial is the baseline of the "
                     "unmodified target. Ctrl-C stops cleanly; after a crash or kill, --resume continues.",
-        epilog="Every flag can also be set in [tool.autoloop] of pyproject.toml or in autoloop.toml "
+        epilog="Exit status: 0 when the run stopped by itself (--hours, --max-trials, no more ideas); "
+               "130 after SIGINT (Ctrl-C) and 143 after SIGTERM, the running trial ended and recorded; "
+               "1 for an error (one line on stderr), 2 for bad usage, 70 for an internal error. "
+               "Every flag can also be set in [tool.autoloop] of pyproject.toml or in autoloop.toml "
                "(the flag's name, with - or _); flags win over the file. "
                "Example: autoloop run --budget 5m --hours 8",
     )
@@ -250,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         "trial", help="judge the current edit of the target as one trial (for agents that drive themselves)",
         description="Commit the current edit of the target, train it, keep or reset it, record it, and print "
                     "the verdict as the last line: 'verdict: keep|discard|crash [class] val_bpb: X reason: ...'. "
-                    "Exit code 0 for keep/discard, 3 for a crash. The first call on a branch runs the baseline "
+                    "Exit code 0 for keep/discard, 3 for a crash, 130/143 when stopped by SIGINT/SIGTERM. The first call on a branch runs the baseline "
                     "of the unmodified target first.",
     )
     p.add_argument("-m", "--message", required=True, help="one line: what this change tries")

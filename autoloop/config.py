@@ -268,11 +268,22 @@ class Settings(BaseModel):
         {}, "slurm", "extra sbatch option as submitit names it, e.g. account=myproj or mem=64G (repeatable)",
         metavar="KEY=VALUE", flag="--slurm-option")
     slurm_folder: str = setting(DEFAULT_SLURM_DIR, "slurm", "submitit's job files", metavar="DIR")
+    slurm_pending_timeout: float | None = setting(
+        3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and record it as a "
+        "crash, so that a stuck queue cannot hold the night (default {default}; 0: wait forever)",
+        metavar="DURATION")
 
     @field_validator("slurm_time_limit", mode="before")
     @classmethod
     def _slurm_time_limit(cls, v: Any) -> float | None:
         return None if v is None else cls._duration(v)
+
+    @field_validator("slurm_pending_timeout", mode="before")
+    @classmethod
+    def _slurm_pending_timeout(cls, v: Any) -> float | None:
+        if v is None or (not isinstance(v, bool) and str(v).strip() in ("0", "0s", "0.0")):
+            return None   # 0: no limit
+        return cls._duration(v)
 
     @model_validator(mode="after")
     def _slurm_limit_after_timeout(self) -> "Settings":

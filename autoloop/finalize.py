@@ -51,7 +51,7 @@ from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.console import metric_digits
 from autoloop.queries import best_before
 from autoloop.state import load_state
-from autoloop.workspace import FALLBACK_EMAIL, FALLBACK_NAME
+from autoloop.workspace import FALLBACK_EMAIL, FALLBACK_NAME, Repository
 
 
 class FinalizeError(AutoloopError):
@@ -168,7 +168,7 @@ class _Git:
 
     def __init__(self, root: Path, index: Path):
         try:
-            self.repo = git.Repo(root, search_parent_directories=True)
+            self.repo = Repository(root, search_parent_directories=True)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise FinalizeError(f"not a git repository: {root}") from None
         self.index_env = {"GIT_INDEX_FILE": str(index)}

@@ -21,12 +21,14 @@ scope guard and the commit see.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from git.exc import GitCommandError
 
+from autoloop.atomic import atomic_write
 from autoloop.layout import agent_ref_prefix, trial_ref_prefix
 from autoloop.workspace import Workspace, WorkspaceError, _git_error
 
@@ -50,6 +52,23 @@ class RefSnapshot:
     """The refs before a proposal: what reconcile puts back if the agent moved them."""
 
     refs: dict[str, str]          # full ref name -> sha (branches, tags, the tag's trial refs)
+
+    def save(self, path: Path) -> None:
+        """Persisted before the proposer runs: a kill -9 during the call must not lose it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(self.refs, indent=0, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: Path) -> "RefSnapshot | None":
+        """The persisted snapshot, None when there is none (or it cannot be read: then the
+        agent's moves of existing refs are not put back, its commits are still saved)."""
+        try:
+            refs = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(refs, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in refs.items()):
+            return None
+        return cls(refs)
 
 
 @dataclass

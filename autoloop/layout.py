@@ -17,6 +17,7 @@ about where something is. Nothing here touches the disk except ``ensure``.
       state-w<k>.json          the same for parallel worker k
       runs/<t>-<a>.log         a trial's output; runs/<t>-<a>.result.json its result file
       agents/<t>-<a>.*         an agent call: prompt, description, log
+      agents/<t>-<a>.refs.json the branches, tags and trial refs before a proposal (while it runs)
       quarantine/<t>-<a>/      what the scope guard took away (run/: what the run wrote)
       quarantine/<t>-<a>-tampered/   changed versions of protected inputs (integrity.py)
       quarantine/prepared-data/      data restored before the session's snapshot
@@ -165,6 +166,11 @@ class Layout:
         stem = self.agents / attempt_stem(trial, attempt)
         return (stem.with_name(stem.name + ".prompt.md"), stem.with_name(stem.name + ".description.txt"),
                 stem.with_name(stem.name + ".log"))
+
+    def ref_snapshot(self, trial: int, attempt: int) -> Path:
+        """The refs before one proposal, persisted so that a recovery after kill -9 puts back
+        what the proposer moved (git_guard); removed once the proposal is reconciled."""
+        return self.agents / f"{attempt_stem(trial, attempt)}.refs.json"
 
     @property
     def quarantine_root(self) -> Path:

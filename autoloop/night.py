@@ -46,6 +46,7 @@ from autoloop.isolate import isolation_available
 from autoloop.keep import Rules
 from autoloop.layout import TAG_FILES, Layout, tag_of_branch
 from autoloop.observers import open_observers
+from autoloop.procs import containment
 from autoloop.ledger import Ledger
 from autoloop.state import load_state
 from autoloop.workspace import Workspace
@@ -64,6 +65,12 @@ class Stop:
 
     def is_set(self) -> bool:
         return self.event.is_set()
+
+    def exit_status(self) -> int:
+        """The shell's convention for a run a signal stopped: 128 + its number (130 for
+        SIGINT, 143 for SIGTERM), so that a script or a scheduler sees it was stopped;
+        0 for every other stop (--hours, --max-trials, no more ideas)."""
+        return 128 + signal.Signals[self.signal].value if self.signal else 0
 
 
 @dataclass
@@ -101,6 +108,7 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             report = ledger.repair()
             if report:
                 console.line(f"ledger: {report}")
+            console.line(f"containment: {containment()[1]}")
             arbiter = Arbiter(ledger, ws, Rules.of(settings))
             night = Night(settings, console, ws, layout, ledger, arbiter, tag, stop, executor)
             if settings.workers > 1 or layout.worker_states():

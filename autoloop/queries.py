@@ -104,3 +104,17 @@ def infer_direction(records: list[LedgerRecord]) -> str:
             if r.metric < ref:
                 return "min"
     return "min"
+
+
+def pending_replays(records: list[LedgerRecord]) -> list[LedgerRecord]:
+    """Records whose decision asked for a replay that never ran: the last record of their
+    trial (a kill came between the decision and the replay's run)."""
+    last: dict[int, LedgerRecord] = {}
+    for r in records:
+        last[r.trial] = r
+    return [r for r in last.values() if r.next == "replay"]
+
+
+def replays_of(records: list[LedgerRecord], trial: int) -> int:
+    """How often the change of a trial was sent to be replayed on a new best."""
+    return sum(1 for r in records if r.trial == trial and r.next == "replay")

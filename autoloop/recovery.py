@@ -84,6 +84,7 @@ def finish_attempt(night, ws: Workspace, state_file: StateFile, worker: int | No
                            f"restoring the branch to {best[:7]}")
     else:
         best = _record_interrupted(night, ws, state, tampered, worker) or state.best or ws.head()
+    _set_aside_untracked(night, ws, state)
     ws.reset_to(best)
     state_file.enter("idle", candidate=None, child_pids=[], job=None, progress=None)
 
@@ -111,6 +112,19 @@ def _end_what_it_left(night, state: RunState) -> Tampering:
     return tampered
 
 
+def _set_aside_untracked(night, ws: Workspace, state: RunState) -> None:
+    """Untracked files in the work tree (the interrupted run's, or yours, made since the
+    kill) are moved to the attempt's quarantine, never deleted by the reset that follows."""
+    if state.trial is None or state.attempt is None:
+        return
+    dest = night.layout.quarantine(state.trial, state.attempt) / "recovery"
+    moved = ws.set_aside_untracked(dest)
+    if moved:
+        shown = ", ".join(moved[:5]) + (f" and {len(moved) - 5} more" if len(moved) > 5 else "")
+        where = dest.relative_to(night.ws.root) if dest.is_relative_to(night.ws.root) else dest
+        night.console.line(f"recovery: untracked {shown} set aside in {where}/ (not deleted)")
+
+
 def _remove_index_lock(ws: Workspace) -> None:
     index_lock = Path(ws.repo.git_dir) / "index.lock"   # a linked worktree's own git dir too
     index_lock.unlink(missing_ok=True)
@@ -122,8 +136,12 @@ def _candidate(night, ws: Workspace, state: RunState) -> tuple[str | None, list[
     best = state.best or ws.head()
     candidate, events, deleted = state.candidate, [], False
     if state.phase == "proposing" and state.best:
-        # The proposer may have committed, switched branch or reset before the kill.
-        guard = git_guard.reconcile(ws, night.tag, best, state.trial, state.attempt or 1)
+        # The proposer may have committed, switched branch or reset, or moved tags and
+        # branches, before the kill: the refs snapshot persisted before the call puts them back.
+        saved_refs = night.layout.ref_snapshot(state.trial, state.attempt or 1)
+        guard = git_guard.reconcile(ws, night.tag, best, state.trial, state.attempt or 1,
+                                    git_guard.RefSnapshot.load(saved_refs))
+        saved_refs.unlink(missing_ok=True)
         events, deleted = guard.events, guard.target_deleted
         if events:
             night.console.line(f"recovery: git: {'; '.join(events)}")

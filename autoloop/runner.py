@@ -50,7 +50,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from autoloop.durations import default_timeout
 from autoloop.isolate import enter_network_namespace, isolation_available
-from autoloop.procs import TOKEN_VAR, ProcessTree, adopting_orphans
+from autoloop.procs import TOKEN_VAR, ProcessTree, TrialGroup, adopting_orphans
 from autoloop.runlog import RunLog
 
 __all__ = ["TOKEN_VAR", "TrialOutcome", "TrialSpec", "build_env", "default_timeout", "run_trial"]
@@ -320,10 +320,13 @@ def _read_metric(spec: TrialSpec, result_path: Path | None, nonce: str | None,
     name = spec.metric
     stdout_value = float(stdout_text) if stdout_text is not None else None
     if result_path is None or not result_path.exists():
-        if spec.require_result:
-            return None, f"no result file from autoloop.evaluate ({result_path})", None
         if stdout_value is None:
+            # Nothing reported at all (an edit that skips the evaluation, an early exit 0):
+            # a bug of the edit, which a fix request can mend (classify: trivial).
             return None, None, None
+        if spec.require_result:
+            # A number on stdout that autoloop.evaluate never wrote cannot be trusted.
+            return None, f"no result file from autoloop.evaluate ({result_path}) for the {name} on stdout", None
         if not math.isfinite(stdout_value):
             return None, f"{name} is {stdout_value}", None
         return stdout_value, None, None
@@ -366,7 +369,24 @@ def _child_env(spec: TrialSpec, result_path: Path | None, token: str) -> dict[st
     return env
 
 
-def _launch_failure(spec: TrialSpec, log: RunLog, timeout_s: float, exit_code: int, error: str) -> TrialOutcome:
+def _preexec(group: TrialGroup | None, isolate: bool) -> Callable[[], None] | None:
+    """What the child does between fork and exec: join the run's cgroup (before it can fork
+    anything), enter a network namespace of its own (--isolate)."""
+    if group is None and not isolate:
+        return None
+
+    def in_child() -> None:
+        if group is not None:
+            group.join()
+        if isolate:
+            enter_network_namespace()
+    return in_child
+
+
+def _launch_failure(spec: TrialSpec, log: RunLog, timeout_s: float, exit_code: int, error: str,
+                    group: TrialGroup | None = None) -> TrialOutcome:
+    if group is not None:
+        group.end()
     log.note(error)
     log.close()
     now = time.time()
@@ -437,32 +457,36 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
     if not Path(spec.cwd).is_dir():
         return _launch_failure(spec, log, spec.timeout_s, 127, f"workspace not found: {spec.cwd}")
 
+    group = TrialGroup.open(token)   # None where the machine has no cgroup for us
     with adopting_orphans():
         started_at, t0 = time.time(), time.monotonic()
         stdin = open(spec.stdin_path, "rb") if spec.stdin_path is not None else subprocess.DEVNULL
         try:
             # preexec_fn runs between fork and exec; ruff calls it unsafe with threads because
-            # the child may need a lock another thread held at the fork. The isolation code
-            # takes none (see autoloop.isolate), and without --isolate there is no preexec_fn.
+            # the child may need a lock another thread held at the fork. Joining the cgroup is
+            # one os.write, the isolation code takes none (see autoloop.isolate); with neither
+            # there is no preexec_fn.
             proc = subprocess.Popen(spec.command, cwd=spec.cwd, env=env, stdin=stdin,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=enter_network_namespace if spec.isolate else None)  # noqa: PLW1509
+                                    preexec_fn=_preexec(group, spec.isolate))  # noqa: PLW1509
         except FileNotFoundError:
-            return _launch_failure(spec, log, spec.timeout_s, 127, f"command not found: {program}")
+            return _launch_failure(spec, log, spec.timeout_s, 127, f"command not found: {program}", group)
         except PermissionError:
-            return _launch_failure(spec, log, spec.timeout_s, 126, f"command not executable: {program}")
+            return _launch_failure(spec, log, spec.timeout_s, 126, f"command not executable: {program}", group)
         except OSError as exc:
-            return _launch_failure(spec, log, spec.timeout_s, 126, f"cannot start {program}: {exc.strerror or exc}")
+            return _launch_failure(spec, log, spec.timeout_s, 126, f"cannot start {program}: {exc.strerror or exc}",
+                                   group)
         except subprocess.SubprocessError:  # only preexec_fn raises it: the namespace was refused
             why = isolation_available()[1] or "the kernel refused it"
-            return _launch_failure(spec, log, spec.timeout_s, 126, f"--isolate: cannot enter a network namespace ({why})")
+            return _launch_failure(spec, log, spec.timeout_s, 126, f"--isolate: cannot enter a network namespace ({why})",
+                                   group)
         finally:
             if stdin is not subprocess.DEVNULL:
                 stdin.close()  # the child has its own copy of the descriptor
 
         reader = _Reader(proc.stdout.fileno(), log, spec.metric, on_progress, on_output)
         reader.start()
-        tree = ProcessTree(proc, token)
+        tree = ProcessTree(proc, token, group)
         if on_start is not None:
             try:
                 on_start(tree.members())
@@ -473,6 +497,10 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
         leftovers = tree.end(spec.grace_s)  # daemons, workers: anything that outlived the main process
         if leftovers:
             log.note(f"killed {leftovers} process(es) still running after the main process ended")
+        escaped = group.end() if group is not None else 0   # the run is over: nothing of it stays
+        if escaped:
+            log.note(f"killed {escaped} process(es) that had escaped the process tree (found in the run's cgroup)")
+            leftovers += escaped
 
     reader.join(timeout=2.0)
     if reader.is_alive():  # only a process beyond reach (cleared env, other session) holds the pipe

@@ -16,6 +16,8 @@ GITIGNORE = f"""# autoloop: ledger, logs and reports stay out of git, so resets 
 !{RESULTS}/README.md
 {WORKTREES}/
 __pycache__/
+# what an agent following autoresearch's instructions writes (uv run train.py > run.log)
+run.log
 """
 
 

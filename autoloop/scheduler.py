@@ -199,18 +199,27 @@ class Scheduler:
                     if reason:
                         self.reason = self.reason or reason
                         return
-                    trial = max([queries.next_trial(night.arbiter.records()), *(t + 1 for t in self.reserved.values())])
+                    replay = self._pending_replay()
+                    trial = replay.trial if replay else max([queries.next_trial(night.arbiter.records()),
+                                                             *(t + 1 for t in self.reserved.values())])
                     self.reserved[slot.worker] = trial
                     start = night.arbiter.best()
                 if start[0] and slot.ws.head() != start[0]:
                     slot.ws.reset_to(start[0])   # always propose on the current best
                 outcome = "failed"
                 try:
-                    outcome = Trial(night, slot, runner, self.proposer, trial, start, self.claims).run()
+                    this = Trial(night, slot, runner, self.proposer, trial, start, self.claims)
+                    outcome = this.resume_replay(replay) if replay else this.run()
                 finally:
                     self._release(slot.worker, outcome)
         except BaseException as e:   # noqa: BLE001 - handed to the main thread, which reports it
             self._fail(e)
+
+    def _pending_replay(self):
+        """A replay a kill interrupted between its decision and its run, not taken by another
+        slot: run before any new trial (callers hold the arbiter's lock)."""
+        taken = set(self.reserved.values())
+        return next((r for r in queries.pending_replays(self.night.arbiter.records()) if r.trial not in taken), None)
 
     def _release(self, worker: int | None, outcome: str) -> None:
         with self.night.arbiter.lock:

@@ -95,10 +95,12 @@ def set_phase(results_dir: Path, state: RunState, phase: Phase, name: str = STAT
 def fault_point(name: str, trial: int | None, attempt: int | None = None) -> None:
     """Fault injection for the recovery tests and the soak benchmark: with
     AUTOLOOP_FAULT_KILL_AT=<point>:<trial> (or <point>:<trial>.<attempt>, e.g. running:1.2
-    for a confirmation re-run) the orchestrator SIGKILLs itself there. The points are the
-    phases (on entering them) and proposed, committed, recorded (just after each)."""
+    for a confirmation re-run; or <point> alone: the first time it is reached) the
+    orchestrator SIGKILLs itself there. The points are the phases (on entering them),
+    proposed, committed, recorded (just after each) and replaying (a replay decided and
+    recorded, before it runs)."""
     wanted = os.environ.get("AUTOLOOP_FAULT_KILL_AT")
-    if wanted and (wanted == f"{name}:{trial}" or wanted == f"{name}:{trial}.{attempt}"):
+    if wanted and wanted in (name, f"{name}:{trial}", f"{name}:{trial}.{attempt}"):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

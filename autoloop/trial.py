@@ -34,7 +34,7 @@ from autoloop.keep import skipped
 from autoloop.ledger import LedgerRecord
 from autoloop.night import low_disk
 from autoloop.proposers.base import Proposer
-from autoloop.state import RunState
+from autoloop.state import RunState, fault_point
 
 
 @dataclass(frozen=True)
@@ -144,13 +144,40 @@ class Trial:
     def _replay(self, done: Recorded) -> AttemptPlan:
         """Its change merged onto the best another worker set (the attempt left the work tree
         there), to be run again as a confirm attempt that must win on it."""
-        record = done.record
-        self.start = (record.best, record.best_metric)
-        self.slot.ws.target_path.write_text(done.merged)
-        moved = Candidate(None, record.best, record.best_metric, record.description, record.proposer,
+        return self._replay_plan(done.record, (done.record.best, done.record.best_metric), done.merged,
+                                 done.plan.replays + 1)
+
+    def _replay_plan(self, record: LedgerRecord, onto: queries.Best, merged: str, replays: int) -> AttemptPlan:
+        fault_point("replaying", record.trial, record.attempt)
+        self.start = onto
+        self.slot.ws.target_path.write_text(merged)
+        moved = Candidate(None, onto[0], onto[1], record.description, record.proposer,
                           record.extra.get("source"), replay_of=record.commit)
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
-        return self.plan("confirm", moved, attempt, replays=done.plan.replays + 1)
+        return self.plan("confirm", moved, attempt, replays=replays)
+
+    def resume_replay(self, record: LedgerRecord) -> str:
+        """A replay that a kill interrupted between its decision and its run (the ledger's
+        last word on the trial is ``next: replay``): its change merged onto the best now and
+        run, as it would have been; a skip when it no longer merges or is in the best."""
+        records, ws = self.night.arbiter.records(), self.slot.ws
+        best = queries.best(records)
+        if ws.head() != best[0]:
+            ws.reset_to(best[0])
+        merged = ws.merge_change(record.parent, best[0], record.commit)
+        (self.slot.console or self.night.console).line(
+            f"#{record.trial}: resuming its replay on {best[0][:7]} (interrupted before it ran)")
+        if merged is None or merged == ws.file_at(best[0], ws.target):
+            self.start = best
+            why = "conflicts with" if merged is None else "is already in"
+            record_skip(self.night, self.slot, self.number, queries.next_attempt(records, self.number),
+                        record.proposer, f"stale: the interrupted replay {why} the best {best[0][:7]}",
+                        record.description, (), (), best)
+            return "ran"
+        step: Step = Run(self._replay_plan(record, best, merged, queries.replays_of(records, record.trial)))
+        while not isinstance(step, Done):
+            step = self.advance(step)
+        return step.outcome
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -210,7 +237,7 @@ def run_baseline(night, runner: AttemptRunner) -> LedgerRecord:
     trial = queries.next_trial(night.arbiter.records())
     plan = AttemptPlan(trial, 1, "baseline", Candidate(head, head, None, "baseline", "-"), night.settings.seed)
     record = runner.run(plan).record
-    if record.status != "keep":
+    if record.status != "keep" and not night.stop.is_set():   # a signal's stop is no failure of the baseline
         raise NightError(f"the baseline run of the unmodified {night.settings.target} failed "
                          f"({record.crash}: {record.reason}); see results/{record.log_path}")
     return record

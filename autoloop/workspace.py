@@ -20,6 +20,7 @@ from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchP
 
 from autoloop.errors import AutoloopError
 from autoloop.layout import RESULTS, branch_name, trial_ref, trial_ref_prefix
+from autoloop.procs import OWN_GROUP
 
 # Used for candidate commits when the user has no git identity configured (a fresh
 # machine, a container): git would refuse to commit, and the night would be lost.
@@ -52,6 +53,26 @@ def _listing(paths: list[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
+class _OwnGroupGit(git.Git):
+    """GitPython's git runner, every git process in a process group of its own.
+
+    GitPython keeps `git cat-file --batch` helpers alive between object lookups; in the
+    terminal's foreground group a Ctrl-C killed them with the orchestrator's SIGINT, and the
+    next lookup (judging the interrupted attempt) died of a BrokenPipeError.
+    """
+
+    def execute(self, command, *args, **kwargs):
+        for key, value in OWN_GROUP.items():
+            kwargs.setdefault(key, value)
+        return super().execute(command, *args, **kwargs)
+
+
+class Repository(git.Repo):
+    """A GitPython repository whose git processes a terminal's Ctrl-C does not reach."""
+
+    GitCommandWrapperType = _OwnGroupGit
+
+
 class Workspace:
     """One experiment repository: the git work tree holding the target file.
 
@@ -67,7 +88,7 @@ class Workspace:
         self.foreign_refs = foreign_refs
         path = Path(path).resolve()
         try:
-            self.repo = git.Repo(path, search_parent_directories=True)
+            self.repo = Repository(path, search_parent_directories=True)
         except (InvalidGitRepositoryError, NoSuchPathError):
             raise WorkspaceError(
                 f"not a git repository: {path} (run git init, or autoloop init DIR for a fresh experiment repo)"
@@ -143,9 +164,33 @@ class Workspace:
         return sorted(paths)
 
     def ensure_clean(self) -> None:
-        dirty = self.dirty_paths()
-        if dirty:
-            raise WorkspaceError(f"working tree has uncommitted changes: {_listing(dirty)} (commit or stash them first)")
+        """Refuse a tree with uncommitted changes or untracked files, naming the commands that help.
+
+        Untracked files are refused rather than worked around: every trial would run with
+        them (an imported helper, a config) while no commit records them, so a kept change
+        would not reproduce from its commit; and the scope guard, which moves away whatever
+        a proposer or a run creates, could not tell them from its own. Ignored files (data,
+        logs) are outside all of this.
+        """
+        changed, untracked = [], []
+        for xy, path, orig in self._status():
+            (untracked if xy == "??" else changed).append(path)
+            if orig:
+                changed.append(orig)
+        changed, untracked = sorted(set(changed)), sorted(set(untracked))
+        if changed and untracked:
+            raise WorkspaceError(
+                f"working tree has uncommitted changes: {_listing(changed)}; and untracked files: "
+                f"{_listing(untracked)} (commit them, or set them aside with git stash -u; "
+                "add outputs such as run.log to .gitignore)")
+        if changed:
+            raise WorkspaceError(f"working tree has uncommitted changes: {_listing(changed)} "
+                                 "(commit them, or set them aside with git stash)")
+        if untracked:
+            raise WorkspaceError(
+                f"working tree has untracked files: {_listing(untracked)} (trials would use them but no "
+                "commit records them: set them aside with git stash -u, or add them to .gitignore "
+                "if they are outputs such as run.log)")
 
     def ensure_results_ignored(self) -> None:
         """Resets must never touch the ledger: anything written under results/ must be ignored.
@@ -383,8 +428,13 @@ class Workspace:
         except GitCommandError as err:
             raise WorkspaceError(f"scope guard could not restore files: {_git_error(err)}") from None
 
-        # Then move untracked files away. Repeat: moving an untracked .gitignore can reveal
-        # files it was hiding (bounded, in case something keeps reappearing).
+        # Then move untracked files away.
+        return sorted(restore | unstage | set(self.set_aside_untracked(quarantine_dir)))
+
+    def set_aside_untracked(self, dest_dir: Path) -> list[str]:
+        """Move every untracked (not ignored) file but the target into dest_dir, keeping its
+        relative path; returns the sorted paths. Repeated: moving an untracked .gitignore can
+        reveal files it was hiding (bounded, in case something keeps reappearing)."""
         moved: set[str] = set()
         for _ in range(5):
             untracked = [p.rstrip("/") for xy, p, _ in self._status() if xy == "??" and p != self.target]
@@ -394,12 +444,12 @@ class Workspace:
                 src = self.root / p
                 if not (src.exists() or src.is_symlink()):
                     continue
-                dest = self._free_path(quarantine_dir / p)
+                dest = self._free_path(Path(dest_dir) / p)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(src), str(dest))  # a nested repository moves as a whole folder
                 self._prune_empty_dirs(src.parent)
                 moved.add(p)
-        return sorted(restore | unstage | moved)
+        return sorted(moved)
 
     @staticmethod
     def _free_path(dest: Path) -> Path:
@@ -482,5 +532,5 @@ class Workspace:
                 path.write_text(text)
                 paths.append(str(path))
             # Exit code: the number of conflicts (0: clean), negative (255) on an error.
-            out = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True, text=True)
+            out = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True, text=True, **OWN_GROUP)
         return out.stdout if out.returncode == 0 else None

@@ -222,6 +222,50 @@ def test_a_scheduler_signal_on_the_node_is_a_crash_not_a_stop(tmp_path):
     assert verdict.kind == "fundamental" and verdict.reason.startswith(f"job {jobs[0]['job_id']} was ended by the scheduler")
 
 
+# A job that waits in the queue: submitit's local job process starts, but (through this
+# sitecustomize, on the job's PYTHONPATH) does not begin the job function for QUEUE_WAIT_S,
+# as a job that Slurm keeps PENDING. The trial's log never appears meanwhile.
+QUEUED_SITECUSTOMIZE = textwrap.dedent("""\
+    import os, sys, time
+    if "submitit.core._submit" in sys.orig_argv and os.environ.get("QUEUE_WAIT_S"):
+        time.sleep(float(os.environ["QUEUE_WAIT_S"]))
+    """)
+
+
+@pytest.fixture
+def stuck_queue(tmp_path, monkeypatch) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(QUEUED_SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("QUEUE_WAIT_S", "120")
+
+
+def test_a_job_pending_past_the_limit_is_cancelled_and_a_crash(tmp_path, stuck_queue):
+    executor = SlurmExecutor("local", tmp_path / "results" / "slurm", {"time": 5, "gpus_per_node": 0}, poll_s=0.1,
+                             pending_timeout_s=2)
+    spec = spec_for(tmp_path, REPORT)
+    jobs: list[dict] = []
+    started = time.monotonic()
+    outcome = executor.run(spec, on_job=jobs.append)
+    assert time.monotonic() - started < 60    # not the 120 s the queue would have held it
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental" and outcome.metric is None
+    assert verdict.reason == (f"job {jobs[0]['job_id']} still waiting in the queue after 2s (state RUNNING; "
+                              "slurm_pending_timeout): cancelled"), verdict.reason
+    assert "slurm_pending_timeout" in spec.log_path.read_text()    # the evidence, in the trial's log
+    controller = jobs[0]["pid"]
+    assert not psutil.pid_exists(controller) or psutil.Process(controller).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_pending_limit_is_a_duration_setting(tmp_path):
+    assert build_settings({"slurm_pending_timeout": "10m"}).slurm_pending_timeout == 600
+    assert build_settings({"slurm_pending_timeout": 0}).slurm_pending_timeout is None   # 0: wait forever
+    assert build_settings({}).slurm_pending_timeout == 3600
+    with pytest.raises(ConfigError):
+        build_settings({"slurm_pending_timeout": "soon"})
+
+
 # ------------------------------------------------------------------------------ the loop
 
 
@@ -253,6 +297,27 @@ def test_a_night_on_the_local_cluster(tmp_path, tiny_data_dir):
     assert ledger[-1]["best_metric"] == 0.9
     state = json.loads((repo / "results" / "state.json").read_text())
     assert state["job"] is None and state["phase"] == "stopped"
+
+
+def test_two_workers_on_the_local_cluster(tmp_path, tiny_data_dir):
+    """--workers 2 with --executor slurm: each worker's trials are jobs, in its own worktree."""
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_better.py", fake_train(0.9), "better")
+    queue_file(repo, "02_worse.py", fake_train(1.1), "worse")
+    queue_file(repo, "03_best.py", fake_train(0.8), "best")
+    proc = autoloop(repo, *night("--workers", "2"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 workers" in proc.stdout and "no more ideas" in proc.stdout
+    ledger = assert_invariants(repo)
+    judged = {r["description"]: r for r in ledger if r["kind"] == "candidate"}
+    assert set(judged) == {"better", "worse", "best"}
+    assert judged["worse"]["status"] == "discard"
+    assert ledger[-1]["best_metric"] == 0.8
+    assert {r["worker"] for r in ledger[1:]} <= {0, 1}
+    job_ids = [r["extra"]["job_id"] for r in ledger]
+    assert all(r["extra"]["executor"] == "slurm" for r in ledger) and len(set(job_ids)) == len(job_ids)
+    assert {r["worker"] for r in ledger if r["kind"] == "candidate"} == {0, 1}   # both workers ran jobs
+    assert not list((repo / "results").glob("state-w*.json")) and not list((repo / "worktrees").glob("w*"))
 
 
 def test_recovery_cancels_the_job_of_a_killed_orchestrator(tmp_path, tiny_data_dir):

@@ -25,6 +25,7 @@ Covered elsewhere, at other levels, and not repeated here:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from autoloop import procs
 from conftest import git, init_repo
 from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger, read_tsv
 
@@ -107,6 +109,7 @@ class Fault:
     night: str = "stdout"           # stdout: a foreign --command; result: the result file is required
     args: tuple[str, ...] = ()      # more flags for the run
     orchestrator_killed: bool = False   # the misbehaviour SIGKILLs the orchestrator: --resume after it
+    exit_status: int = 0            # the run's exit status (130/143: stopped by SIGINT/SIGTERM)
     check: Callable[[Path, dict, Path], None] | None = None   # more assertions (repo, row, tmp)
     pending: str | None = None      # not handled yet: a strict xfail saying what should happen
 
@@ -193,6 +196,31 @@ time.sleep(30)
 print("val_bpb: 0.5")
 '''
 
+# Ctrl-C in a terminal: SIGINT to the orchestrator's whole process group (the terminal's
+# foreground group: the orchestrator and every helper it started there), then trains on.
+CTRL_C_TRAIN = '''import os, signal, time
+with open("results/fault.pid", "w") as f:
+    f.write(str(os.getpid()))
+os.killpg(os.getpgid(os.getppid()), signal.SIGINT)
+time.sleep(30)
+print("val_bpb: 0.5")
+'''
+
+
+# setsid, a double fork, an empty environment: beyond session, token and tree tracking.
+ESCAPING_TRAIN = f'''import subprocess, sys
+subprocess.run([sys.executable, {str(SCRIPTS / "escaping_daemon.py")!r}, "results/fault.pid"], check=True)
+print("val_bpb: 1.25")
+'''
+CONTAINED = procs.containment()[0] is not None
+
+
+def stopped_by_sigint(repo: Path, row: dict, tmp: Path) -> None:
+    state = json.loads((repo / "results" / "state.json").read_text())
+    assert state["stop_reason"] == "stopped by SIGINT"
+    assert all(map(pid_dead, pids_in(repo / "results" / "fault.pid")))
+
+
 FAULTS = [
     # -- train.py fails: the edit is to blame (trivial: a fixing proposer gets the traceback)
     Fault("syntax-error", "crash", "trivial", "SyntaxError: invalid syntax (train.py:5)", train=script("syntax_error.py")),
@@ -230,13 +258,19 @@ FAULTS = [
           check=metric_not_taken),
     # -- train.py leaves things behind, or floods
     Fault("setsid-daemon-grandchild", "keep", None, "improved", train=DAEMON_TRAIN, check=daemon_ended),
+    Fault("daemon-escapes-session-token-and-tree", "keep", None, "improved", train=ESCAPING_TRAIN, check=daemon_ended,
+          pending=None if CONTAINED else f"no writable cgroup here ({procs.containment()[1]}): it escapes"),
     Fault("stdout-flood", "discard", None, None, train=script("flood.py"), check=flood_read),
     # -- train.py turns on the orchestrator
     Fault("sigterms-the-orchestrator", "crash", "fundamental", "interrupted (SIGTERM)",
-          train=KILL_PARENT_TRAIN.format(sig="TERM"), check=stopped_by_sigterm),
+          train=KILL_PARENT_TRAIN.format(sig="TERM"), exit_status=143, check=stopped_by_sigterm),
+    Fault("ctrl-c-in-a-terminal", "crash", "fundamental", "interrupted (SIGINT)", train=CTRL_C_TRAIN,
+          exit_status=130, check=stopped_by_sigint),
     Fault("sigkills-the-orchestrator", "crash", "fundamental", "interrupted (orchestrator stopped during running)",
           train=KILL_PARENT_TRAIN.format(sig="KILL"), orchestrator_killed=True, check=daemon_ended),
     # -- train.py's report cannot be trusted (train.py under the harness: the result file is required)
+    Fault("exit-0-without-result-file", "crash", "trivial", "no val_bpb reported", night="result",
+          train="import sys\nprint('step 00001 | loss: 5.0')\nsys.exit(0)\n"),
     Fault("stdout-metric-without-result-file", "crash", "fundamental", "no result file from autoloop.evaluate",
           night="result", train=result_train(None, "0.5")),
     Fault("result-file-wrong-nonce", "crash", "fundamental", "result nonce mismatch", night="result",
@@ -322,12 +356,13 @@ def test_fault(fault: Fault, night_templates, tiny_data_dir, tmp_path):
         args += ["--proposer", "queue"]
     args += fault.args
 
-    proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120)
+    # In a process group of its own, as a shell starts a job: a group signal stays in it.
+    proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120, own_group=True)
     if fault.orchestrator_killed:
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
         proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == fault.exit_status, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and "internal error" not in proc.stderr
 
     ledger = assert_invariants(repo)
     assert not trial_processes(repo)
@@ -342,6 +377,19 @@ def test_fault(fault: Fault, night_templates, tiny_data_dir, tmp_path):
         assert row["commit"] and read_tsv(repo)[-1]["trial"] == "1"
     if fault.check:
         fault.check(repo, row, tmp_path)
+
+
+def test_ctrl_c_during_the_baseline_is_a_stop_not_a_failed_baseline(tmp_path, tiny_data_dir):
+    """Ctrl-C while the baseline trains (the first minutes of every night): a stop (130),
+    the baseline recorded as interrupted, not "the baseline failed" (exit 1)."""
+    repo = init_repo(tmp_path / "repo", {"train.py": CTRL_C_TRAIN})
+    proc = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--proposer", "queue", data_dir=tiny_data_dir,
+                    timeout=120, own_group=True)
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert proc.stderr == "" and "stopped: stopped by SIGINT" in proc.stdout, proc.stdout + proc.stderr
+    [baseline] = read_ledger(repo)
+    assert (baseline["kind"], baseline["status"], baseline["reason"]) == ("baseline", "crash", "interrupted (SIGINT)")
+    assert git(repo, "status", "--porcelain") == ""
 
 
 def test_the_table_names_enough_distinct_misbehaviours():
@@ -431,6 +479,92 @@ def test_recovery_ends_every_process_of_the_orphaned_trial(night_templates, tiny
         for pid in pids:
             if not pid_dead(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not CONTAINED, reason="no writable cgroup on this machine")
+def test_recovery_ends_a_daemon_that_escaped_everything_but_its_cgroup(night_templates, tiny_data_dir, tmp_path):
+    """kill -9 of the orchestrator mid-trial, then the trial's main process ends too: what is
+    left is a daemon with no session, token or parent of ours. --resume ends it through the
+    run's cgroup, found by the token state.json recorded before the run."""
+    repo = tmp_path / "repo"
+    shutil.copytree(night_templates["stdout"], repo, symlinks=True)
+    train = ESCAPING_TRAIN.replace('print("val_bpb: 1.25")', 'import time; time.sleep(60)')
+    queue_file(repo, "01_escape.py", train, "escape")
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", *RUN, *NIGHTS["stdout"][1], "--resume",
+                             "--proposer", "queue", "--noise-runs", "0"], cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    pid_file = repo / "results" / "fault.pid"
+    deadline = time.time() + 60
+    while not pid_file.exists():
+        assert time.time() < deadline and proc.poll() is None, "the trial never started"
+        time.sleep(0.05)
+    daemon = pids_in(pid_file)[0]
+    state = json.loads((repo / "results" / "state.json").read_text())
+    proc.kill()
+    proc.wait()
+    for pid, _ in state["child_pids"]:      # the trial's main process goes too
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        assert not pid_dead(daemon) and state["child_token"]
+        resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--proposer", "queue",
+                           data_dir=tiny_data_dir, timeout=120)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert pid_dead(daemon), "the escaped daemon outlived the recovery"
+        assert "recovery: ended" in resumed.stdout
+        assert_invariants(repo)
+    finally:
+        if not pid_dead(daemon):
+            os.kill(daemon, signal.SIGKILL)
+
+
+def test_recovery_sets_untracked_files_aside_never_deletes_them(night_templates, tiny_data_dir, tmp_path):
+    """After a kill -9, a file nobody committed (the person's, written while the loop was
+    down, or the run's) is moved to the attempt's quarantine by --resume, not deleted by
+    the reset to the best."""
+    repo = tmp_path / "repo"
+    shutil.copytree(night_templates["stdout"], repo, symlinks=True)
+    pids = start_and_kill_mid_trial(repo, tiny_data_dir, forget_pids=False)
+    (repo / "mine").mkdir()
+    (repo / "mine" / "notes.txt").write_text("my notes\n")
+    try:
+        resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--proposer", "queue",
+                           data_dir=tiny_data_dir, timeout=120)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "recovery: untracked mine/notes.txt set aside in results/quarantine/1-1/recovery/" in resumed.stdout
+        assert (repo / "results" / "quarantine" / "1-1" / "recovery" / "mine" / "notes.txt").read_text() == "my notes\n"
+        assert not (repo / "mine").exists()
+        assert_invariants(repo)
+    finally:
+        for pid in pids:
+            if not pid_dead(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_kill_9_during_an_agent_call_puts_back_the_refs_it_moved(night_templates, tiny_data_dir, tmp_path):
+    """The agent force-moved a branch and a tag, then the orchestrator was SIGKILLed during
+    the call: the refs snapshot persisted before the call lets --resume put them back."""
+    repo = tmp_path / "repo"
+    shutil.copytree(night_templates["stdout"], repo, symlinks=True)
+    git(repo, "tag", "v1", "main")
+    main, best = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "HEAD")
+    args = [*RUN, *NIGHTS["stdout"][1], "--resume", "--noise-runs", "0"]
+    killed = autoloop(repo, *args, "--proposer", "agent", "--agent-cmd", f"{AGENTS / 'git_move_refs_then_kill.py'} LR=0.5",
+                      data_dir=tiny_data_dir, timeout=120, own_group=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    moved = git(repo, "rev-parse", "main")
+    assert moved != main and git(repo, "rev-parse", "v1") == moved   # as the agent left them
+    assert (repo / "results" / "agents" / "1-1.refs.json").exists()
+
+    resumed = autoloop(repo, *args, "--proposer", "queue", data_dir=tiny_data_dir, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert git(repo, "rev-parse", "main") == main and git(repo, "rev-parse", "v1^{commit}") == main
+    assert "main" in resumed.stdout and "v1" in resumed.stdout and "restored" in resumed.stdout, resumed.stdout
+    ledger = assert_invariants(repo)
+    assert ledger[-1]["reason"] == "interrupted (orchestrator stopped during proposing)"
+    assert ledger[-1]["commit"] and git(repo, "rev-parse", f"{ledger[-1]['commit']}~1") == best
+    assert not (repo / "results" / "agents" / "1-1.refs.json").exists()
 
 
 def test_recovery_rewrites_a_results_tsv_left_a_row_short(night_templates, tiny_data_dir, tmp_path):

@@ -304,8 +304,10 @@ def test_sigkill_during_the_agent_then_resume_ends_the_whole_agent_tree(repo, ti
     if switch:
         # The agent's branch and commit stay; its edit is the interrupted candidate, kept
         # under the trial's ref on top of the best.
+        # (The refs snapshot persisted before the call also tells the branch it created.)
         assert interrupted["extra"]["git_events"] == [
-            "agent switched to branch agent-work", "agent committed 1 commit(s) on agent-work"]
+            "agent switched to branch agent-work", "agent committed 1 commit(s) on agent-work",
+            "agent created branch agent-work (left in place)"]
         assert "recovery: git: agent switched to branch agent-work" in proc.stdout
         assert git(repo, "rev-parse", f"{interrupted['commit']}~1") == best
         assert "X = 0.5" in git(repo, "show", f"{interrupted['commit']}:train.py")

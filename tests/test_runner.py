@@ -211,6 +211,14 @@ def test_required_result_file_refuses_a_stdout_only_metric(tmp_path):
     outcome = run(tmp_path, "report_metric.py", "-", "0.100000", result_path=tmp_path / "r.json",
                   require_result=True)
     assert outcome.metric is None and outcome.metric_error.startswith("no result file from autoloop.evaluate")
+    assert classify(outcome)[0] == "fundamental"   # a number evaluate never wrote is not trusted
+
+
+def test_required_result_file_missing_with_nothing_reported_is_a_fixable_bug(tmp_path):
+    """An edit that skips the evaluation (an early sys.exit(0)): trivial, so an agent gets a fix request."""
+    outcome = run(tmp_path, "exit0_no_metric.py", result_path=tmp_path / "r.json", require_result=True)
+    assert outcome.exit_code == 0 and outcome.metric is None and outcome.metric_error is None
+    assert classify(outcome) == ("trivial", "no val_bpb reported")
 
 
 # ---------------------------------------------------------------------------------

@@ -37,9 +37,10 @@ def test_train_py_runs_within_budget_and_reports(trial_env, tmp_path):
     assert abs(result["val_bpb"] - summary["val_bpb"]) < 5e-7
     assert 0 < summary["val_bpb"] < 8.0  # better than a uniform guess after 3 seconds
     budget = float(trial_env["AUTOLOOP_BUDGET_S"])
-    # Training time is the sum of whole steps, so it passes the budget by at most one step.
+    # Training time is the sum of whole steps, so it passes the budget by about one step (on a
+    # loaded machine one step may take far longer than the average: 3 s of slack for that).
     step_time = summary["training_seconds"] / max(summary["num_steps"] - 1, 1)
-    assert budget <= summary["training_seconds"] <= budget + 2 * step_time + 0.5
+    assert budget <= summary["training_seconds"] <= budget + 2 * step_time + 3.0
     assert summary["total_seconds"] >= summary["training_seconds"]
     assert summary["num_steps"] > 1 and summary["peak_vram_mb"] > 0
 

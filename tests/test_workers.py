@@ -133,6 +133,33 @@ def test_a_slower_winner_is_replayed_on_the_new_best_and_wins_again(repo, tiny_d
     assert {first["worker"], b[0]["worker"]} == {0, 1}
 
 
+def test_kill_between_the_replaying_record_and_the_replay_run_is_resumed(repo, tiny_data_dir):
+    """kill -9 after the record that says "replaying it there" and before the replay ran:
+    --resume runs the replay (the ledger's last word on the trial was next: replay)."""
+    queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="lower b"))      # 1.5, finishes second
+    queue(repo, "02_lower_b.py", fake(B=0.7))                          # 1.7, finishes first
+    killed = autoloop(repo, *args(), data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "replaying"})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    [first] = by_source(read_ledger(repo), "01_lower_a.py")
+    assert first["next"] == "replay"
+    assert [r for r in read_ledger(repo) if r["trial"] == first["trial"]] == [first]   # nothing of the replay ran
+
+    proc = autoloop(repo, *args("--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"#{first['trial']}: resuming its replay on" in proc.stdout
+    ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
+    b = by_source(ledger, "02_lower_b.py")
+    again, replay = by_source(ledger, "01_lower_a.py")
+    assert again == first
+    assert (replay["trial"], replay["attempt"], replay["kind"]) == (first["trial"], 2, "confirm")
+    assert replay["extra"]["replay_of"] == first["commit"] and replay["parent"] == b[0]["commit"]
+    assert replay["status"] == "keep" and replay["metric"] == pytest.approx(1.2)
+    assert ledger[-1]["best"] == replay["commit"] == git(repo, "rev-parse", "HEAD")
+    # Resumed once: a further start finds no replay pending.
+    again = autoloop(repo, *args("--resume"), data_dir=tiny_data_dir)
+    assert again.returncode == 0 and "resuming its replay" not in again.stdout, again.stdout + again.stderr
+
+
 def test_a_replay_that_loses_on_the_new_best_is_discarded(repo, tiny_data_dir):
     queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="lower b"))      # 1.5 alone
     queue(repo, "02_lower_b.py", fake(B=0.7, CLASH=5.0))               # 1.7 alone, 6.2 with a
@@ -214,7 +241,9 @@ def wait_for(proc: subprocess.Popen, repo: Path, description: str, recorded_sour
 def start(repo: Path, tiny_data_dir: Path) -> subprocess.Popen:
     env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
     cmd = [sys.executable, "-m", "autoloop.cli", *args("--noise-runs", "0", "--sanity-bound", "0")]
-    return subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A process group of its own, as a shell starts a job: a terminal's Ctrl-C goes to the group.
+    return subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 def test_sigint_stops_both_workers_cleanly(repo, tiny_data_dir):
@@ -222,9 +251,9 @@ def test_sigint_stops_both_workers_cleanly(repo, tiny_data_dir):
     queue(repo, "02_lower_b.py", fake(B=0.7))
     proc = start(repo, tiny_data_dir)
     wait_for(proc, repo, "lower a", "02_lower_b.py")
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: the whole foreground group, git's helpers too
     out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, out
+    assert proc.returncode == 130, out
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
     [stopped] = by_source(ledger, "01_lower_a.py")
     assert stopped["status"] == "crash" and "SIGINT" in stopped["reason"]

@@ -87,8 +87,30 @@ def test_dirty_tree_lists_modified_staged_and_untracked(ws, repo):
     with pytest.raises(WorkspaceError) as info:
         ws.ensure_clean()
     assert str(info.value) == (
-        "working tree has uncommitted changes: new dir/notes.txt, pkg/mod.py, util.py (commit or stash them first)"
+        "working tree has uncommitted changes: pkg/mod.py, util.py; and untracked files: new dir/notes.txt "
+        "(commit them, or set them aside with git stash -u; add outputs such as run.log to .gitignore)"
     )
+
+
+def test_untracked_files_alone_are_refused_naming_stash_u_and_gitignore(ws, repo):
+    (repo / "run.log").write_text("step 1\n")   # what autoresearch's instructions leave behind
+    with pytest.raises(WorkspaceError) as info:
+        ws.ensure_clean()
+    message = str(info.value)
+    assert message.startswith("working tree has untracked files: run.log (") and "\n" not in message
+    assert "git stash -u" in message and ".gitignore" in message
+    # The advice works: git stash -u sets it aside (plain git stash would not), and brings it back.
+    git(repo, "stash", "-u")
+    ws.ensure_clean()
+    git(repo, "stash", "pop")
+    assert (repo / "run.log").read_text() == "step 1\n"
+
+
+def test_tracked_changes_alone_name_commit_and_stash(ws, repo):
+    (repo / "util.py").write_text("x = 3\n")
+    with pytest.raises(WorkspaceError) as info:
+        ws.ensure_clean()
+    assert str(info.value) == "working tree has uncommitted changes: util.py (commit them, or set them aside with git stash)"
 
 
 def test_ignored_files_do_not_count(ws, repo):

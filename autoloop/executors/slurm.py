@@ -36,6 +36,7 @@ from pathlib import Path
 
 import psutil
 
+from autoloop.durations import format_duration
 from autoloop.executors import ExecutorError, OnJob, OnProgress, OnStart
 from autoloop.procs import TOKEN_VAR, end_token_holders
 from autoloop.runner import _PROGRESS_RE, TrialOutcome, TrialSpec, default_timeout, run_trial
@@ -138,7 +139,8 @@ class _LogFollower:
 class SlurmExecutor:
     name = "slurm"
 
-    def __init__(self, cluster: str, folder: Path, parameters: dict, poll_s: float = POLL_S):
+    def __init__(self, cluster: str, folder: Path, parameters: dict, poll_s: float = POLL_S,
+                 pending_timeout_s: float | None = None):
         if submitit is None:
             raise ExecutorError("--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)")
         missing = [tool for tool in ("sbatch", "srun") if cluster == "slurm" and shutil.which(tool) is None]
@@ -148,6 +150,7 @@ class SlurmExecutor:
         self.cluster = cluster
         self.folder = Path(folder).absolute()
         self.poll_s = poll_s
+        self.pending_timeout_s = pending_timeout_s
         if cluster == "slurm":
             # max_num_timeout=0: a trial is not checkpointable, a timed-out job is not requeued.
             try:
@@ -167,7 +170,7 @@ class SlurmExecutor:
             raise ExecutorError("--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)")
         folder = Path(settings.slurm_folder)
         return cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
-                   sbatch_parameters(settings))
+                   sbatch_parameters(settings), pending_timeout_s=settings.slurm_pending_timeout)
 
     # -- one trial ---------------------------------------------------------------------------
 
@@ -196,7 +199,7 @@ class SlurmExecutor:
                                      launch_error=f"job submission failed: {_said(exc)}")
         info = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id)}
         self._announce(job, info, on_start, on_job)
-        stopped = False
+        stopped, pending_expired = False, None
         try:
             if self.cluster == "debug":
                 failure = job.exception()   # runs it; unlike result(), never opens a debugger on an error
@@ -205,16 +208,24 @@ class SlurmExecutor:
                     if stop_event is not None and stop_event.is_set() and not stopped:
                         self._cancel(job)
                         stopped = True
+                    if pending_expired is None and not stopped and self._pending_too_long(spec, t0):
+                        pending_expired = (f"job {job.job_id} still waiting in the queue after "
+                                           f"{format_duration(self.pending_timeout_s)} (state {_job_state(job)}; "
+                                           "slurm_pending_timeout): cancelled")
+                        self._cancel(job)
                     follower.poll(on_progress)
                     time.sleep(self.poll_s)
                 failure = None
-            data = job.result() if failure is None else None
+            data = job.result() if failure is None and pending_expired is None else None
         except (FailedJobError, UncompletedJobError) as exc:
             failure = exc
         except Exception as exc:  # noqa: BLE001 - an unreadable result pickle: the job gave no outcome
             failure = exc
         stopped = stopped or (stop_event is not None and stop_event.is_set())
         follower.poll(on_progress)
+        if pending_expired is not None:
+            return self._outcome(spec, started_at, t0, follower, info, job_error=None if stopped else pending_expired,
+                                 stopped=stopped, note=pending_expired)
         if self.cluster == "local":
             # A job killed on this machine leaves its trial running: end it (a real cluster's
             # scheduler ends everything in the job's cgroup).
@@ -242,6 +253,12 @@ class SlurmExecutor:
                                    f"{', time limit' if timed_out else ': preemption or scancel'}; state {state})")
             update["timed_out"] = timed_out
         return outcome.model_copy(update=update)
+
+    def _pending_too_long(self, spec: TrialSpec, t0: float) -> bool:
+        """The job has not started the trial (run_trial on the node creates its log first
+        thing, whatever the cluster) and has waited past the pending limit."""
+        return (self.pending_timeout_s is not None and time.monotonic() - t0 > self.pending_timeout_s
+                and not spec.log_path.exists())
 
     def _announce(self, job, info: dict, on_start: OnStart | None, on_job: OnJob | None) -> None:
         """Tell the orchestrator which job (and, on this machine, which process) runs the trial."""

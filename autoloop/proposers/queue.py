@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from autoloop.procs import OWN_GROUP
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 
 PATCH_SUFFIXES = (".patch", ".diff")
@@ -154,7 +155,7 @@ class QueueProposer:
         for extra in ([], ["-p0"]):
             result = subprocess.run(
                 ["git", "apply", "--whitespace=nowarn", *extra, str(patch.resolve())],
-                cwd=workspace, capture_output=True, text=True,
+                cwd=workspace, capture_output=True, text=True, **OWN_GROUP,
             )
             if result.returncode == 0:
                 return
