@@ -344,7 +344,8 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proces
 
 
 def end_token_holders(token: str) -> int:
-    """SIGKILL every process carrying ``token`` (orphans of a dead job); how many there were."""
+    """SIGKILL every process carrying ``token`` (orphans of a dead job), and the cgroup its
+    run was given (a job killed on its node never removed it); how many there were."""
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
@@ -352,7 +353,8 @@ def end_token_holders(token: str) -> int:
                 proc.kill()
                 found.append(proc)
     psutil.wait_procs(found, timeout=5)
-    return len(found)
+    held = group_of_token(token)
+    return len(found) + (kill_group(*held) if held is not None else 0)
 
 
 # ------------------------------------------------------------------------------ containment
