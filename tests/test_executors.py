@@ -25,6 +25,7 @@ import pytest
 from conftest import init_repo
 from loop_helpers import assert_invariants, autoloop, queue_file
 
+from autoloop import procs
 from autoloop.classify import classify
 from autoloop.config import ConfigError, build_settings
 from autoloop.executors import ExecutorError, LocalExecutor, make_executor
