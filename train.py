@@ -43,10 +43,11 @@ DEPTH = 3               # transformer blocks
 WIDTH = 128             # model dimension
 HEAD_DIM = 64           # attention head dimension (heads = WIDTH // HEAD_DIM)
 MLP_RATIO = 4           # hidden width of the MLP relative to WIDTH
-SEQ_LEN = 256           # training context in bytes; attention keeps to this window at evaluation too
-BATCH_SIZE = 16         # sequences per step
+SEQ_LEN = 128           # training context in bytes; attention keeps to this window at evaluation too
+BATCH_SIZE = 16         # sequences per step: 2,048 bytes, small steps and many of them
 CONV_TAPS = 4           # each block first mixes every channel with its values 1..CONV_TAPS-1 bytes back (1: off)
 VALUE_EMBEDS = True     # value embeddings: a per-byte table added to the attention values of alternate layers
+BIGRAM_EMBED = True     # a learned vector per (previous byte, byte) pair added to the byte embedding
 ROPE_BASE = 10000.0     # rotary position embedding base
 LOGIT_SOFTCAP = 15.0    # tanh cap on the output logits: tames early spikes
 
@@ -73,16 +74,20 @@ LOG_EVERY_S = 5.0       # seconds between progress lines
 # BATCH_SIZE and SEQ_LEN are multiplied by the factors (SEQ_LEN stays <= EVAL_CONTEXT),
 # the AdamW learning rates shrink by 1/sqrt(width factor) (wider models want smaller
 # embedding steps), `bf16` runs the forward pass under bf16 autocast, `compile` wraps the
-# model in torch.compile. The profile of the detected device is used; AUTOLOOP_PROFILE
+# model in torch.compile, `sparse` gives the bigram table a sparse gradient (SparseAdam
+# then updates only the rows a step touched instead of all 65,536: on a CPU that is
+# what keeps the table cheap; a GPU does the dense update in parallel, and it keeps the
+# compiled graph simple). The profile of the detected device is used; AUTOLOOP_PROFILE
 # picks one by name (AUTOLOOP_PROFILE=cpu trains the CPU sizes anywhere).
-#   cuda: 768 wide, 12 deep, 128 x 512 bytes per step: ~85M parameters, about GPT-2
-#         small without its vocabulary, for one H100/H200-class GPU over 5 minutes;
+#   cuda: 768 wide, 12 deep, 128 x 512 bytes per step: ~85M parameters in the blocks,
+#         about GPT-2 small without its vocabulary (the bigram table adds 50M entries
+#         that cost a lookup each), for one H100/H200-class GPU over 5 minutes;
 #         GPUs with less memory get a proportionally smaller batch (see resolve_profile).
 #   mps:  256 wide, 6 deep, 32 x 512 per step in fp32 (bf16 autocast on MPS is young).
 PROFILES = {
-    "cpu": dict(width=1, depth=1, batch=1, seq=1, bf16=False, compile=False),
-    "cuda": dict(width=6, depth=4, batch=8, seq=2, bf16=True, compile=True),
-    "mps": dict(width=2, depth=2, batch=2, seq=2, bf16=False, compile=False),
+    "cpu": dict(width=1, depth=1, batch=1, seq=1, bf16=False, compile=False, sparse=True),
+    "cuda": dict(width=6, depth=4, batch=8, seq=4, bf16=True, compile=True, sparse=False),
+    "mps": dict(width=2, depth=2, batch=2, seq=4, bf16=False, compile=False, sparse=False),
 }
 CUDA_FULL_BATCH_GIB = 70  # GPUs with less memory than this halve the batch per halving of memory
 
@@ -116,7 +121,8 @@ def resolve_profile(device_type, gpu_memory_gib=None, name=None):
         batch = max(BATCH_SIZE, batch // shrink)
     return dict(name=name, width=WIDTH * p["width"], depth=DEPTH * p["depth"], batch=batch,
                 seq_len=min(SEQ_LEN * p["seq"], EVAL_CONTEXT), lr_scale=p["width"] ** -0.5,
-                bf16=p["bf16"], compile=p["compile"] or (name == "cpu" and COMPILE_ON_CPU))
+                bf16=p["bf16"], compile=p["compile"] or (name == "cpu" and COMPILE_ON_CPU),
+                sparse_bigram=p["sparse"])
 
 
 # ---------------------------------------------------------------------------------
@@ -210,6 +216,7 @@ class GPT(nn.Module):
         width, depth = cfg["width"], cfg["depth"]
         self.window = cfg["seq_len"]
         self.embed = nn.Embedding(256, width)
+        self.bigram = nn.Embedding(256 * 256, width, sparse=cfg["sparse_bigram"]) if BIGRAM_EMBED else None
         self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(256, width)
                                            for i in range(depth) if has_value_embed(i, depth)})
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(depth))
@@ -226,6 +233,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def reset_parameters(self):
         nn.init.normal_(self.embed.weight, std=1.0)
+        if self.bigram is not None:
+            nn.init.zeros_(self.bigram.weight)   # starts as the byte embedding alone
         for block in self.blocks:
             for lin in (block.attn.qkv, block.mlp.fc):
                 bound = math.sqrt(3.0 / lin.in_features)  # uniform with unit-variance outputs
@@ -255,7 +264,11 @@ class GPT(nn.Module):
         T = x.size(1)
         cos, sin = self.cos[:, :T], self.sin[:, :T]
         mask = self.window_mask(T, x.device)
-        h = x0 = rms_norm(self.embed(x))
+        h = self.embed(x)
+        if self.bigram is not None:
+            # The first byte of a window pairs with 0, the separator between documents.
+            h = h + self.bigram(F.pad(x[:, :-1], (1, 0)) * 256 + x)
+        h = x0 = rms_norm(h)
         for i, block in enumerate(self.blocks):
             h = self.resid_scales[i] * h + self.x0_scales[i] * x0
             ve = self.value_embeds[str(i)](x) if str(i) in self.value_embeds else None
@@ -341,15 +354,24 @@ def build_optimizers(model, cfg):
     matrices = [p for n, p in model.blocks.named_parameters() if p.ndim == 2 and ".mix." not in n]
     scalars = [model.resid_scales, model.x0_scales] + [p for n, p in model.blocks.named_parameters()
                                                        if ".mix." in n]
+    tables = [model.embed.weight, *model.value_embeds.parameters()]
+    sparse = [model.bigram.weight] if model.bigram is not None and model.bigram.sparse else []
+    if model.bigram is not None and not sparse:
+        tables.append(model.bigram.weight)
     fused = dict(fused=True) if model.head.weight.is_cuda else {}
     s = cfg["lr_scale"]
     adam = torch.optim.AdamW([
-        dict(params=[model.embed.weight, *model.value_embeds.parameters()], lr=EMBED_LR * s),
+        dict(params=tables, lr=EMBED_LR * s),
         dict(params=[model.head.weight], lr=HEAD_LR * s),
         dict(params=scalars, lr=SCALAR_LR),
     ], betas=ADAM_BETAS, eps=1e-10, weight_decay=0.0, **fused)
     muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, weight_decay=WEIGHT_DECAY)
     optimizers = [adam, muon]
+    if sparse:   # Adam on the rows a step touched only
+        sparse_adam = torch.optim.SparseAdam(sparse, betas=ADAM_BETAS, eps=1e-10)
+        # Set after construction: SparseAdam refuses lr=0, and a frozen table is a fair experiment.
+        sparse_adam.param_groups[0]["lr"] = EMBED_LR * s
+        optimizers.append(sparse_adam)
     for opt in optimizers:
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
@@ -369,7 +391,7 @@ def lr_multiplier(progress):
 def set_schedules(optimizers, progress):
     """Everything that follows the elapsed fraction of the budget, never the step count,
     so that a slower machine ends its budget annealed all the same."""
-    adam, muon = optimizers
+    muon = next(opt for opt in optimizers if isinstance(opt, Muon))
     lrm = lr_multiplier(progress)
     warm = min(1.0, progress / MOMENTUM_WARMUP_FRAC) if MOMENTUM_WARMUP_FRAC > 0 else 1.0
     for opt in optimizers:
@@ -439,6 +461,9 @@ def main():
           f"params: {num_params / 1e6:.2f}M  budget: {BUDGET_S:.0f}s  data: {dataset.fingerprint}", flush=True)
 
     optimizers = build_optimizers(model, cfg)
+    # The bigram table is left out of clipping: its rows get few, Adam-normalised updates
+    # (and a sparse gradient has no norm in torch).
+    clipped = [p for p in model.parameters() if model.bigram is None or p is not model.bigram.weight]
     step_fn = torch.compile(model, dynamic=False) if cfg["compile"] else model
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"])
     batches = dataset.batches(cfg["batch"], cfg["seq_len"], device=device, seed=SEED)
@@ -455,7 +480,7 @@ def main():
             loss = step_fn(x, y)
         loss.backward()
         if GRAD_CLIP:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+            torch.nn.utils.clip_grad_norm_(clipped, GRAD_CLIP)
         for opt in optimizers:
             opt.step()
         model.zero_grad(set_to_none=True)

@@ -38,8 +38,11 @@ text = open(sys.argv[1]).read()
 s = {k: float(v) for k, v in re.findall(r"^(\w+):\s+([-\d.]+)$", text, re.M)}
 if "val_bpb" not in s:
     sys.exit("gpu_check: train.py printed no summary block (see above)")
-tok_s = s["total_tokens_M"] * 1e6 / max(s["training_seconds"], 1e-9)
-print(f"\ntokens/s: {tok_s:,.0f}   MFU: {s['mfu_percent']:.1f} %   peak memory: {s['peak_vram_mb'] / 1024:.1f} GiB   "
+# The progress lines' tok/sec are timed steps only; total_tokens_M also counts the untimed
+# compilation steps, so it serves only when no progress line was printed.
+rates = sorted(float(r.replace(",", "")) for r in re.findall(r"tok/sec: ([\d,]+)", text))
+tok_s = rates[len(rates) // 2] if rates else s["total_tokens_M"] * 1e6 / max(s["training_seconds"], 1e-9)
+print(f"\ntokens/s: {tok_s:,.0f} (median step)   MFU: {s['mfu_percent']:.1f} %   peak memory: {s['peak_vram_mb'] / 1024:.1f} GiB   "
       f"val_bpb: {s['val_bpb']:.4f} after {s['num_steps']:.0f} steps ({s['total_seconds']:.0f} s in all)")
 if s["mfu_percent"] == 0:
     print("(MFU 0: this GPU's bf16 peak is not in train.py's PEAK_BF16_FLOPS table)")

@@ -82,13 +82,14 @@ def test_profile_follows_the_device_and_scales_the_constants(monkeypatch):
     assert (cpu["width"], cpu["depth"], cpu["batch"], cpu["seq_len"]) == (
         train.WIDTH, train.DEPTH, train.BATCH_SIZE, train.SEQ_LEN)
     assert not cpu["bf16"] and not cpu["compile"] and cpu["lr_scale"] == 1.0
+    assert cpu["sparse_bigram"]    # SparseAdam on the rows a CPU step touched
 
     h100 = train.resolve_profile("cuda", gpu_memory_gib=79.2)
     factors = train.PROFILES["cuda"]
     assert h100["width"] == train.WIDTH * factors["width"] and h100["depth"] == train.DEPTH * factors["depth"]
     assert h100["batch"] == train.BATCH_SIZE * factors["batch"]
     assert h100["seq_len"] == min(train.SEQ_LEN * factors["seq"], 512)
-    assert h100["bf16"] and h100["compile"] and h100["lr_scale"] < 1
+    assert h100["bf16"] and h100["compile"] and h100["lr_scale"] < 1 and not h100["sparse_bigram"]
     assert h100["width"] % train.HEAD_DIM == 0
     assert train.resolve_profile("cuda", gpu_memory_gib=141)["batch"] == h100["batch"]   # an H200 alike
     # A smaller GPU keeps the model and halves the batch per halving of memory.
@@ -131,7 +132,8 @@ def test_mfu_accounting(monkeypatch):
 
 def test_attention_at_evaluation_keeps_to_the_training_window(monkeypatch):
     """Evaluation feeds 512 bytes; a position must not see further back than training taught it
-    (the window plus the block's short causal mix), so RoPE is never asked to extrapolate."""
+    (the window plus the block's short causal mix and the bigram table's previous byte), so
+    RoPE is never asked to extrapolate."""
     train = load_train_module(monkeypatch)
     torch.manual_seed(0)
     cfg = {**train.resolve_profile("cpu"), "depth": 1}   # one block: its reach fits in 512 bytes
@@ -139,7 +141,7 @@ def test_attention_at_evaluation_keeps_to_the_training_window(monkeypatch):
     with torch.no_grad():
         for p in model.parameters():     # no zero-initialised layer: every path carries signal
             p.add_(0.05 * torch.randn_like(p))
-    reach = cfg["seq_len"] - 1 + train.CONV_TAPS - 1
+    reach = cfg["seq_len"] - 1 + train.CONV_TAPS - 1 + int(train.BIGRAM_EMBED)
     x = torch.randint(0, 256, (1, 512))
     changed = x.clone()
     changed[0, :40] = (x[0, :40] + 1) % 256
@@ -152,13 +154,14 @@ def test_attention_at_evaluation_keeps_to_the_training_window(monkeypatch):
 
 def test_scaled_profile_trains_for_real_on_cpu(trial_env, tmp_path):
     """The code path of a scaled profile (sizes multiplied, a 512-byte context, so no window
-    mask at evaluation), run for real on the CPU as AUTOLOOP_PROFILE=mps with the MPS factors
-    cut to what 2 seconds on a CPU allow."""
+    mask at evaluation, the bigram table's dense gradient), run for real on the CPU as
+    AUTOLOOP_PROFILE=mps with the MPS factors cut to what 2 seconds on a CPU allow."""
     source = TRAIN_PY.read_text()
     line = re.search(r'^    "mps": dict\(.*\),$', source, re.M)
     assert line, "PROFILES has no mps entry"
+    seq = 512 // int(re.search(r"^SEQ_LEN = (\d+)", source, re.M).group(1))   # to the 512-byte context
     script = tmp_path / "train.py"
-    script.write_text(source.replace(line.group(0), '    "mps": dict(width=1, depth=1, batch=1, seq=2, bf16=False, compile=False),'))
+    script.write_text(source.replace(line.group(0), f'    "mps": dict(width=1, depth=1, batch=1, seq={seq}, bf16=False, compile=False, sparse=False),'))
     proc = run_train(script, {**trial_env, "AUTOLOOP_PROFILE": "mps", "AUTOLOOP_BUDGET_S": "2"}, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"profile: mps \(\d+ x \d+, batch \d+ x 512\)", proc.stdout), proc.stdout
