@@ -2,8 +2,8 @@
 
 This is the ONE file a proposer edits. Everything about the model, the optimizer and
 the training loop may change; the data, the evaluation and the harness may not (they
-live in the `autoloop` package). Read it top to bottom: constants, model, optimizer,
-loop, evaluation, summary.
+live in the `autoloop` package). Read it top to bottom: constants, device profiles,
+model, optimizer, loop, evaluation, summary.
 
 Contract with the harness (see program.md):
   * the model answers ``model(x, y, reduction="none")`` with per-byte losses in nats and
@@ -22,41 +22,74 @@ import resource
 import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# CPU threads: torch's OpenMP workers spin while they wait for work. On a machine whose
+# cores are shared (other jobs, parallel workers) the spinning takes the cores the real
+# work waits for, and a step on 2 cores took 3-4x longer than on one. Waiting passively
+# costs little when the machine is idle. Set before torch loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from autoloop.data import load_data
-from autoloop.evaluate import EVAL_CONTEXT, evaluate_bpb
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from autoloop.data import load_data  # noqa: E402
+from autoloop.evaluate import EVAL_CONTEXT, evaluate_bpb  # noqa: E402
 
 # ---------------------------------------------------------------------------------
-# Hyperparameters. Defaults are tuned for a 5-minute budget on 2 CPU cores (fp32);
-# on a GPU, a wider and deeper model with a larger batch is the first thing to try.
+# Hyperparameters, sized for a 5-minute budget on 2 CPU cores (fp32). On a GPU the
+# profile below scales the model and the batch up.
 
 DEPTH = 3               # transformer blocks
 WIDTH = 128             # model dimension
-N_HEADS = 4             # attention heads (head dim = WIDTH // N_HEADS)
+HEAD_DIM = 64           # attention head dimension (heads = WIDTH // HEAD_DIM)
 MLP_RATIO = 4           # hidden width of the MLP relative to WIDTH
-SEQ_LEN = 512           # training context in bytes; below EVAL_CONTEXT, RoPE must extrapolate at eval
-BATCH_SIZE = 4          # sequences per step: small batches, many steps in a short budget
+SEQ_LEN = 128           # training context in bytes; attention keeps to this window at evaluation too
+BATCH_SIZE = 16         # sequences per step: 2,048 bytes, small steps and many of them
+CONV_TAPS = 4           # each block first mixes every channel with its values 1..CONV_TAPS-1 bytes back (1: off)
+VALUE_EMBEDS = True     # value embeddings: a per-byte table added to the attention values of alternate layers
+BIGRAM_EMBED = True     # a learned vector per (previous byte, byte) pair added to the byte embedding
 ROPE_BASE = 10000.0     # rotary position embedding base
 LOGIT_SOFTCAP = 15.0    # tanh cap on the output logits: tames early spikes
 
-MATRIX_LR = 0.02        # Muon learning rate for the 2-D weights inside the blocks
-MUON_MOMENTUM = 0.9     # Muon (Nesterov) momentum
-EMBED_LR = 0.3          # AdamW learning rate for the byte embedding
-HEAD_LR = 0.01          # AdamW learning rate for the output head
+MATRIX_LR = 0.04        # Muon learning rate for the 2-D weights inside the blocks
+MUON_MOMENTUM = 0.95    # Muon (Nesterov) momentum, reached after MOMENTUM_WARMUP_FRAC of the budget
+MOMENTUM_WARMUP_FRAC = 0.1  # momentum rises from 0.85 to MUON_MOMENTUM over this fraction of the budget
+EMBED_LR = 0.6          # AdamW learning rate for the byte embedding and the value embeddings
+HEAD_LR = 0.008         # AdamW learning rate for the output head
+SCALAR_LR = 0.02        # AdamW learning rate for the per-layer scalars and the mixing taps
 ADAM_BETAS = (0.8, 0.95)
-WEIGHT_DECAY = 0.0      # decoupled weight decay on the Muon matrices
+WEIGHT_DECAY = 0.0      # cautious weight decay on the Muon matrices, decayed linearly to 0
 GRAD_CLIP = 1.0         # global gradient-norm clip (0 disables)
 
 WARMUP_FRAC = 0.02      # fraction of the budget spent warming the learning rate up
-WARMDOWN_FRAC = 0.4     # final fraction of the budget spent decaying it linearly to 0
+WARMDOWN_FRAC = 0.5     # final fraction of the budget spent decaying it linearly to FINAL_LR_FRAC
 FINAL_LR_FRAC = 0.0     # learning rate at the end, as a fraction of the peak
 
 COMPILE_ON_CPU = False  # torch.compile costs ~50 s cold on CPU and rarely pays back in 5 min
 EVAL_BATCH = 32         # evaluation batch (halved automatically on out-of-memory)
 LOG_EVERY_S = 5.0       # seconds between progress lines
+
+# ---------------------------------------------------------------------------------
+# Device profiles: how the constants above scale on each kind of device. WIDTH, DEPTH,
+# BATCH_SIZE and SEQ_LEN are multiplied by the factors (SEQ_LEN stays <= EVAL_CONTEXT),
+# the AdamW learning rates shrink by 1/sqrt(width factor) (wider models want smaller
+# embedding steps), `bf16` runs the forward pass under bf16 autocast, `compile` wraps the
+# model in torch.compile, `sparse` gives the bigram table a sparse gradient (SparseAdam
+# then updates only the rows a step touched instead of all 65,536: on a CPU that is
+# what keeps the table cheap; a GPU does the dense update in parallel, and it keeps the
+# compiled graph simple). The profile of the detected device is used; AUTOLOOP_PROFILE
+# picks one by name (AUTOLOOP_PROFILE=cpu trains the CPU sizes anywhere).
+#   cuda: 768 wide, 12 deep, 128 x 512 bytes per step: ~85M parameters in the blocks,
+#         about GPT-2 small without its vocabulary (the bigram table adds 50M entries
+#         that cost a lookup each), for one H100/H200-class GPU over 5 minutes;
+#         GPUs with less memory get a proportionally smaller batch (see resolve_profile).
+#   mps:  256 wide, 6 deep, 32 x 512 per step in fp32 (bf16 autocast on MPS is young).
+PROFILES = {
+    "cpu": dict(width=1, depth=1, batch=1, seq=1, bf16=False, compile=False, sparse=True),
+    "cuda": dict(width=6, depth=4, batch=8, seq=4, bf16=True, compile=True, sparse=False),
+    "mps": dict(width=2, depth=2, batch=2, seq=4, bf16=False, compile=False, sparse=False),
+}
+CUDA_FULL_BATCH_GIB = 70  # GPUs with less memory than this halve the batch per halving of memory
 
 # ---------------------------------------------------------------------------------
 # Environment contract with the harness: every variable has a default for hand runs.
@@ -76,19 +109,35 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+def resolve_profile(device_type, gpu_memory_gib=None, name=None):
+    """The sizes and switches this run trains with: the constants scaled by a profile."""
+    name = name or os.environ.get("AUTOLOOP_PROFILE") or device_type
+    if name not in PROFILES:
+        fail(f"AUTOLOOP_PROFILE={name} is not one of {', '.join(PROFILES)}")
+    p = PROFILES[name]
+    batch = BATCH_SIZE * p["batch"]
+    if name == "cuda" and gpu_memory_gib and gpu_memory_gib < CUDA_FULL_BATCH_GIB:
+        shrink = 2 ** math.ceil(math.log2(CUDA_FULL_BATCH_GIB / gpu_memory_gib))
+        batch = max(BATCH_SIZE, batch // shrink)
+    return dict(name=name, width=WIDTH * p["width"], depth=DEPTH * p["depth"], batch=batch,
+                seq_len=min(SEQ_LEN * p["seq"], EVAL_CONTEXT), lr_scale=p["width"] ** -0.5,
+                bf16=p["bf16"], compile=p["compile"] or (name == "cpu" and COMPILE_ON_CPU),
+                sparse_bigram=p["sparse"])
+
+
 # ---------------------------------------------------------------------------------
-# Model: pre-norm blocks with parameter-free RMSNorm, rotary positions, QK-norm,
-# fused causal attention and a squared-ReLU MLP; no biases. Embedding and head are
-# untied: with 256 bytes both are tiny, and each gets the learning rate it wants.
+# Model: pre-norm blocks with parameter-free RMSNorm, a short causal channel mix, rotary
+# positions, QK-norm, value embeddings, fused causal attention and a squared-ReLU MLP;
+# no biases. Every block sees a learned mix of the stream and the normalised embedding.
 
 
 def rms_norm(x):
     return F.rms_norm(x, (x.size(-1),))
 
 
-def rotary_tables(seq_len, head_dim, base, device):
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+def rotary_tables(seq_len, head_dim, base):
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len).float(), inv_freq)
     return angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
 
 
@@ -97,58 +146,95 @@ def apply_rotary(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
-        self.proj = nn.Linear(WIDTH, WIDTH, bias=False)
+def has_value_embed(layer, depth):
+    """Alternate layers, the last one always included."""
+    return VALUE_EMBEDS and layer % 2 == (depth - 1) % 2
 
-    def forward(self, x, cos, sin):
+
+class CausalMix(nn.Module):
+    """x_t + sum_k w_k * x_{t-k} per channel: cheap local n-gram features for the block,
+    so attention need not spend itself on the last few bytes. Starts as the identity."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.taps = nn.Parameter(torch.zeros(CONV_TAPS - 1, width))
+
+    def forward(self, x):
+        out = x
+        for k in range(1, CONV_TAPS):
+            out = out + self.taps[k - 1] * F.pad(x[:, :-k], (0, 0, k, 0))
+        return out
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, layer):
+        super().__init__()
+        width = cfg["width"]
+        self.n_heads = width // HEAD_DIM
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.proj = nn.Linear(width, width, bias=False)
+        # Value embeddings come in through a per-head gate on a slice of the input (2*sigmoid: 1 at init).
+        self.ve_gate = nn.Linear(32, self.n_heads, bias=False) if has_value_embed(layer, cfg["depth"]) else None
+
+    def forward(self, x, ve, cos, sin, mask):
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, N_HEADS, C // N_HEADS).unbind(2)
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, HEAD_DIM).unbind(2)
+        if ve is not None:
+            v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :32])).unsqueeze(-1) * ve.view(B, T, self.n_heads, HEAD_DIM)
         # QK-norm keeps attention logits bounded, which permits higher learning rates.
-        q, k = rms_norm(q), rms_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        q, k = apply_rotary(rms_norm(q), cos, sin), apply_rotary(rms_norm(k), cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class MLP(nn.Module):
-    def __init__(self):
+    def __init__(self, width):
         super().__init__()
-        self.fc = nn.Linear(WIDTH, MLP_RATIO * WIDTH, bias=False)
-        self.proj = nn.Linear(MLP_RATIO * WIDTH, WIDTH, bias=False)
+        self.fc = nn.Linear(width, MLP_RATIO * width, bias=False)
+        self.proj = nn.Linear(MLP_RATIO * width, width, bias=False)
 
     def forward(self, x):
         return self.proj(F.relu(self.fc(x)).square())
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, cfg, layer):
         super().__init__()
-        self.attn = Attention()
-        self.mlp = MLP()
+        self.mix = CausalMix(cfg["width"]) if CONV_TAPS > 1 else nn.Identity()
+        self.attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg["width"])
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(rms_norm(x), cos, sin)
+    def forward(self, x, ve, cos, sin, mask):
+        x = x + self.attn(self.mix(rms_norm(x)), ve, cos, sin, mask)
         return x + self.mlp(rms_norm(x))
 
 
 class GPT(nn.Module):
-    def __init__(self):
+    def __init__(self, cfg):
         super().__init__()
-        self.embed = nn.Embedding(256, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(DEPTH))
-        self.head = nn.Linear(WIDTH, 256, bias=False)
-        max_len = max(SEQ_LEN, EVAL_CONTEXT)
-        cos, sin = rotary_tables(max_len, WIDTH // N_HEADS, ROPE_BASE, self.embed.weight.device)
+        width, depth = cfg["width"], cfg["depth"]
+        self.window = cfg["seq_len"]
+        self.embed = nn.Embedding(256, width)
+        self.bigram = nn.Embedding(256 * 256, width, sparse=cfg["sparse_bigram"]) if BIGRAM_EMBED else None
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(256, width)
+                                           for i in range(depth) if has_value_embed(i, depth)})
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(depth))
+        self.head = nn.Linear(width, 256, bias=False)
+        # Per layer: scale of the residual stream and weight of the embedding mixed back in.
+        self.resid_scales = nn.Parameter(torch.ones(depth))
+        self.x0_scales = nn.Parameter(torch.full((depth,), 0.1))
+        cos, sin = rotary_tables(max(cfg["seq_len"], EVAL_CONTEXT), HEAD_DIM, ROPE_BASE)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self._masks = {}
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self):
         nn.init.normal_(self.embed.weight, std=1.0)
+        if self.bigram is not None:
+            nn.init.zeros_(self.bigram.weight)   # starts as the byte embedding alone
         for block in self.blocks:
             for lin in (block.attn.qkv, block.mlp.fc):
                 bound = math.sqrt(3.0 / lin.in_features)  # uniform with unit-variance outputs
@@ -156,14 +242,37 @@ class GPT(nn.Module):
             # Zero output projections: every block starts as the identity.
             nn.init.zeros_(block.attn.proj.weight)
             nn.init.zeros_(block.mlp.proj.weight)
+            if block.attn.ve_gate is not None:
+                nn.init.zeros_(block.attn.ve_gate.weight)
+        for table in self.value_embeds.values():
+            bound = math.sqrt(3.0 / table.embedding_dim)
+            nn.init.uniform_(table.weight, -bound, bound)
         nn.init.zeros_(self.head.weight)
+
+    def window_mask(self, T, device):
+        """Causal attention limited to the training window, for inputs longer than it
+        (evaluation uses EVAL_CONTEXT): every position then sees as far back as in training."""
+        if T <= self.window:
+            return None
+        if (T, device) not in self._masks:
+            i = torch.arange(T, device=device)
+            offset = i[:, None] - i[None, :]
+            self._masks[(T, device)] = (offset >= 0) & (offset < self.window)
+        return self._masks[(T, device)]
 
     def forward(self, x, y=None, reduction="mean"):
         T = x.size(1)
-        h = rms_norm(self.embed(x))
         cos, sin = self.cos[:, :T], self.sin[:, :T]
-        for block in self.blocks:
-            h = block(h, cos, sin)
+        mask = self.window_mask(T, x.device)
+        h = self.embed(x)
+        if self.bigram is not None:
+            # The first byte of a window pairs with 0, the separator between documents.
+            h = h + self.bigram(F.pad(x[:, :-1], (1, 0)) * 256 + x)
+        h = x0 = rms_norm(h)
+        for i, block in enumerate(self.blocks):
+            h = self.resid_scales[i] * h + self.x0_scales[i] * x0
+            ve = self.value_embeds[str(i)](x) if str(i) in self.value_embeds else None
+            h = block(h, ve, cos, sin, mask)
         logits = self.head(rms_norm(h)).float()
         logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
         if y is None:
@@ -172,55 +281,97 @@ class GPT(nn.Module):
 
 
 # ---------------------------------------------------------------------------------
-# Optimizer: Muon (momentum, then orthogonalised by a Newton-Schulz iteration) for the
-# 2-D matrices inside the blocks, AdamW for the embedding and the head.
+# Optimizer: Muon for the 2-D matrices inside the blocks (Nesterov momentum, then an
+# approximate orthogonalisation, then NorMuon's per-row normalisation), AdamW for the
+# embeddings, the head, the scalars and the mixing taps.
+
+# Polar Express (Amsel et al., 2025): per-iteration coefficients of the odd polynomial
+# that drives the singular values to 1, converging in fewer steps than one fixed
+# Newton-Schulz polynomial.
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
 
 
-def newton_schulz(G, steps=5):
-    """Approximately replace G by the nearest semi-orthogonal matrix (U V^T of its SVD)."""
-    a, b, c = 3.4445, -4.7750, 2.0315
-    X = G.float()  # bf16 matmuls are slow on CPU; these matrices are small anyway
-    transposed = X.size(0) > X.size(1)
-    if transposed:
-        X = X.T
-    X = X / (X.norm() + 1e-7)
-    for _ in range(steps):
-        A = X @ X.T
+def orthogonalize(G):
+    """Approximately U V^T of the SVD of each matrix in the stack G (n, rows, cols)."""
+    # bf16 is exact enough and fast on a GPU; on CPU bf16 matmuls are slow, so fp32.
+    X = G.bfloat16() if G.is_cuda else G.float()
+    if X.size(-2) > X.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
+    for a, b, c in POLAR_EXPRESS:
+        A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
-    return X.T if transposed else X
+    return X.mT if G.size(-2) > G.size(-1) else X
 
 
 class Muon(torch.optim.Optimizer):
-    def __init__(self, params, lr, momentum, weight_decay=0.0):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+    """One step for all matrices of a shape at once (stacked), which keeps a GPU busy."""
+
+    def __init__(self, params, lr, momentum, weight_decay=0.0, beta2=0.95):
+        shapes = sorted({p.shape for p in params})
+        groups = [dict(params=[p for p in params if p.shape == s]) for s in shapes]
+        super().__init__(groups, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, beta2=beta2))
 
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "buf" not in state:
-                    state["buf"] = torch.zeros_like(p)
-                buf = state["buf"]
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                update = newton_schulz(p.grad.lerp(buf, group["momentum"]))
-                # Scale so that tall and wide matrices get comparable per-element steps.
-                scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            state = self.state[params[0]]
+            grads = torch.stack([p.grad for p in params])
+            rows, cols = grads.shape[-2:]
+            if "momentum" not in state:
+                state["momentum"] = torch.zeros_like(grads)
+                # NorMuon keeps one second moment per row (per column for wide matrices).
+                state["v"] = torch.zeros(grads.shape[:-1] + (1,) if rows >= cols else
+                                         grads.shape[:-2] + (1, cols), device=grads.device)
+            state["momentum"].lerp_(grads, 1 - group["momentum"])
+            update = orthogonalize(grads.lerp_(state["momentum"], group["momentum"])).float()
+            # NorMuon: divide each row by its running RMS, then restore the update's overall norm.
+            reduce_dim = -1 if rows >= cols else -2
+            sq = update.square().mean(dim=reduce_dim, keepdim=True)
+            state["v"].lerp_(sq, 1 - group["beta2"])
+            scaled = update * state["v"].clamp_min(1e-10).rsqrt()
+            update = scaled * (update.norm(dim=(-2, -1), keepdim=True)
+                               / scaled.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+            # Tall and wide matrices get comparable per-element steps.
+            lr = group["lr"] * max(1.0, rows / cols) ** 0.5
+            for p, u in zip(params, update.unbind(0)):
                 if group["weight_decay"]:
-                    p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update.to(p.dtype), alpha=-group["lr"] * scale)
+                    # Cautious weight decay: only where the update already pulls towards zero.
+                    p.sub_(lr * group["weight_decay"] * p * ((u * p) >= 0))
+                p.sub_(u.to(p.dtype), alpha=lr)
 
 
-def build_optimizers(model):
-    matrices = [p for p in model.blocks.parameters() if p.ndim == 2]
-    adam = torch.optim.AdamW(
-        [dict(params=[model.embed.weight], lr=EMBED_LR), dict(params=[model.head.weight], lr=HEAD_LR)],
-        betas=ADAM_BETAS, eps=1e-10, weight_decay=0.0,
-    )
+def build_optimizers(model, cfg):
+    matrices = [p for n, p in model.blocks.named_parameters() if p.ndim == 2 and ".mix." not in n]
+    scalars = [model.resid_scales, model.x0_scales] + [p for n, p in model.blocks.named_parameters()
+                                                       if ".mix." in n]
+    tables = [model.embed.weight, *model.value_embeds.parameters()]
+    sparse = [model.bigram.weight] if model.bigram is not None and model.bigram.sparse else []
+    if model.bigram is not None and not sparse:
+        tables.append(model.bigram.weight)
+    fused = dict(fused=True) if model.head.weight.is_cuda else {}
+    s = cfg["lr_scale"]
+    adam = torch.optim.AdamW([
+        dict(params=tables, lr=EMBED_LR * s),
+        dict(params=[model.head.weight], lr=HEAD_LR * s),
+        dict(params=scalars, lr=SCALAR_LR),
+    ], betas=ADAM_BETAS, eps=1e-10, weight_decay=0.0, **fused)
     muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, weight_decay=WEIGHT_DECAY)
     optimizers = [adam, muon]
+    if sparse:   # Adam on the rows a step touched only
+        sparse_adam = torch.optim.SparseAdam(sparse, betas=ADAM_BETAS, eps=1e-10)
+        # Set after construction: SparseAdam refuses lr=0, and a frozen table is a fair experiment.
+        sparse_adam.param_groups[0]["lr"] = EMBED_LR * s
+        optimizers.append(sparse_adam)
     for opt in optimizers:
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
@@ -237,6 +388,21 @@ def lr_multiplier(progress):
     return FINAL_LR_FRAC + (1.0 - FINAL_LR_FRAC) * left
 
 
+def set_schedules(optimizers, progress):
+    """Everything that follows the elapsed fraction of the budget, never the step count,
+    so that a slower machine ends its budget annealed all the same."""
+    muon = next(opt for opt in optimizers if isinstance(opt, Muon))
+    lrm = lr_multiplier(progress)
+    warm = min(1.0, progress / MOMENTUM_WARMUP_FRAC) if MOMENTUM_WARMUP_FRAC > 0 else 1.0
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["initial_lr"] * lrm
+    for group in muon.param_groups:
+        group["momentum"] = 0.85 + (MUON_MOMENTUM - 0.85) * warm
+        group["weight_decay"] = WEIGHT_DECAY * (1.0 - progress)
+    return lrm
+
+
 # ---------------------------------------------------------------------------------
 # Accounting for the summary block.
 
@@ -249,21 +415,25 @@ def peak_memory_mb(device):
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
-def peak_flops(device):
+# Dense bf16 tensor-core peaks from the vendors' datasheets (SXM parts unless named).
+PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12),
+                   ("H100", 989.4e12), ("H200", 989.4e12), ("GH200", 989.4e12), ("A100", 312e12))
+
+
+def peak_flops(device_name):
     """Dense bf16 peak of the accelerator, for MFU; None where no honest figure is known."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in (("H200", 989.5e12), ("H100", 989.5e12), ("A100", 312e12)):
-        if key in name:
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in device_name:
             return flops
     return None
 
 
-def flops_per_token(model):
-    """Training FLOPs per token: 6 x non-embedding params plus causal attention."""
-    n = sum(p.numel() for p in model.blocks.parameters()) + model.head.weight.numel()
-    return 6 * n + 6 * DEPTH * WIDTH * SEQ_LEN  # 12*L*C*T halved by the causal mask
+def flops_per_token(model, seq_len):
+    """Training FLOPs per token: 6 per weight of every matmul (forward and backward), plus
+    attention's 12 * layers * width * context (PaLM's convention, which counts the masked half)."""
+    matmuls = sum(p.numel() for n, p in model.blocks.named_parameters() if p.ndim == 2 and ".mix." not in n)
+    matmuls += model.head.weight.numel()
+    return 6 * matmuls + 12 * len(model.blocks) * model.embed.embedding_dim * seq_len
 
 
 def fail(message):
@@ -279,33 +449,38 @@ def main():
     t_start = time.time()
     torch.manual_seed(SEED)
     device = pick_device()
+    gpu_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
+    cfg = resolve_profile(device.type, gpu_gib)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for whatever stays in fp32
     dataset = load_data()
-    model = GPT().to(device)
+    model = GPT(cfg).to(device)
     num_params = sum(p.numel() for p in model.parameters())
-    print(f"device: {device}  params: {num_params / 1e6:.2f}M  budget: {BUDGET_S:.0f}s  "
-          f"data: {dataset.fingerprint}", flush=True)
+    print(f"device: {device}  profile: {cfg['name']} ({cfg['depth']} x {cfg['width']}, batch {cfg['batch']} x "
+          f"{cfg['seq_len']}{', bf16' if cfg['bf16'] else ''}{', compiled' if cfg['compile'] else ''})  "
+          f"params: {num_params / 1e6:.2f}M  budget: {BUDGET_S:.0f}s  data: {dataset.fingerprint}", flush=True)
 
-    optimizers = build_optimizers(model)
-    use_compile = device.type == "cuda" or COMPILE_ON_CPU
-    step_fn = torch.compile(model) if use_compile else model
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else torch.autocast(device.type, enabled=False))
-    batches = dataset.batches(BATCH_SIZE, SEQ_LEN, device=device, seed=SEED)
+    optimizers = build_optimizers(model, cfg)
+    # The bigram table is left out of clipping: its rows get few, Adam-normalised updates
+    # (and a sparse gradient has no norm in torch).
+    clipped = [p for p in model.parameters() if model.bigram is None or p is not model.bigram.weight]
+    step_fn = torch.compile(model, dynamic=False) if cfg["compile"] else model
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"])
+    batches = dataset.batches(cfg["batch"], cfg["seq_len"], device=device, seed=SEED)
+    warmup_steps = 10 if cfg["compile"] else 1
 
-    training_time, step, tokens, smooth_loss = 0.0, 0, 0, None
+    training_time, step, tokens, timed_tokens, smooth_loss = 0.0, 0, 0, 0, None
     first_loss, last_log = None, time.time()
     while training_time < BUDGET_S:
         t0 = time.time()
         progress = training_time / BUDGET_S if BUDGET_S > 0 else 1.0
-        for opt in optimizers:
-            for group in opt.param_groups:
-                group["lr"] = group["initial_lr"] * lr_multiplier(progress)
+        lrm = set_schedules(optimizers, progress)
         x, y = next(batches)
         with autocast:
             loss = step_fn(x, y)
         loss.backward()
         if GRAD_CLIP:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+            torch.nn.utils.clip_grad_norm_(clipped, GRAD_CLIP)
         for opt in optimizers:
             opt.step()
         model.zero_grad(set_to_none=True)
@@ -318,24 +493,26 @@ def main():
             fail(f"loss exploded to {loss_value:.3f} at step {step} (started at {first_loss:.3f})")
         dt = time.time() - t0
         # The first steps pay for compilation and warm-up; they do not count against the budget.
-        if step >= (10 if use_compile else 1):
+        if step >= warmup_steps:
             training_time += dt
+            timed_tokens += x.numel()
         step += 1
         tokens += x.numel()
         smooth_loss = loss_value if smooth_loss is None else 0.9 * smooth_loss + 0.1 * loss_value
         if time.time() - last_log >= LOG_EVERY_S:
             last_log = time.time()
             print(f"step {step:05d} ({100 * min(progress, 1):.1f}%) | loss: {smooth_loss:.4f} | "
-                  f"lrm: {lr_multiplier(progress):.2f} | dt: {dt * 1000:.0f}ms | "
+                  f"lrm: {lrm:.2f} | dt: {dt * 1000:.0f}ms | "
                   f"tok/sec: {x.numel() / max(dt, 1e-9):,.0f} | remaining: {max(0, BUDGET_S - training_time):.0f}s",
                   flush=True)
 
-    val_bpb = evaluate_bpb(model, batch_size=EVAL_BATCH, dataset=dataset)
+    val_bpb = evaluate_bpb(model, batch_size=EVAL_BATCH * cfg["batch"] // BATCH_SIZE, dataset=dataset)
     if not math.isfinite(val_bpb):
         fail(f"val_bpb is {val_bpb}")
 
-    flops = peak_flops(device)
-    mfu = 100 * flops_per_token(model) * tokens / max(training_time, 1e-9) / flops if flops else 0.0
+    flops = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    tokens_per_s = timed_tokens / max(training_time, 1e-9)
+    mfu = 100 * flops_per_token(model, cfg["seq_len"]) * tokens_per_s / flops if flops else 0.0
     print("---")
     print(f"val_bpb:          {val_bpb:.6f}")
     print(f"training_seconds: {training_time:.1f}")
@@ -345,7 +522,7 @@ def main():
     print(f"total_tokens_M:   {tokens / 1e6:.1f}")
     print(f"num_steps:        {step}")
     print(f"num_params_M:     {num_params / 1e6:.1f}")
-    print(f"depth:            {DEPTH}", flush=True)
+    print(f"depth:            {cfg['depth']}", flush=True)
 
 
 if __name__ == "__main__":

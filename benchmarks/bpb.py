@@ -1,11 +1,20 @@
-"""How good is the default train.py? val_bpb against classic compressors on the same bytes.
+"""How good is the default train.py? val_bpb against other train.py files and classic compressors.
 
-Trains the default train.py for each budget on the default corpus (stdlib) and prints
-val_bpb beside the bits per byte that gzip -9, bz2 -9 and xz -9e reach on exactly the
-validation bytes that val_bpb is measured on, plus steps, tokens/s and peak memory.
+Trains the default train.py (side A) and each ``--vs`` train.py (B, C, ...) for every
+budget and seed, interleaved (A, B, C, A, B, C, ...) so that a change of machine load
+during the run hits every side alike, all on the same prepared bytes (the fingerprint of
+every run is checked). Prints each run as it finishes (val_bpb, steps, tokens/s), then per
+budget and side the mean, sample standard deviation and range of val_bpb over the seeds,
+the mean steps, the ratio of each side's mean to A's, and the bits per byte that gzip -9,
+bz2 -9 and xz -9e reach on exactly the validation bytes val_bpb is measured on.
 
-    python benchmarks/bpb.py                 # budgets 60 s and 300 s
-    python benchmarks/bpb.py --budgets 30    # a quick look
+    python benchmarks/bpb.py                                   # A alone, budgets 60 s and 300 s
+    python benchmarks/bpb.py --budgets 30                      # a quick look
+    python benchmarks/bpb.py --vs old.py port.py --seeds 4 --budgets 60 300
+
+Every run gets AUTOLOOP_BUDGET_S, AUTOLOOP_SEED, AUTOLOOP_DATA_DIR and AUTOLOOP_RESULT, and
+imports the harness of this checkout. Timing on a shared machine moves with the load:
+compare sides of one invocation, never figures of two.
 """
 
 from __future__ import annotations
@@ -17,16 +26,29 @@ import json
 import lzma
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from autoloop.data import load_data  # noqa: E402
+from autoloop.data import DataError, default_data_dir, load_data  # noqa: E402
+
+
+@dataclass
+class Side:
+    letter: str
+    path: Path
+    runs: dict[float, list[dict]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.letter} {self.path.name}"
 
 
 def compressor_bpb(data: bytes) -> dict[str, float]:
@@ -38,28 +60,100 @@ def compressor_bpb(data: bytes) -> dict[str, float]:
     }
 
 
-def run_train(budget: float, seed: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+def run_train(script: Path, budget: float, seed: int, data_dir: Path, device: str | None) -> dict:
+    """One training run; the summary block as numbers, or {'error': one line} when it failed."""
+    with tempfile.TemporaryDirectory(prefix="autoloop-bpb-") as tmp:
         result = Path(tmp) / "result.json"
-        env = {**os.environ, "AUTOLOOP_BUDGET_S": str(budget), "AUTOLOOP_RESULT": str(result),
-               "AUTOLOOP_SEED": str(seed)}
+        pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "AUTOLOOP_BUDGET_S": f"{budget:g}", "AUTOLOOP_RESULT": str(result),
+               "AUTOLOOP_SEED": str(seed), "AUTOLOOP_DATA_DIR": str(data_dir), "PYTHONPATH": pythonpath}
+        if device:
+            env["AUTOLOOP_DEVICE"] = device
         t0 = time.time()
-        proc = subprocess.run([sys.executable, "train.py"], cwd=REPO, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"train.py failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        proc = subprocess.run([sys.executable, str(script)], cwd=script.parent, env=env,
+                              capture_output=True, text=True)
+        wall = time.time() - t0
+        if proc.returncode != 0 or not result.exists():
+            failed = re.findall(r"^FAIL: .*$", proc.stdout, re.M)
+            last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+            return {"error": failed[-1] if failed else f"exit {proc.returncode}: {last[:200]}", "wall": wall}
         summary = {k: float(v) for k, v in re.findall(r"^(\w+):\s+([-\d.]+)$", proc.stdout, re.M)}
-        summary["eval_seconds"] = json.loads(result.read_text())["eval_seconds"]
-        summary["wall"] = time.time() - t0
+        record = json.loads(result.read_text())
+        summary.update(eval_seconds=record["eval_seconds"], fingerprint=record["fingerprint"], wall=wall)
         return summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budgets", type=float, nargs="+", default=[60, 300], help="training budgets in seconds")
-    parser.add_argument("--seed", type=int, default=42)
-    args = parser.parse_args()
+def fmt_run(side: Side, budget: float, seed: int, s: dict, xz: float) -> str:
+    head = f"{budget:>6.0f}s  {side.label:<28} {seed:>5}"
+    if "error" in s:
+        return f"{head}  FAILED  {s['error']}  (wall {s['wall']:.0f} s)"
+    tok_s = s["total_tokens_M"] * 1e6 / max(s["training_seconds"], 1e-9)
+    return (f"{head} {s['val_bpb']:>8.4f} {s['val_bpb'] / xz:>6.3f} {s['num_steps']:>6.0f} {tok_s:>8,.0f} "
+            f"{s['peak_vram_mb']:>8.0f} {s['eval_seconds']:>7.1f} {s['wall']:>7.1f}")
 
-    dataset = load_data()
+
+def summary_table(sides: list[Side], budget: float, xz: float) -> list[str]:
+    """Per side: mean, sd and range of val_bpb over the seeds, mean steps, and the ratios to A."""
+    lines = [f"budget {budget:g} s", f"  {'side':<28} {'runs':>4} {'mean':>8} {'sd':>7} {'min':>8} {'max':>8} "
+             f"{'range':>7} {'/xz':>6} {'steps':>7} {'mean/A':>7} {'sd/A':>6}"]
+    stats = []
+    for side in sides:
+        values = [r["val_bpb"] for r in side.runs.get(budget, []) if "error" not in r]
+        steps = [r["num_steps"] for r in side.runs.get(budget, []) if "error" not in r]
+        if not values:
+            lines.append(f"  {side.label:<28}    0  (no run finished)")
+            stats.append(None)
+            continue
+        mean = statistics.fmean(values)
+        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+        stats.append((mean, sd))
+        base = stats[0]
+        ratio = f"{mean / base[0]:>7.3f}" if base else f"{'-':>7}"
+        sd_ratio = f"{sd / base[1]:>6.2f}" if base and base[1] > 0 and sd == sd else f"{'-':>6}"
+        lines.append(f"  {side.label:<28} {len(values):>4} {mean:>8.4f} {sd:>7.4f} {min(values):>8.4f} "
+                     f"{max(values):>8.4f} {max(values) - min(values):>7.4f} {mean / xz:>6.3f} "
+                     f"{statistics.fmean(steps):>7.0f} {ratio} {sd_ratio}")
+    if stats[0]:
+        for side, st in zip(sides[1:], stats[1:]):
+            if st:
+                lines.append(f"  A / {side.letter}: mean ratio {stats[0][0] / st[0]:.3f}"
+                             + (f", sd ratio {stats[0][1] / st[1]:.2f}" if st[1] > 0 and st[1] == st[1]
+                                and stats[0][1] == stats[0][1] else ""))
+    return lines
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vs", type=Path, nargs="+", default=[], metavar="PATH",
+                        help="other train.py files to train beside the default, interleaved with it")
+    parser.add_argument("--train", type=Path, default=REPO / "train.py", metavar="PATH",
+                        help="side A (default: this checkout's train.py)")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[60, 300], metavar="S",
+                        help="training budgets in seconds (default: 60 300)")
+    parser.add_argument("--seeds", type=int, default=1, metavar="K", help="seeds per side and budget (default 1)")
+    parser.add_argument("--seed", type=int, default=42, help="first seed; the others follow it (default 42)")
+    parser.add_argument("--device", help="AUTOLOOP_DEVICE for every run (default: each train.py detects one)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also append every run to FILE as JSON lines")
+    args = parser.parse_args(argv)
+    for path in [args.train, *args.vs]:
+        if not path.is_file():
+            parser.error(f"no such file: {path}")
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if any(b <= 0 for b in args.budgets):
+        parser.error("every budget must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sides = [Side(chr(ord("A") + i), path.resolve()) for i, path in enumerate([args.train, *args.vs])]
+    seeds = [args.seed + i for i in range(args.seeds)]
+    try:
+        dataset = load_data()
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    data_dir = Path(os.environ.get("AUTOLOOP_DATA_DIR") or default_data_dir())
     val = bytes(dataset.split("val"))
     print(f"corpus: {dataset.meta['source']} (fingerprint {dataset.fingerprint}), "
           f"validation {len(val):,} bytes, train {dataset.meta['splits']['train']['bytes']:,} bytes")
@@ -67,14 +161,37 @@ def main() -> None:
     for name, bpb in baselines.items():
         print(f"  {name:<8} {bpb:.4f} bpb")
     xz = baselines["xz -9e"]
-    print()
-    print(f"{'budget':>7} {'val_bpb':>8} {'/xz':>6} {'steps':>6} {'tok/s':>8} {'peak MB':>8} {'eval s':>7} {'wall s':>7}")
+    for side in sides:
+        print(f"side {side.letter}: {side.path}")
+    total = len(args.budgets) * len(seeds) * len(sides)
+    print(f"{total} runs, interleaved by seed: {', '.join(s.letter for s in sides)}, "
+          f"{', '.join(s.letter for s in sides)}, ...; uptime: {os.getloadavg()[0]:.2f} load\n", flush=True)
+    print(f"{'budget':>7}  {'side':<28} {'seed':>5} {'val_bpb':>8} {'/xz':>6} {'steps':>6} {'tok/s':>8} "
+          f"{'peak MB':>8} {'eval s':>7} {'wall s':>7}", flush=True)
+    failures = 0
     for budget in args.budgets:
-        s = run_train(budget, args.seed)
-        tok_s = s["total_tokens_M"] * 1e6 / max(s["training_seconds"], 1e-9)
-        print(f"{budget:>6.0f}s {s['val_bpb']:>8.4f} {s['val_bpb'] / xz:>6.3f} {s['num_steps']:>6.0f} "
-              f"{tok_s:>8,.0f} {s['peak_vram_mb']:>8.0f} {s['eval_seconds']:>7.1f} {s['wall']:>7.1f}", flush=True)
+        for seed in seeds:
+            for side in sides:
+                s = run_train(side.path, budget, seed, data_dir, args.device)
+                if "error" not in s and s["fingerprint"] != dataset.fingerprint:
+                    s = {"error": f"trained on other data (fingerprint {s['fingerprint']})", "wall": s["wall"]}
+                failures += "error" in s
+                side.runs.setdefault(budget, []).append(s)
+                print(fmt_run(side, budget, seed, s, xz), flush=True)
+                if args.json:
+                    with args.json.open("a") as f:
+                        f.write(json.dumps({"side": side.letter, "path": str(side.path), "budget": budget,
+                                            "seed": seed, **s}) + "\n")
+        print()
+        for line in summary_table(sides, budget, xz):
+            print(line)
+        print(flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    if failures:
+        print(f"{failures} run(s) failed")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -124,7 +124,7 @@ def test_moves_never_produce_nonsense(source):
     moves = moves_of(source)
     names = {m.name for m in moves}
     assert {"MATRIX_LR", "DEPTH", "ADAM_BETAS", "MUON_MOMENTUM"} <= names
-    assert names.isdisjoint({"LOG_EVERY_S", "EVAL_BATCH", "COMPILE_ON_CPU", "BUDGET_S", "SEED"})
+    assert names.isdisjoint({"LOG_EVERY_S", "EVAL_BATCH", "COMPILE_ON_CPU", "CUDA_FULL_BATCH_GIB", "BUDGET_S", "SEED"})
     for m in moves:
         for old, new in zip(m.old if isinstance(m.old, tuple) else (m.old,),
                             m.new if isinstance(m.new, tuple) else (m.new,)):

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from conftest import TRAIN_PY
 
 SUMMARY_FIELDS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
@@ -54,3 +57,114 @@ def test_nan_loss_fails_fast(trial_env, tmp_path):
     assert proc.returncode != 0
     assert re.search(r"^FAIL: loss is nan at step \d+$", proc.stdout, re.M), proc.stdout
     assert not (tmp_path / "result.json").exists()
+
+
+# ------------------------------------------------------------------------------ device profiles
+# No GPU here: the profile choice, the MFU accounting and the shapes a GPU would train are
+# checked on the CPU, and the scaled-up code path runs for real on the CPU through
+# AUTOLOOP_PROFILE.
+
+
+def load_train_module(monkeypatch):
+    """train.py imported as a module (nothing runs: main() is behind __name__)."""
+    import importlib.util
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # what train.py would set; restored afterwards
+    spec = importlib.util.spec_from_file_location("train_under_test", TRAIN_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_profile_follows_the_device_and_scales_the_constants(monkeypatch):
+    train = load_train_module(monkeypatch)
+    monkeypatch.delenv("AUTOLOOP_PROFILE", raising=False)
+    cpu = train.resolve_profile("cpu")
+    assert (cpu["width"], cpu["depth"], cpu["batch"], cpu["seq_len"]) == (
+        train.WIDTH, train.DEPTH, train.BATCH_SIZE, train.SEQ_LEN)
+    assert not cpu["bf16"] and not cpu["compile"] and cpu["lr_scale"] == 1.0
+    assert cpu["sparse_bigram"]    # SparseAdam on the rows a CPU step touched
+
+    h100 = train.resolve_profile("cuda", gpu_memory_gib=79.2)
+    factors = train.PROFILES["cuda"]
+    assert h100["width"] == train.WIDTH * factors["width"] and h100["depth"] == train.DEPTH * factors["depth"]
+    assert h100["batch"] == train.BATCH_SIZE * factors["batch"]
+    assert h100["seq_len"] == min(train.SEQ_LEN * factors["seq"], 512)
+    assert h100["bf16"] and h100["compile"] and h100["lr_scale"] < 1 and not h100["sparse_bigram"]
+    assert h100["width"] % train.HEAD_DIM == 0
+    assert train.resolve_profile("cuda", gpu_memory_gib=141)["batch"] == h100["batch"]   # an H200 alike
+    # A smaller GPU keeps the model and halves the batch per halving of memory.
+    small = train.resolve_profile("cuda", gpu_memory_gib=24)
+    assert small["width"] == h100["width"] and small["batch"] == h100["batch"] // 4
+
+    mps = train.resolve_profile("mps")
+    assert mps["name"] == "mps" and mps["width"] > cpu["width"] and not mps["compile"]
+
+    monkeypatch.setenv("AUTOLOOP_PROFILE", "cpu")     # the CPU sizes on a GPU, by hand
+    assert train.resolve_profile("cuda", gpu_memory_gib=80) == cpu
+
+
+def test_unknown_profile_is_one_line_and_exit_1(monkeypatch, capsys):
+    train = load_train_module(monkeypatch)
+    monkeypatch.setenv("AUTOLOOP_PROFILE", "tpu")
+    with pytest.raises(SystemExit) as e:
+        train.resolve_profile("cpu")
+    assert e.value.code == 1
+    assert capsys.readouterr().out == "FAIL: AUTOLOOP_PROFILE=tpu is not one of cpu, cuda, mps\n"
+
+
+def test_mfu_accounting(monkeypatch):
+    train = load_train_module(monkeypatch)
+    assert train.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert train.peak_flops("NVIDIA H200") == 989.4e12
+    assert train.peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert train.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+    assert train.peak_flops("NVIDIA GeForce GTX 1080") is None   # no honest figure: MFU is not printed
+    cfg = train.resolve_profile("cuda", gpu_memory_gib=80)
+    with torch.device("meta"):     # the H100 model's shapes without its memory
+        model = train.GPT(cfg)
+    width, depth = cfg["width"], cfg["depth"]
+    per_block = (3 + 1 + 2 * train.MLP_RATIO) * width * width
+    gates = sum(width // train.HEAD_DIM * 32 for i in range(depth) if train.has_value_embed(i, depth))
+    expected = 6 * (depth * per_block + gates + 256 * width) + 12 * depth * width * cfg["seq_len"]
+    assert train.flops_per_token(model, cfg["seq_len"]) == expected
+    assert 60e6 < depth * per_block < 120e6   # GPT-2-small class, as the profile's comment says
+
+
+def test_attention_at_evaluation_keeps_to_the_training_window(monkeypatch):
+    """Evaluation feeds 512 bytes; a position must not see further back than training taught it
+    (the window plus the block's short causal mix and the bigram table's previous byte), so
+    RoPE is never asked to extrapolate."""
+    train = load_train_module(monkeypatch)
+    torch.manual_seed(0)
+    cfg = {**train.resolve_profile("cpu"), "depth": 1}   # one block: its reach fits in 512 bytes
+    model = train.GPT(cfg)
+    with torch.no_grad():
+        for p in model.parameters():     # no zero-initialised layer: every path carries signal
+            p.add_(0.05 * torch.randn_like(p))
+    reach = cfg["seq_len"] - 1 + train.CONV_TAPS - 1 + int(train.BIGRAM_EMBED)
+    x = torch.randint(0, 256, (1, 512))
+    changed = x.clone()
+    changed[0, :40] = (x[0, :40] + 1) % 256
+    with torch.no_grad():
+        a, b = model(x)[0], model(changed)[0]
+    assert reach + 40 < 512
+    assert torch.allclose(a[reach + 40:], b[reach + 40:], rtol=0, atol=1e-6)   # out of reach: no influence
+    assert (a[reach + 39] - b[reach + 39]).abs().max() > 1e-5   # the last position in reach of byte 39 feels it
+
+
+def test_scaled_profile_trains_for_real_on_cpu(trial_env, tmp_path):
+    """The code path of a scaled profile (sizes multiplied, a 512-byte context, so no window
+    mask at evaluation, the bigram table's dense gradient), run for real on the CPU as
+    AUTOLOOP_PROFILE=mps with the MPS factors cut to what 2 seconds on a CPU allow."""
+    source = TRAIN_PY.read_text()
+    line = re.search(r'^    "mps": dict\(.*\),$', source, re.M)
+    assert line, "PROFILES has no mps entry"
+    seq = 512 // int(re.search(r"^SEQ_LEN = (\d+)", source, re.M).group(1))   # to the 512-byte context
+    script = tmp_path / "train.py"
+    script.write_text(source.replace(line.group(0), f'    "mps": dict(width=1, depth=1, batch=1, seq={seq}, bf16=False, compile=False, sparse=False),'))
+    proc = run_train(script, {**trial_env, "AUTOLOOP_PROFILE": "mps", "AUTOLOOP_BUDGET_S": "2"}, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"profile: mps \(\d+ x \d+, batch \d+ x 512\)", proc.stdout), proc.stdout
+    summary = parse_summary(proc.stdout)
+    assert list(summary) == SUMMARY_FIELDS and 0 < summary["val_bpb"] < 8.5
