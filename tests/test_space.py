@@ -43,7 +43,7 @@ def test_train_py_space_keeps_the_mutators_rules():
     space = build_space(source)
     current = {c.name: c.value for c in find_constants(source)}
     names = {d.constant for d in space.dimensions}
-    assert {"MATRIX_LR", "WIDTH", "N_HEADS", "SEQ_LEN", "ADAM_BETAS", "WARMDOWN_FRAC"} <= names
+    assert {"MATRIX_LR", "WIDTH", "HEAD_DIM", "SEQ_LEN", "ADAM_BETAS", "WARMDOWN_FRAC"} <= names
     assert not names & {"LOG_EVERY_S", "EVAL_BATCH", "COMPILE_ON_CPU"}   # mutate.SKIP
     for d, value in corners(space):
         old = current[d.constant]
@@ -59,15 +59,16 @@ def test_train_py_space_keeps_the_mutators_rules():
             assert 0.5 <= value < 1, d                             # a momentum never reaches 1
     seq = next(d for d in space.dimensions if d.constant == "SEQ_LEN")
     assert seq.value(seq.high) == 512                              # SEQ_LEN <= 512
-    assert ("WIDTH", "N_HEADS") in space.divisible
+    assert ("WIDTH", "HEAD_DIM") in space.divisible   # heads = WIDTH // HEAD_DIM
 
 
 def test_every_width_and_head_count_in_the_space_divide():
     space = build_space(TRAIN_PY.read_bytes())
     width = next(d for d in space.dimensions if d.name == "WIDTH")
-    heads = next(d for d in space.dimensions if d.name == "N_HEADS")
+    heads = next(d for d in space.dimensions if d.name == "HEAD_DIM")   # the default's divisor of WIDTH
+    assert heads.value(heads.high) >= 64 and width.value(width.low) >= heads.value(heads.high)
     for w, h in itertools.product(range(int(width.low), int(width.high) + 1), range(int(heads.low), int(heads.high) + 1)):
-        values = {"WIDTH": width.value(w), "N_HEADS": heads.value(h)}
+        values = {"WIDTH": width.value(w), "HEAD_DIM": heads.value(h)}
         assert space.infeasible(values) is None, values
 
 

@@ -16,7 +16,8 @@ when the space is built, and the mutator's rules kept everywhere in them:
 
 Float ranges are symmetric in log space (clipped to the same factor on both sides where a
 bound would cut one side), so the current value is the centre of the space: where CMA-ES
-starts its search. A width and a head count (``WIDTH`` and ``N_HEADS``, and the usual
+starts its search. A width and a head count or head dimension (``WIDTH`` and ``N_HEADS`` or
+``HEAD_DIM``, and the usual
 spellings of either) that divide at build time stay divisible: the head count's range is
 capped so that every pair of powers of two in the space divides, and :meth:`Space.infeasible`
 names any pair that would not (the proposer draws again rather than run it).
@@ -45,9 +46,10 @@ POW2_STEPS = 2           # powers of two: this many doublings or halvings either
 ZERO_FLOAT_HIGH = 0.2    # a float at 0.0: uniform over [0, ZERO_FLOAT_HIGH]
 MIN_LOG_SPREAD = 1.05    # a log range narrower than this factor is not worth searching
 
-# A width and the head count that must divide it (head dim = WIDTH // N_HEADS).
+# A width and what must divide it: the head count (head dim = WIDTH // N_HEADS) or the head
+# dimension (heads = WIDTH // HEAD_DIM, as the default train.py has it).
 _WIDTH_NAME = re.compile(r"^(WIDTH|D_MODEL|N_EMBD|N_EMBED|EMBED_DIM|MODEL_DIM|DIM|HIDDEN_SIZE|N_DIM)$")
-_HEADS_NAME = re.compile(r"^(N_|NUM_)?HEADS?$")
+_HEADS_NAME = re.compile(r"^((N_|NUM_)?HEADS?|HEAD_DIM|HEAD_SIZE|D_HEAD)$")
 
 Kind = Literal["bool", "pow2", "int", "log", "log1m", "linear"]
 Value = bool | int | float
@@ -281,8 +283,14 @@ def _keep_divisible(dims: list[Dimension], constants: list[Constant]) -> tuple[l
             pairs.append((w, h))
             dw, dh = by_name.get(w), by_name.get(h)
             if dw and dh and dw.kind == "pow2" and dh.kind == "pow2":
+                # Powers of two divide when the divisor is not the larger: cap the divisor at
+                # the smallest width, or at its current value where that is larger (a head
+                # dimension of 64 beside widths from 32), and then raise the smallest width to
+                # the divisor's largest.
                 current = values[h].bit_length() - 1
-                capped = Dimension(dh.name, dh.constant, dh.index, dh.kind, dh.low,
-                                   min(dh.high, max(current, dw.low)), dh.negative, dh.log)
-                by_name[h] = capped
+                high = min(dh.high, max(current, dw.low))
+                by_name[h] = Dimension(dh.name, dh.constant, dh.index, dh.kind, dh.low, high, dh.negative, dh.log)
+                if dw.low < high:
+                    by_name[w] = Dimension(dw.name, dw.constant, dw.index, dw.kind, high, dw.high, dw.negative,
+                                           dw.log)
     return [by_name[d.name] for d in dims], tuple(pairs)
