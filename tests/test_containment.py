@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from autoloop import procs
-from autoloop.runner import TrialSpec, run_trial
+from autoloop.runner import TOKEN_VAR, TrialSpec, run_trial
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 CONTAINMENT, SAYS = procs.containment()
@@ -48,13 +48,14 @@ def test_an_escaping_daemon_is_ended_with_its_run(tmp_path):
     pid_file = tmp_path / "daemon.pid"
     spec = TrialSpec(command=[sys.executable, str(SCRIPTS / "escaping_daemon.py"), str(pid_file)], cwd=tmp_path,
                      log_path=tmp_path / "runs" / "1-1.log", timeout_s=60.0, grace_s=1.0, sample_interval_s=0.05)
-    before = set(CONTAINMENT.parent.glob(f"{procs.GROUP_PREFIX}*"))   # other runs' (a parallel suite)
+    token = uuid.uuid4().hex   # the run's group is autoloop-<token>: checked by name, not by
+    spec.env[TOKEN_VAR] = token   # counting groups (another suite on this machine makes its own)
     outcome = run_trial(spec)
     daemon = int(pid_file.read_text())
     assert outcome.exit_code == 0
     assert dead(daemon), "the daemon outlived its run"
     assert outcome.leftover_processes >= 1
-    assert not set(CONTAINMENT.parent.glob(f"{procs.GROUP_PREFIX}*")) - before, "a run's cgroup was left behind"
+    assert not (CONTAINMENT.parent / f"{procs.GROUP_PREFIX}{token}").exists(), "the run's cgroup was left behind"
 
 
 @pytest.mark.parametrize("kind", ["cgroup2", "freezer", "pids"])
