@@ -10,15 +10,23 @@ failure is one warning line, and the next start catches up.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 from autoloop.console import Console
-from autoloop.ledger import Ledger, LedgerRecord
+from autoloop.ledger import LedgerRecord
 from autoloop.notes import Notes, NotesError
 from autoloop.trackers import Tracking, TrackerError, open_tracker
 
 
+class Records(Protocol):
+    """Where the records come from: the night's arbiter (its records in memory, no re-read of
+    the ledger per append) or a Ledger."""
+
+    def records(self) -> list[LedgerRecord]: ...
+
+
 class Observers:
-    def __init__(self, ledger: Ledger, console: Console, notes: Notes | None = None,
+    def __init__(self, ledger: Records, console: Console, notes: Notes | None = None,
                  tracking: Tracking | None = None):
         self.ledger, self.console, self.notes, self.tracking = ledger, console, notes, tracking
 
@@ -54,7 +62,7 @@ class Observers:
             self.tracking.close()
 
 
-def open_observers(root: Path, results_dir: Path, tag: str, ledger: Ledger, console: Console,
+def open_observers(root: Path, results_dir: Path, tag: str, ledger: Records, console: Console,
                    track: list[str], target: str, run_settings: dict) -> Observers:
     """Notes always; the trackers named in ``track``. A tracker that is not installed is a
     setup mistake (TrackerError, before anything runs); one that fails to start (a store it
