@@ -15,7 +15,7 @@ from typing import Protocol
 from autoloop.console import Console
 from autoloop.ledger import LedgerRecord
 from autoloop.notes import Notes, NotesError
-from autoloop.trackers import Tracking, TrackerError, open_tracker
+from autoloop.trackers import TrackerError, Tracking, open_tracker
 
 
 class Records(Protocol):
