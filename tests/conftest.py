@@ -83,3 +83,18 @@ def private_copy(template: Path, tmp_path: Path) -> Path:
 def baselined_repo(baselined_template, tmp_path) -> Path:
     """A private copy of baselined_template."""
     return private_copy(baselined_template, tmp_path)
+
+
+# The suite runs on two pytest-xdist workers (README: `-n 2 --dist loadgroup`). Tests that train
+# the real train.py measure what a few seconds of CPU buys, so two of them side by side on a
+# 2-core machine would starve each other into timeouts: they share one xdist group, which
+# loadgroup runs on one worker, one after another, while the other worker takes the rest
+# (scripted stand-ins, git, subprocess plumbing). Without xdist the mark does nothing.
+REAL_TRAINING_FIXTURES = {"trial_env", "baselined_repo", "baselined_template"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        trains = item.get_closest_marker("slow") or REAL_TRAINING_FIXTURES & set(item.fixturenames)
+        if trains or item.path.name == "test_train.py":
+            item.add_marker(pytest.mark.xdist_group("real_training"))
