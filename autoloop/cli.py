@@ -76,6 +76,20 @@ def cmd_trial(args) -> int:
     return night.stop.exit_status() or (0 if record.status != "crash" else 3)
 
 
+def cmd_verify(args) -> int:
+    from autoloop.console import Console
+    from autoloop.night import open_night
+    from autoloop.verify import run_verification, summary_lines
+
+    settings = settings_from(args)   # --resume too: open_night recovers a killed verification first
+    console = Console()
+    with open_night(settings, _repo_root(args.directory), console, "verify") as night:
+        summary = run_verification(night, settings, resume=args.resume)
+    for line in summary_lines(summary):
+        console.line(line)
+    return night.stop.exit_status()
+
+
 def cmd_doctor(args) -> int:
     from autoloop.doctor import run_doctor
 
@@ -260,6 +274,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_setting_flags(p, "trial")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_trial)
+
+    p = sub.add_parser(
+        "verify", help="the morning verdict: which kept changes really matter, and do they hold at scale",
+        description="Run the best, the baseline and the best with each kept change taken out (its diff reverted "
+                    "on the best) --repeats times each with new seeds, and give each change its contribution "
+                    "with a 95%% interval: confirmed, within noise, or harmful. With --scale KEY=VALUE and/or "
+                    "--scale-budget, run the baseline, the best and the best without each confirmed change again "
+                    "at that scale: does the gain hold. Every run is an attempt of kind 'verify' in the ledger; "
+                    "none moves the best, and the branch and work tree end as they started. After a kill, "
+                    "--resume recovers and runs what is left, nothing twice. The runs train with the settings "
+                    "of the night (autoloop.toml / pyproject.toml and the flags below: give the --budget the "
+                    "night had).",
+        epilog="example: autoloop verify --budget 5m --repeats 3 --scale DEPTH=6 --scale-budget 15m")
+    add_setting_flags(p, "run", sections=("trial", "safety", "slurm", "verify"))
+    p.add_argument("--tag", metavar="TAG", help="which night (default: the tag of results/, else the checked-out "
+                                                "autoloop/TAG branch)")
+    p.add_argument("--resume", action="store_true",
+                   help="recover a killed verification and run the repeats it has not recorded yet")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser(
         "doctor", help="check that this repository and machine are ready for a night (one line per check)",
