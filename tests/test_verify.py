@@ -179,7 +179,7 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
     repo = night(tmp_path, tiny_data_dir)
     before = what_must_not_move(repo)
     night_records = read_ledger(repo)
-    proc = verify(repo, "--repeats", "2", "--scale", "DEPTH=6", data_dir=tiny_data_dir)
+    proc = verify(repo, "--repeats", "2", "--scale", "DEPTH=6", "--scale-budget", "2", data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "gain of the best over the baseline: 0.19" in out and "(confirmed)" in out
@@ -188,7 +188,7 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
     line_rider = next(line for line in out.splitlines() if "  #2 WARMUP" in line)
     assert ", confirmed; at scale" in line_real and line_real.endswith("does not hold")
     assert "within noise (unproven)" in line_rider and "at scale" not in line_rider   # unproven: not run at scale
-    assert "at scale (DEPTH=6): gain" in out and out.rstrip().endswith("does not hold")
+    assert "at scale (DEPTH=6 budget 2s): gain" in out and out.rstrip().endswith("does not hold")
 
     # Nothing moved: branch, work tree, results.tsv; the ledger's night untouched.
     assert what_must_not_move(repo) == before
@@ -216,6 +216,9 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
     without_rider = next(r for r in runs if r["extra"]["verify"]["variant"] == "without #2")
     text = git(repo, "show", f"{without_rider['commit']}:train.py")
     assert "LR = 0.02 " in text and "WARMUP = 10 " in text
+    for r in runs:   # the runs at scale train for --scale-budget, the others for the night's --budget
+        log = (repo / "results" / r["log_path"]).read_text()
+        assert f"budget: {2 if r['extra']['verify']['scaled'] else 1} s" in log, r
     plan = json.loads((repo / "results" / "verify" / "plan.json").read_text())
     assert plan["best"] == best and plan["transfer_planned"] is True
 
@@ -236,3 +239,43 @@ def test_verify_refuses_what_it_cannot_do(tmp_path, tiny_data_dir):
     proc = verify(repo, data_dir=tiny_data_dir)
     assert proc.returncode == 1 and "git switch autoloop/t first" in proc.stderr
     assert verify_records(repo) == []
+
+
+# ------------------------------------------------------------------------------ kill -9 and --resume
+
+
+def test_kill_9_during_verify_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path, tiny_data_dir):
+    """Killed just after a run was recorded (before git and the state caught up), then killed
+    in the middle of another run: each --resume recovers, and in the end every (variant,
+    repeat) has exactly one measured record; the interrupted run is in the ledger as such."""
+    from loop_helpers import assert_invariants
+
+    repo = night(tmp_path, tiny_data_dir)
+    best = git(repo, "rev-parse", "HEAD")
+    first = max(r["trial"] for r in read_ledger(repo)) + 1     # best, baseline, without #1, without #2
+    proc = verify(repo, "--repeats", "2", data_dir=tiny_data_dir,
+                  env={"AUTOLOOP_FAULT_KILL_AT": f"recorded:{first + 1}"})
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    assert len(verify_records(repo)) == 2          # best #1 and baseline #1, the latter just recorded
+
+    proc = verify(repo, data_dir=tiny_data_dir)
+    assert proc.returncode == 1 and "pass --resume" in proc.stderr
+
+    proc = verify(repo, "--resume", data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": f"running:{first + 2}.2"})
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    assert f"recovery: trial {first + 1}.1 was recorded" in proc.stdout
+
+    proc = verify(repo, "--resume", "--repeats", "5", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"recovery: trial {first + 2}.2 was interrupted during running" in proc.stdout
+    assert "resuming the plan's 2 repeats (not --repeats 5)" in proc.stdout
+    assert "#2 WARMUP" in proc.stdout and "not done yet" not in proc.stdout
+
+    runs = verify_records(repo)
+    measured = [(r["trial"], r["extra"]["verify"]["repeat"]) for r in runs if "verify" in r["extra"]]
+    assert sorted(measured) == sorted((first + v, k) for v in range(4) for k in range(2))
+    interrupted = [r for r in runs if "verify" not in r["extra"]]
+    assert [(r["trial"], r["attempt"], r["status"]) for r in interrupted] == [(first + 2, 2, "crash")]
+    assert interrupted[0]["reason"] == "interrupted (orchestrator stopped during running)"
+    assert git(repo, "rev-parse", "HEAD") == best
+    assert_invariants(repo)

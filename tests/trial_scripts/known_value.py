@@ -41,6 +41,7 @@ def noise(seed, lr, depth, warmup):
 
 def main():
     seed = int(os.environ.get("AUTOLOOP_SEED", "42"))
+    print(f"budget: {os.environ.get('AUTOLOOP_BUDGET_S')} s (not slept: the value is known)", flush=True)
     val_bpb = true_value(LR, DEPTH) + noise(seed, LR, DEPTH, WARMUP)
     target = os.environ.get("AUTOLOOP_RESULT")
     if target:
