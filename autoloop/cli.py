@@ -79,7 +79,8 @@ def cmd_trial(args) -> int:
 def cmd_verify(args) -> int:
     from autoloop.console import Console
     from autoloop.night import open_night
-    from autoloop.verify import run_verification, summary_lines
+    from autoloop.verify import run_verification
+    from autoloop.verify_plan import summary_lines
 
     settings = settings_from(args)   # --resume too: open_night recovers a killed verification first
     console = Console()

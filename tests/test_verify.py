@@ -18,7 +18,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import git, init_repo
 from loop_helpers import autoloop, read_ledger
 
@@ -141,7 +140,7 @@ def test_a_change_that_no_longer_reverts_alone_is_grouped_with_the_one_built_on_
     #2 (a group), #3 alone; a change a later one undid is reported as no longer in the best."""
     repo = init_repo(tmp_path / "repo", {"train.py": SOURCE})
     ws = Workspace(repo)
-    steps = [dict(LR="0.02"), dict(LR="0.03"), dict(WARMUP="20")]
+    steps = [{"LR": "0.02"}, {"LR": "0.03"}, {"WARMUP": "20"}]
     text, commits = SOURCE, [git(repo, "rev-parse", "HEAD")]
     for values in steps:
         text = with_constants(text, **values)
@@ -221,6 +220,21 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
         assert f"budget: {2 if r['extra']['verify']['scaled'] else 1} s" in log, r
     plan = json.loads((repo / "results" / "verify" / "plan.json").read_text())
     assert plan["best"] == best and plan["transfer_planned"] is True
+
+    # The morning report: the night's counts without the verification's runs, and its section.
+    proc = autoloop(repo, "report", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stderr
+    report = (repo / "results" / "report.md").read_text()
+    assert f"{len(night_records)} attempts of {len(night_records)} trials" in report
+    section = report.split("## Verification", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
+    assert rows[0].startswith("| **the best vs the baseline** | 0.1") and rows[0].endswith("| does not hold |")
+    assert rows[1].startswith("| #1 LR 0.01 -> 0.02 | 0.1") and "| confirmed |" in rows[1]
+    assert rows[1].endswith("| does not hold |")
+    assert rows[2].startswith(f"| #2 WARMUP 10 -> {lucky_warmup()} |") and rows[2].endswith("| within noise | - | - |")
+    picture = repo / "results" / "verify" / "contributions.png"
+    assert "![contributions](verify/contributions.png)" in section
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Run again without --resume: a finished verification is not refused; a new plan, new seeds.
     assert "--resume" not in verify(repo, "--repeats", "1", data_dir=tiny_data_dir).stderr
