@@ -147,7 +147,7 @@ def cmd_finalize(args) -> int:
 
     root = _repo_root(args.directory)
     result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping,
-                      results_commit=not args.no_results)
+                      results_commit=not args.no_results, drop_unproven=args.drop_unproven)
     n = len(result.commits)
     print(f"created {result.branch}: {n} commit{'s' if n != 1 else ''} on top of the baseline {result.base[:7]}")
     for commit in result.commits:
@@ -156,7 +156,12 @@ def cmd_finalize(args) -> int:
         print(f"  {result.results.sha[:7]} {result.results.subject} ({', '.join(result.results_paths)})")
     for warning in result.warnings:
         print(f"note: {warning}")
-    if result.differs:
+    for change, verdict in result.dropped:
+        print(f"left out: trial {change.record.trial} {change.record.description.splitlines()[0]} "
+              f"({verdict} in autoloop verify)")
+    if result.dropped:
+        print(f"its tree is the best {result.best[:7]} without the change(s) left out")
+    elif result.differs:
         print(f"note: its tree differs from the best commit {result.best[:7]} in {', '.join(result.differs)} "
               "(changes no kept trial made)")
     elif result.best:
@@ -344,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one commit for consecutive kept changes that touch overlapping lines")
     p.add_argument("--no-results", action="store_true",
                    help="leave out the last commit, which adds results/results.tsv, report.md and progress.png")
+    p.add_argument("--drop-unproven", action="store_true",
+                   help="leave out the kept changes that autoloop verify did not confirm (contribution within "
+                        "noise, or harmful); needs a finished autoloop verify of the best")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_finalize)
 

@@ -512,7 +512,7 @@ def proposers_section(records: list[LedgerRecord], direction: str, metric: str) 
     return out + [""]
 
 
-def _verification(results: Layout, output: Layout, records: list[LedgerRecord], tag: str | None) -> list[str]:
+def verification_lines(results: Layout, output: Layout, records: list[LedgerRecord], tag: str | None) -> list[str]:
     """The Verification section and its picture, when this tag has a verification plan."""
     from autoloop import plot
     from autoloop.verify_plan import load_plan, summarize, variant_label
@@ -568,6 +568,6 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
     text = report_markdown(night, eval_seconds(results.root, night), tag=tag,
                            picture=picture.name if picture else None,
                            picture_note=f"_No picture: {note}._" if note else None,
-                           verification=_verification(results, output, records, tag))
+                           verification=verification_lines(results, output, records, tag))
     atomic_write(output.report, text + "\n")
     return ReportFiles(output.report, picture, note, records, tag)

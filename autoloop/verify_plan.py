@@ -236,3 +236,21 @@ def summary_lines(s: Summary) -> list[str]:
     if s.left:
         lines.append(f"{s.left} run(s) not done yet: autoloop verify --resume runs them")
     return lines
+
+
+def unproven(plan: Plan | None, records: list[LedgerRecord], tag: str, best: str | None) -> dict[int, str]:
+    """`finalize --drop-unproven`: trial -> verdict of each kept change the verification did
+    not confirm (within noise, harmful, or measured on a single pair), its group's members
+    with it. Changes it could not take out of the best (a conflict, no longer there) are not
+    listed: nothing says they are worthless. The verification must be of this best, finished."""
+    if plan is None or plan.tag != tag:
+        raise VerifyError(f"no verification of tag '{tag}': run autoloop verify first")
+    if plan.best != best:
+        raise VerifyError(f"the verification is of {plan.best[:7]}, but the best is now {(best or '-')[:7]}: "
+                          "run autoloop verify again")
+    summary = summarize(plan, records)
+    left = len(pending(plan, records, False))
+    if left:
+        raise VerifyError(f"the verification is not finished ({left} run(s) left): autoloop verify --resume first")
+    return {trial: c.estimate.verdict for c in summary.changes
+            if c.estimate is not None and c.estimate.verdict != "confirmed" for trial in c.trials}

@@ -236,6 +236,19 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
     assert "![contributions](verify/contributions.png)" in section
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # finalize --drop-unproven: a branch with the real change alone, the rider left out.
+    proc = autoloop(repo, "finalize", "--drop-unproven", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert f"left out: trial 2 WARMUP 10 -> {lucky_warmup()} (within noise in autoloop verify)" in proc.stdout
+    subjects = git(repo, "log", "--format=%s", "autoloop/t-final").splitlines()
+    assert subjects[:2] == ["autoloop results: 3 attempts of autoloop/t", "LR 0.01 -> 0.02"]
+    final = git(repo, "show", "autoloop/t-final:train.py")
+    assert final == with_constants(SOURCE, LR="0.02").rstrip("\n")
+    final_report = git(repo, "show", "autoloop/t-final:results/report.md")
+    assert "## Verification" in final_report
+    assert "results/verify/contributions.png" in git(repo, "show", "--name-only", "--format=", "autoloop/t-final")
+    assert what_must_not_move(repo) == before
+
     # Run again without --resume: a finished verification is not refused; a new plan, new seeds.
     assert "--resume" not in verify(repo, "--repeats", "1", data_dir=tiny_data_dir).stderr
 
@@ -246,6 +259,8 @@ def test_verify_refuses_what_it_cannot_do(tmp_path, tiny_data_dir):
     assert proc.returncode == 1 and proc.stderr.startswith("autoloop: branch autoloop/")
     assert "Traceback" not in proc.stderr
     repo = night(tmp_path / "n", tiny_data_dir)
+    proc = autoloop(repo, "finalize", "--drop-unproven", data_dir=tiny_data_dir)
+    assert (proc.returncode, proc.stderr) == (1, "autoloop: no verification of tag 't': run autoloop verify first\n")
     proc = verify(repo, "--scale", "WIDTH=256", data_dir=tiny_data_dir)
     assert proc.returncode == 1
     assert proc.stderr == "autoloop: --scale WIDTH=256: the best train.py has no constant WIDTH set to a number or bool\n"
