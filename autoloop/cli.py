@@ -55,6 +55,10 @@ def cmd_run(args) -> int:
     console.line(why)
     with open_night(settings, root, console, "run") as night:
         Scheduler(night, proposer).run()
+        if settings.verify_at_end and not night.stop.is_set():
+            from autoloop.verify import verify_at_end
+
+            verify_at_end(night, settings)
     return night.stop.exit_status()
 
 

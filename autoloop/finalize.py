@@ -55,7 +55,7 @@ from autoloop.errors import AutoloopError
 from autoloop.layout import Layout, final_branch_name, tag_of_branch
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.console import metric_digits
-from autoloop.queries import best_before
+from autoloop.queries import best_before, is_kept_change
 from autoloop.state import load_state
 from autoloop.verify_plan import load_plan, unproven
 from autoloop.workspace import FALLBACK_EMAIL, FALLBACK_NAME, Repository
@@ -101,12 +101,8 @@ class FinalizeResult:
 
 def kept_changes(records: list[LedgerRecord]) -> list[KeptChange]:
     """Kept, non-baseline records that changed something, in ledger order."""
-    out = []
-    for record, before in zip(records, best_before(records)):
-        if (record.status == "keep" and record.kind != "baseline" and record.commit
-                and record.parent and record.commit != record.parent):
-            out.append(KeptChange(record, before))
-    return out
+    return [KeptChange(record, before) for record, before in zip(records, best_before(records))
+            if is_kept_change(record)]
 
 
 def changed_ranges(old: str, new: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

@@ -66,6 +66,13 @@ def runs_of(records: list[LedgerRecord], commit: str) -> list[float]:
             and r.kind != "verify"]
 
 
+def is_kept_change(record: LedgerRecord) -> bool:
+    """A kept record that changed something: not the baseline, not a noise sample (its
+    commit is its parent), a commit on top of the best it was built on."""
+    return (record.status == "keep" and record.kind != "baseline" and bool(record.commit)
+            and bool(record.parent) and record.commit != record.parent)
+
+
 def of_night(records: list[LedgerRecord]) -> list[LedgerRecord]:
     """The night's own attempts: the records without ``autoloop verify``'s runs (kind
     ``verify``), for what counts and plots the search."""

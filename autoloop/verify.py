@@ -39,24 +39,11 @@ import time
 
 from autoloop import queries
 from autoloop.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
-from autoloop.finalize import kept_changes
 from autoloop.ledger import LedgerRecord
 from autoloop.proposers.mutate import apply_move, find_constants, make_move
 from autoloop.state import RunState, StateFile
-from autoloop.verify_plan import (
-    VERIFY_PROPOSER,
-    ChangeNote,
-    Plan,
-    Summary,
-    Variant,
-    VerifyError,
-    load_plan,
-    pending,
-    save_plan,
-    scale_text,
-    summarize,
-    variant_label,
-)
+from autoloop.verify_plan import (VERIFY_PROPOSER, ChangeNote, Plan, Summary, Variant, VerifyError, load_plan,
+                                  pending, save_plan, scale_text, summarize, summary_lines, variant_label)
 
 # ------------------------------------------------------------------------------ building variants
 
@@ -121,7 +108,7 @@ def make_plan(night, settings) -> Plan:
     baseline = queries.baseline(records)
     if best is None or baseline is None or not baseline.commit:
         raise VerifyError("the ledger has no baseline: nothing to verify (run autoloop run first)")
-    changes = [c.record for c in kept_changes(queries.of_night(records))]
+    changes = [r for r in records if queries.is_kept_change(r)]
     if not changes:
         raise VerifyError(f"no kept changes on {ws.branch_name(night.tag)}: nothing to verify")
     if settings.verify_scale:
@@ -227,3 +214,12 @@ def _run(night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bool) -> 
         runner.run(AttemptPlan(variant.trial, queries.next_attempt(records, variant.trial), "verify", candidate,
                                plan.seeds[repeat], can_confirm=False))
 
+
+def verify_at_end(night, settings) -> None:
+    """`autoloop run --verify-at-end`: the night's verification when its trials stop, in the
+    same hold of the workspace (the scheduler kept the time for it out of --hours)."""
+    if not any(queries.is_kept_change(r) for r in night.arbiter.records()):
+        night.console.line("verify: no kept changes, nothing to verify")
+        return
+    for line in summary_lines(run_verification(night, settings, resume=settings.resume)):
+        night.console.line(line)

@@ -238,6 +238,22 @@ def summary_lines(s: Summary) -> list[str]:
     return lines
 
 
+def expected_seconds(kept: int, repeats: int, per_run: float, scale: dict[str, str], budget: float,
+                     scale_budget: float | None) -> float:
+    """About how long a verification of ``kept`` kept changes takes (`run --verify-at-end`
+    keeps this much of --hours): R runs of the best, the baseline and each change, then at
+    scale (when asked) as many again, each run ``per_run`` seconds (longer in proportion to
+    the budget at scale). An upper bound: at scale only the confirmed changes run."""
+    if kept <= 0:
+        return 0.0
+    runs = repeats * (2 + kept)
+    total = runs * per_run
+    if scale or scale_budget is not None:
+        factor = (scale_budget / budget) if scale_budget is not None and budget > 0 else 1.0
+        total += runs * per_run * max(1.0, factor)
+    return total
+
+
 def unproven(plan: Plan | None, records: list[LedgerRecord], tag: str, best: str | None) -> dict[int, str]:
     """`finalize --drop-unproven`: trial -> verdict of each kept change the verification did
     not confirm (within noise, harmful, or measured on a single pair), its group's members

@@ -308,3 +308,44 @@ def test_kill_9_during_verify_then_resume_loses_nothing_and_runs_nothing_twice(t
     assert interrupted[0]["reason"] == "interrupted (orchestrator stopped during running)"
     assert git(repo, "rev-parse", "HEAD") == best
     assert_invariants(repo)
+
+
+# ------------------------------------------------------------------------------ run --verify-at-end
+
+
+def test_run_verify_at_end_verifies_the_night_it_just_ran(tmp_path, tiny_data_dir):
+    repo = init_repo(tmp_path / "repo", {"train.py": SOURCE})
+    real = with_constants(SOURCE, LR="0.02")
+    queue = repo / "results" / "queue"
+    queue.mkdir(parents=True)
+    (queue / "01.patch").write_text(patch("LR 0.01 -> 0.02", SOURCE, real))
+    proc = autoloop(repo, "run", "--budget", "1", "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t",
+                    "--keep-rule", "strict", "--verify-at-end", "--repeats", "2", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.index("stopped: proposer 'queue' has no more ideas") < out.index("verify: 2 repeats")
+    assert "#1 LR 0.01 -> 0.02: contribution 0.19" in out and out.rstrip().endswith(", confirmed")
+    runs = verify_records(repo)
+    assert len(runs) == 6 and {r["extra"]["verify"]["variant"] for r in runs} == {"best", "baseline", "without #1"}
+    assert git(repo, "rev-parse", "HEAD") == read_ledger(repo)[1]["commit"]
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_verify_at_end_keeps_its_time_out_of_hours(tmp_path, tiny_data_dir):
+    """--hours 0.01 (36 s) fits the baseline; 100 repeats of three variants do not fit in
+    what is left, so no trial starts: the time is kept for the verification."""
+    from autoloop.verify_plan import expected_seconds
+
+    assert expected_seconds(0, 3, 10.0, {}, 300, None) == 0.0
+    assert expected_seconds(2, 3, 10.0, {}, 300, None) == 3 * 4 * 10.0
+    assert expected_seconds(2, 3, 10.0, {"DEPTH": "6"}, 300, 900) == 3 * 4 * 10.0 * 4
+    repo = init_repo(tmp_path / "repo", {"train.py": SOURCE})
+    queue = repo / "results" / "queue"
+    queue.mkdir(parents=True)
+    (queue / "01.patch").write_text(patch("LR 0.01 -> 0.02", SOURCE, with_constants(SOURCE, LR="0.02")))
+    proc = autoloop(repo, "run", "--budget", "1", "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t",
+                    "--hours", "0.01", "--verify-at-end", "--repeats", "100", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stopped: time is up: the rest of --hours is kept for the verification (--verify-at-end)" in proc.stdout
+    assert "verify: no kept changes, nothing to verify" in proc.stdout
+    assert [r["kind"] for r in read_ledger(repo)] == ["baseline"]
