@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="the morning verdict: which kept changes really matter, and do they hold at scale",
         description="Run the best, the baseline and the best with each kept change taken out (its diff reverted "
                     "on the best) --repeats times each with new seeds, and give each change its contribution "
-                    "with a 95%% interval: confirmed, within noise, or harmful. With --scale KEY=VALUE and/or "
+                    "with a 95% interval: confirmed, within noise, or harmful. With --scale KEY=VALUE and/or "
                     "--scale-budget, run the baseline, the best and the best without each confirmed change again "
                     "at that scale: does the gain hold. Every run is an attempt of kind 'verify' in the ledger; "
                     "none moves the best, and the branch and work tree end as they started. After a kill, "

@@ -39,6 +39,7 @@ import time
 
 from autoloop import queries
 from autoloop.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
+from autoloop.durations import format_duration
 from autoloop.ledger import LedgerRecord
 from autoloop.proposers.mutate import apply_move, find_constants, make_move
 from autoloop.state import RunState, StateFile
@@ -178,6 +179,7 @@ def run_verification(night, settings, resume: bool = False) -> Summary:
     console = night.console
     if resume and plan.repeats != settings.verify_repeats:
         console.line(f"verify: resuming the plan's {plan.repeats} repeats (not --repeats {settings.verify_repeats})")
+    _warn_on_budget(night, settings)
     state = StateFile(night.layout.root)
     state.replace(RunState(tag=night.tag, pid=os.getpid(), run_started_at=time.time()))
     slot = Slot(night.ws, state, None, night.executor, {}, console)
@@ -198,6 +200,17 @@ def run_verification(night, settings, resume: bool = False) -> Summary:
         state.enter("stopped", stop_reason="verification " + ("stopped" if night.stop.is_set() else "done"),
                     stopped_at=time.time())
     return summarize(plan, night.arbiter.records())
+
+
+def _warn_on_budget(night, settings) -> None:
+    """The ablation must train as the night did; the budget is a setting, not in the ledger,
+    so a --budget that differs clearly from what the baseline trained is said at once."""
+    baseline = queries.baseline(night.arbiter.records())
+    trained = baseline.training_seconds if baseline else None
+    if trained and settings.budget > 0 and not 0.8 <= trained / settings.budget <= 1.25:
+        night.console.line(f"verify: warning: the night's baseline trained {format_duration(trained)}, these runs "
+                           f"train {format_duration(settings.budget)} (--budget); give the night's --budget to "
+                           "compare like with like")
 
 
 def _run(night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bool) -> None:
