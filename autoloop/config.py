@@ -134,8 +134,8 @@ class Settings(BaseModel):
         None, "night", "stop after N trials in this run; a failed proposal (a skip) counts as one", metavar="N",
         run_only=True, ge=1)
     verify_at_end: bool = setting(
-        False, "night", "when the trials stop, run autoloop verify (--repeats, --scale, --scale-budget); with --hours, "
-        "no trial starts that would eat the time the verification needs", run_only=True)
+        False, "night", "when the trials stop, run autoloop verify (settings: the verification section); with "
+        "--hours, no trial starts that would eat the time the verification needs", run_only=True)
 
     # -- one trial ------------------------------------------------------------------------------
     budget: float = setting(
