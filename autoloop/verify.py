@@ -158,7 +158,10 @@ def _current_plan(night, settings, resume: bool) -> Plan:
     layout, records = night.layout, night.arbiter.records()
     old = load_plan(layout)
     best = queries.best(records)[0]
-    if old is not None and old.tag == night.tag and old.best == best:
+    # A night continued since (run --resume) may have taken trial numbers the plan had not used yet.
+    taken = old is not None and any(r.trial in {v.trial for v in old.variants} and r.kind != "verify"
+                                    for r in records)
+    if old is not None and old.tag == night.tag and old.best == best and not taken:
         unfinished = summarize(old, records).left > 0 or (old.wants_transfer and not old.transfer_planned)
         if resume:
             return old
@@ -181,6 +184,9 @@ def run_verification(night, settings, resume: bool = False) -> Summary:
         console.line(f"verify: resuming the plan's {plan.repeats} repeats (not --repeats {settings.verify_repeats})")
     _warn_on_budget(night, settings)
     state = StateFile(night.layout.root)
+    night_stop = state.state.stop_reason   # the night's own (run --verify-at-end), kept beside ours
+    if state.state.tag != night.tag or "verification" in (night_stop or ""):
+        night_stop = None
     state.replace(RunState(tag=night.tag, pid=os.getpid(), run_started_at=time.time()))
     slot = Slot(night.ws, state, None, night.executor, {}, console)
     n_changes = len({tuple(c.group) or (c.trial,) for c in plan.changes if c.revert in ("alone", "grouped")})
@@ -197,8 +203,8 @@ def run_verification(night, settings, resume: bool = False) -> Summary:
                      f"({len(pending(plan, night.arbiter.records(), True))} runs to do)")
         _run(night, slot, AttemptRunner(night, slot, scaled_settings), plan, scaled=True)
     if not state.state.in_flight:
-        state.enter("stopped", stop_reason="verification " + ("stopped" if night.stop.is_set() else "done"),
-                    stopped_at=time.time())
+        done = "verification " + ("stopped" if night.stop.is_set() else "done")
+        state.enter("stopped", stop_reason=f"{night_stop}; {done}" if night_stop else done, stopped_at=time.time())
     return summarize(plan, night.arbiter.records())
 
 

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo
+from conftest import git, init_repo, private_copy
 from loop_helpers import autoloop, read_ledger
 
 from autoloop.contributions import paired, ratio, t975
@@ -74,6 +74,17 @@ def night(tmp_path: Path, data_dir: Path) -> Path:
     kept = [r for r in read_ledger(repo) if r["status"] == "keep" and r["kind"] != "baseline"]
     assert [r["description"] for r in kept] == ["LR 0.01 -> 0.02", f"WARMUP 10 -> {lucky_warmup()}"]
     return repo
+
+
+@pytest.fixture(scope="module")
+def night_template(tmp_path_factory, tiny_data_dir) -> Path:
+    """The night, run once for this module; each test takes a private copy."""
+    return night(tmp_path_factory.mktemp("night"), tiny_data_dir)
+
+
+@pytest.fixture
+def night_repo(night_template, tmp_path) -> Path:
+    return private_copy(night_template, tmp_path)
 
 
 def verify(repo: Path, *args: str, data_dir: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -172,10 +183,10 @@ def test_a_change_that_no_longer_reverts_alone_is_grouped_with_the_one_built_on_
 # ------------------------------------------------------------------------------ end to end
 
 
-def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_at_scale(tmp_path, tiny_data_dir):
+def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_at_scale(night_repo, tiny_data_dir):
     """The issue's end-to-end case, night and all (about 17 attempts of the instant stand-in:
     some 12 s on an idle 2-core machine, the price of one whole night and verification)."""
-    repo = night(tmp_path, tiny_data_dir)
+    repo = night_repo
     before = what_must_not_move(repo)
     night_records = read_ledger(repo)
     proc = verify(repo, "--repeats", "2", "--scale", "DEPTH=6", "--scale-budget", "2", data_dir=tiny_data_dir)
@@ -250,15 +261,19 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
     assert what_must_not_move(repo) == before
 
     # Run again without --resume: a finished verification is not refused; a new plan, new seeds.
-    assert "--resume" not in verify(repo, "--repeats", "1", data_dir=tiny_data_dir).stderr
+    proc = verify(repo, "--repeats", "1", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    again = json.loads((repo / "results" / "verify" / "plan.json").read_text())
+    assert again["seeds"] == [plan["seeds"][-1] + 1] and again["variants"][0]["trial"] > max(by_trial)
+    assert "unproven (too few runs)" in proc.stdout
 
 
-def test_verify_refuses_what_it_cannot_do(tmp_path, tiny_data_dir):
-    repo = init_repo(tmp_path / "repo", {"train.py": SOURCE})
+def test_verify_refuses_what_it_cannot_do(tmp_path, night_repo, tiny_data_dir):
+    repo = init_repo(tmp_path / "fresh", {"train.py": SOURCE})
     proc = verify(repo, data_dir=tiny_data_dir)
     assert proc.returncode == 1 and proc.stderr.startswith("autoloop: branch autoloop/")
     assert "Traceback" not in proc.stderr
-    repo = night(tmp_path / "n", tiny_data_dir)
+    repo = night_repo
     proc = autoloop(repo, "finalize", "--drop-unproven", data_dir=tiny_data_dir)
     assert (proc.returncode, proc.stderr) == (1, "autoloop: no verification of tag 't': run autoloop verify first\n")
     proc = verify(repo, "--scale", "WIDTH=256", data_dir=tiny_data_dir)
@@ -273,13 +288,13 @@ def test_verify_refuses_what_it_cannot_do(tmp_path, tiny_data_dir):
 # ------------------------------------------------------------------------------ kill -9 and --resume
 
 
-def test_kill_9_during_verify_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path, tiny_data_dir):
+def test_kill_9_during_verify_then_resume_loses_nothing_and_runs_nothing_twice(night_repo, tiny_data_dir):
     """Killed just after a run was recorded (before git and the state caught up), then killed
     in the middle of another run: each --resume recovers, and in the end every (variant,
     repeat) has exactly one measured record; the interrupted run is in the ledger as such."""
     from loop_helpers import assert_invariants
 
-    repo = night(tmp_path, tiny_data_dir)
+    repo = night_repo
     best = git(repo, "rev-parse", "HEAD")
     first = max(r["trial"] for r in read_ledger(repo)) + 1     # best, baseline, without #1, without #2
     proc = verify(repo, "--repeats", "2", data_dir=tiny_data_dir,
