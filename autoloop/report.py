@@ -61,7 +61,8 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
     results_dir = Path(results_dir)
     records = _read_records(results_dir)
     state = load_state(results_dir)
-    judged = [r for r in records if r.status != "skip"]
+    # The counts and the pace are the night's; autoloop verify's runs show in "last" and "current".
+    judged = [r for r in queries.of_night(records) if r.status != "skip"]
     baseline = queries.baseline(records)
     best_commit, best_metric = queries.best(records)
     best_record = queries.best_record(records)
@@ -111,8 +112,8 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "metric_name": records[-1].metric_name if records else "val_bpb",
         "attempts": len(judged),
         "trials": trials,
-        "status_counts": dict(Counter(r.status for r in records)),
-        "crash_counts": dict(Counter(r.crash for r in records if r.crash)),
+        "status_counts": dict(Counter(r.status for r in queries.of_night(records))),
+        "crash_counts": dict(Counter(r.crash for r in queries.of_night(records) if r.crash)),
         "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
         "deadline": state.deadline,
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
