@@ -364,3 +364,41 @@ def test_verify_at_end_keeps_its_time_out_of_hours(tmp_path, tiny_data_dir):
     assert "stopped: time is up: the rest of --hours is kept for the verification (--verify-at-end)" in proc.stdout
     assert "verify: no kept changes, nothing to verify" in proc.stdout
     assert [r["kind"] for r in read_ledger(repo)] == ["baseline"]
+
+
+def test_sigterm_stops_verify_cleanly_and_resume_finishes_it(night_repo, tiny_data_dir):
+    """SIGTERM ends the run in flight (recorded as interrupted), the branch is back at the
+    best, exit 143; a plain verify then refuses the unfinished plan, --resume finishes it."""
+    import os
+    import signal
+    import sys
+    import time
+
+    repo = night_repo
+    best = git(repo, "rev-parse", "HEAD")
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    # The stand-in sleeps: each run lasts long enough to be caught in flight.
+    slow = repo / "train.py"
+    cmd = [sys.executable, "-m", "autoloop.cli", "verify", "--budget", "1", "--timeout", TIMEOUT, "--repeats", "1",
+           "--command", f"{sys.executable} -c \"import time, runpy; time.sleep(1.5); runpy.run_path('{slow.name}', run_name='__main__')\""]
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not verify_records(repo):
+        time.sleep(0.1)
+    assert verify_records(repo), "no verification run was recorded"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out
+    assert git(repo, "rev-parse", "HEAD") == best and git(repo, "status", "--porcelain") == ""
+    stopped = [r for r in verify_records(repo) if r["reason"].startswith("interrupted")]
+    assert len(stopped) <= 1   # the run in flight, unless the signal fell between two runs
+
+    proc = verify(repo, data_dir=tiny_data_dir)
+    assert proc.returncode == 1 and "unfinished: pass --resume" in proc.stderr
+    proc = verify(repo, "--resume", "--command",
+                  f"{sys.executable} -c \"import runpy; runpy.run_path('{slow.name}', run_name='__main__')\"",
+                  data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    measured = [(r["trial"], r["extra"]["verify"]["repeat"]) for r in verify_records(repo)
+                if not r["reason"].startswith("interrupted")]
+    assert len(measured) == len(set(measured)) == 4
