@@ -69,8 +69,8 @@ def runs_of(records: list[LedgerRecord], commit: str) -> list[float]:
 def is_kept_change(record: LedgerRecord) -> bool:
     """A kept record that changed something: not the baseline, not a noise sample (its
     commit is its parent), a commit on top of the best it was built on."""
-    return (record.status == "keep" and record.kind != "baseline" and bool(record.commit)
-            and bool(record.parent) and record.commit != record.parent)
+    return (record.status == "keep" and record.kind != "baseline" and not is_noise_sample(record)
+            and bool(record.commit) and bool(record.parent) and record.commit != record.parent)
 
 
 def of_night(records: list[LedgerRecord]) -> list[LedgerRecord]:

@@ -233,6 +233,8 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
     assert plan["best"] == best and plan["transfer_planned"] is True
 
     # The morning report: the night's counts without the verification's runs, and its section.
+    proc = autoloop(repo, "report", "--since-last", data_dir=tiny_data_dir)
+    assert proc.returncode == 0 and proc.stdout.startswith("3 new rows in all"), proc.stdout + proc.stderr
     proc = autoloop(repo, "report", data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stderr
     report = (repo / "results" / "report.md").read_text()
