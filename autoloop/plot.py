@@ -319,7 +319,7 @@ def write_contributions_png(rows: list[tuple[str, object, object]], path: Path, 
 
         ax.legend(handles=[Patch(color=KEEP_COLOR, label="the night's scale"),
                            Patch(facecolor="white", edgecolor=BASELINE_COLOR, hatch="//", label="at scale")],
-                  loc="lower right", frameon=False)
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)   # beside: it hides no bar
     if title:
         ax.set_title(title, fontsize=11)
     fig.tight_layout()
