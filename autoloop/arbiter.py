@@ -66,7 +66,7 @@ class Arbiter:
             merged = None
             facts = replace(facts, current=current, rules=self.rules)
             moved = current[0] is not None and current[0] != facts.start[0]
-            if moved and facts.commit and facts.noise_sample is None and facts.kind != "baseline":
+            if moved and facts.commit and facts.noise_sample is None and facts.kind not in ("baseline", "verify"):
                 merged = ws.merge_change(facts.start[0], current[0], facts.commit)
                 merge = ("conflict" if merged is None
                          else "already_in" if merged == ws.file_at(current[0], ws.target) else "clean")

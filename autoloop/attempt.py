@@ -97,9 +97,11 @@ class Slot:
 
 
 class AttemptRunner:
-    def __init__(self, night, slot: Slot):
+    def __init__(self, night, slot: Slot, settings=None):
+        """``settings``: what its trials run under when not the night's (verify.py's transfer
+        runs: a longer budget)."""
         self.night, self.slot = night, slot
-        self.settings = night.settings
+        self.settings = settings or night.settings
         self.console = slot.console or night.console
         self._progress_saved_at = 0.0
 

@@ -15,7 +15,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from autoloop import git_guard
+from autoloop import git_guard, queries
 from autoloop.attempt import Candidate, Slot
 from autoloop.layout import Layout
 from autoloop.ledger import LedgerRecord
@@ -50,7 +50,8 @@ def proposal_request(settings, ws: Workspace, layout: Layout, records: list[Ledg
     """What the proposer is told: program.md, the best it builds on, the recent results
     (audit figures stripped), and for a fix request the crash and the end of its log."""
     program = ws.root / PROGRAM_FILE
-    tail = [strip_audit(r.model_dump(mode="json")) for r in records[-LEDGER_TAIL_FOR_PROPOSER:]]
+    # #19: autoloop verify's runs are not the search; the proposer sees the night's attempts.
+    tail = [strip_audit(r.model_dump(mode="json")) for r in queries.of_night(records)[-LEDGER_TAIL_FOR_PROPOSER:]]
     return ProposalRequest(
         workspace=ws.root, target=settings.target, program_text=program.read_text() if program.exists() else "",
         metric_name=settings.metric, direction=settings.direction, best_metric=best[1], best_commit=best[0],

@@ -55,6 +55,10 @@ def cmd_run(args) -> int:
     console.line(why)
     with open_night(settings, root, console, "run") as night:
         Scheduler(night, proposer).run()
+        if settings.verify_at_end and not night.stop.is_set():
+            from autoloop.verify import verify_at_end
+
+            verify_at_end(night, settings)
     return night.stop.exit_status()
 
 
@@ -74,6 +78,21 @@ def cmd_trial(args) -> int:
     crash = f" {record.crash}" if record.crash else ""
     print(f"verdict: {record.status}{crash} {settings.metric}: {metric} reason: {record.reason}")
     return night.stop.exit_status() or (0 if record.status != "crash" else 3)
+
+
+def cmd_verify(args) -> int:
+    from autoloop.console import Console
+    from autoloop.night import open_night
+    from autoloop.verify import run_verification
+    from autoloop.verify_plan import summary_lines
+
+    settings = settings_from(args)   # --resume too: open_night recovers a killed verification first
+    console = Console()
+    with open_night(settings, _repo_root(args.directory), console, "verify") as night:
+        summary = run_verification(night, settings, resume=args.resume)
+    for line in summary_lines(summary):
+        console.line(line)
+    return night.stop.exit_status()
 
 
 def cmd_doctor(args) -> int:
@@ -132,7 +151,7 @@ def cmd_finalize(args) -> int:
 
     root = _repo_root(args.directory)
     result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping,
-                      results_commit=not args.no_results)
+                      results_commit=not args.no_results, drop_unproven=args.drop_unproven)
     n = len(result.commits)
     print(f"created {result.branch}: {n} commit{'s' if n != 1 else ''} on top of the baseline {result.base[:7]}")
     for commit in result.commits:
@@ -141,7 +160,12 @@ def cmd_finalize(args) -> int:
         print(f"  {result.results.sha[:7]} {result.results.subject} ({', '.join(result.results_paths)})")
     for warning in result.warnings:
         print(f"note: {warning}")
-    if result.differs:
+    for change, verdict in result.dropped:
+        print(f"left out: trial {change.record.trial} {change.record.description.splitlines()[0]} "
+              f"({verdict} in autoloop verify)")
+    if result.dropped:
+        print(f"its tree is the best {result.best[:7]} without the change(s) left out")
+    elif result.differs:
         print(f"note: its tree differs from the best commit {result.best[:7]} in {', '.join(result.differs)} "
               "(changes no kept trial made)")
     elif result.best:
@@ -262,6 +286,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_trial)
 
     p = sub.add_parser(
+        "verify", help="the morning verdict: which kept changes really matter, and do they hold at scale",
+        description="Run the best, the baseline and the best with each kept change taken out (its diff reverted "
+                    "on the best) --repeats times each with new seeds, and give each change its contribution "
+                    "with a 95% interval: confirmed, within noise, or harmful. With --scale KEY=VALUE and/or "
+                    "--scale-budget, run the baseline, the best and the best without each confirmed change again "
+                    "at that scale: does the gain hold. Every run is an attempt of kind 'verify' in the ledger; "
+                    "none moves the best, and the branch and work tree end as they started. After a kill, "
+                    "--resume recovers and runs what is left, nothing twice. The runs train with the settings "
+                    "of the night (autoloop.toml / pyproject.toml and the flags below: give the --budget the "
+                    "night had).",
+        epilog="example: autoloop verify --budget 5m --repeats 3 --scale DEPTH=6 --scale-budget 15m")
+    add_setting_flags(p, "run", sections=("trial", "safety", "slurm", "verify"))
+    p.add_argument("--tag", metavar="TAG", help="which night (default: the tag of results/, else the checked-out "
+                                                "autoloop/TAG branch)")
+    p.add_argument("--resume", action="store_true",
+                   help="recover a killed verification and run the repeats it has not recorded yet")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser(
         "doctor", help="check that this repository and machine are ready for a night (one line per check)",
         description="Check git and its identity, a clean tree, the target's contract, the data, torch and the "
                     "device (GPU name, free memory), free disk, the configured agent (its preflight: executable, "
@@ -309,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one commit for consecutive kept changes that touch overlapping lines")
     p.add_argument("--no-results", action="store_true",
                    help="leave out the last commit, which adds results/results.tsv, report.md and progress.png")
+    p.add_argument("--drop-unproven", action="store_true",
+                   help="leave out the kept changes that autoloop verify did not confirm (contribution within "
+                        "noise, or harmful); needs a finished autoloop verify of the best")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_finalize)
 

@@ -82,6 +82,7 @@ SECTIONS = {
     "workers": "parallel workers",
     "slurm": "where trials run (slurm)",
     "watch": "watching the night (trackers)",
+    "verify": "verification (autoloop verify, run --verify-at-end)",
 }
 
 
@@ -132,6 +133,9 @@ class Settings(BaseModel):
     max_trials: int | None = setting(
         None, "night", "stop after N trials in this run; a failed proposal (a skip) counts as one", metavar="N",
         run_only=True, ge=1)
+    verify_at_end: bool = setting(
+        False, "night", "when the trials stop, run autoloop verify (settings: the verification section); with "
+        "--hours, no trial starts that would eat the time the verification needs", run_only=True)
 
     # -- one trial ------------------------------------------------------------------------------
     budget: float = setting(
@@ -322,6 +326,28 @@ class Settings(BaseModel):
             return list(dict.fromkeys(names))
         return v
 
+    # -- verification (#19, README "The morning verdict"; verify.py) ----------------------------
+    verify_repeats: int = setting(
+        3, "verify", "runs of each variant (the best, the baseline, the best without each kept change), with "
+        "new seeds; the intervals need 2 or more", metavar="R", flag="--repeats", run_only=True, ge=1, le=100)
+    verify_scale: dict[str, str] = setting(
+        {}, "verify", "transfer: also run the baseline, the best and the best without each confirmed change with "
+        "the target's constant KEY set to VALUE (repeat the flag: --scale DEPTH=6 --scale WIDTH=256)",
+        metavar="KEY=VALUE", flag="--scale", run_only=True)
+    verify_budget: float | None = setting(
+        None, "verify", "transfer: the training time of the runs at scale, e.g. 15m", metavar="DURATION",
+        flag="--scale-budget", run_only=True, default_text="the night's budget")
+
+    @field_validator("verify_scale", mode="before")
+    @classmethod
+    def _scale(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for key in v:
+                if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
+                    raise ValueError(f"{key!r} is not a constant's name")
+            return {str(k): str(val) for k, val in v.items()}
+        return v
+
     # Where the file settings came from (for messages); not a setting itself.
     _source: str | None = PrivateAttr(default=None)
 
@@ -358,7 +384,7 @@ class Settings(BaseModel):
             return 0.0
         return cls._duration(v)
 
-    @field_validator("timeout", mode="before")
+    @field_validator("timeout", "verify_budget", mode="before")
     @classmethod
     def _optional_duration(cls, v: Any) -> float | None:
         return None if v is None else cls._duration(v)

@@ -184,8 +184,9 @@ def format_verdict(label: str, record: "LedgerRecord", reference: float | None) 
         return f"{label} crash ({record.crash or 'fundamental'}) {description}: {record.reason or '-'}"
     if record.status == "skip":
         return f"{label} skipped: {record.reason or description}"
+    status = "measured" if record.kind == "verify" else record.status   # verify.py: never judged
     if record.metric is None:
-        return f"{label} {record.status} - {description}"
+        return f"{label} {status} - {description}"
     delta = None
     if record.kind != "baseline" and reference is not None and math.isfinite(reference):
         delta = record.metric - reference
@@ -196,7 +197,7 @@ def format_verdict(label: str, record: "LedgerRecord", reference: float | None) 
         if record.noise is not None and math.isfinite(record.noise) and record.noise > 0:
             parts.append(f"{abs(delta) / record.noise:.1f}σ")
         detail = f" ({', '.join(parts)})"
-    return f"{label} {record.status} {record.metric:.{digits}f}{detail} {description}"
+    return f"{label} {status} {record.metric:.{digits}f}{detail} {description}"
 
 
 def live_line(label: str, phase: str, elapsed_s: float | None, budget_s: float | None,

@@ -16,6 +16,12 @@ the metric before and after::
 With ``--squash-overlapping``, consecutive kept changes that touch overlapping line
 ranges (the second rewrote what the first had just changed) become one commit.
 
+With ``--drop-unproven`` (#19), the kept changes that ``autoloop verify`` did not confirm
+(their contribution within noise, or harmful) are left out: the branch holds only what was
+shown to matter. It needs a finished verification of the current best
+(``verify_plan.unproven``); a later change that does not apply without a dropped one stops
+it with a message naming both.
+
 The branch ends with one more commit (#20; ``--no-results`` leaves it out) that adds
 ``results/results.tsv`` (rebuilt from the ledger), ``results/report.md`` and
 ``results/progress.png`` (without matplotlib: no picture, and the report says why), forced
@@ -49,8 +55,9 @@ from autoloop.errors import AutoloopError
 from autoloop.layout import Layout, final_branch_name, tag_of_branch
 from autoloop.ledger import Ledger, LedgerRecord
 from autoloop.console import metric_digits
-from autoloop.queries import best_before
+from autoloop.queries import best_before, is_kept_change
 from autoloop.state import load_state
+from autoloop.verify_plan import load_plan, unproven
 from autoloop.workspace import FALLBACK_EMAIL, FALLBACK_NAME, Repository
 
 
@@ -86,6 +93,7 @@ class FinalizeResult:
     results: FinalCommit | None = None    # #20: the last commit, adding results.tsv, report.md, progress.png
     results_paths: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)   # what did not stop finalize (no picture, a note)
+    dropped: list[tuple[KeptChange, str]] = field(default_factory=list)   # #19: left out, with the verdict
 
 
 # ------------------------------------------------------------------------------ pure parts
@@ -93,12 +101,8 @@ class FinalizeResult:
 
 def kept_changes(records: list[LedgerRecord]) -> list[KeptChange]:
     """Kept, non-baseline records that changed something, in ledger order."""
-    out = []
-    for record, before in zip(records, best_before(records)):
-        if (record.status == "keep" and record.kind != "baseline" and record.commit
-                and record.parent and record.commit != record.parent):
-            out.append(KeptChange(record, before))
-    return out
+    return [KeptChange(record, before) for record, before in zip(records, best_before(records))
+            if is_kept_change(record)]
 
 
 def changed_ranges(old: str, new: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -255,7 +259,8 @@ def _ledger_dir(results: Layout, tag: str, current_tag: str | None) -> Path:
 
 
 def finalize(root: Path, tag: str | None = None, branch: str | None = None,
-             squash_overlapping: bool = False, results_commit: bool = True) -> FinalizeResult:
+             squash_overlapping: bool = False, results_commit: bool = True,
+             drop_unproven: bool = False) -> FinalizeResult:
     root = Path(root).resolve()
     results = Layout.of(root)
     current_tag = load_state(results.root).tag
@@ -279,6 +284,15 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
         changes = kept_changes(records)
         if not changes:
             raise FinalizeError(f"no kept changes in the ledger of tag '{tag}': nothing to finalize")
+        dropped: list[tuple[KeptChange, str]] = []
+        if drop_unproven:
+            best_now = next((r.best for r in reversed(records) if r.best), None)
+            verdicts = unproven(load_plan(Layout(ledger_dir)), records, tag, best_now)
+            dropped = [(c, verdicts[c.record.trial]) for c in changes if c.record.trial in verdicts]
+            changes = [c for c in changes if c.record.trial not in verdicts]
+            if not changes:
+                raise FinalizeError("autoloop verify confirmed none of the kept changes: nothing to finalize "
+                                    "(drop --drop-unproven to finalize them all)")
 
         branch = branch or final_branch_name(tag)
         try:
@@ -327,7 +341,7 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
         if best and g.resolve(best):
             out = g("diff-tree", "-r", "--name-only", "-z", "--no-commit-id", parent, best, strip=False)
             differs = [p for p in out.split("\0") if p]
-        result = FinalizeResult(branch, baseline.commit, made, best, differs, tag)
+        result = FinalizeResult(branch, baseline.commit, made, best, differs, tag, dropped=dropped)
         if results_commit:
             parent = _results_commit(g, result, records, ledger_dir, parent, Path(tmp))
         # Create the branch only if it still does not exist (old value: none).
@@ -345,8 +359,13 @@ def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord]
     progress.png (blobs written straight into the private index: .gitignore does not apply)."""
     from autoloop import plot
     from autoloop.ledger import format_tsv
-    from autoloop.report import eval_seconds, report_markdown
+    from autoloop.queries import of_night
+    from autoloop.report import eval_seconds, report_markdown, verification_lines
 
+    # #19: the night's attempts in the counts and pictures; autoloop verify's in their section.
+    verification = verification_lines(Layout(ledger_dir), Layout(tmp), records, result.tag)
+    contributions = Layout(tmp).contributions_picture
+    records = of_night(records)
     picture: bytes | None = None
     try:
         picture = plot.write_progress_png(records, tmp / "progress.png", tag=result.tag).read_bytes()
@@ -354,12 +373,15 @@ def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord]
         result.warnings.append(f"no progress.png in the results commit: {e}")
     report = report_markdown(records, eval_seconds(ledger_dir, records), tag=result.tag,
                              picture="progress.png" if picture else None,
-                             picture_note=None if picture else "_No picture: matplotlib is not installed._")
+                             picture_note=None if picture else "_No picture: matplotlib is not installed._",
+                             verification=verification)
     files = {"results.tsv": format_tsv(records).encode("utf-8"), "report.md": (report + "\n").encode("utf-8")}
     if picture:
         files["progress.png"] = picture
+    if verification and contributions.exists():
+        files[f"{contributions.parent.name}/{contributions.name}"] = contributions.read_bytes()
     for name, data in files.items():
-        path = tmp / f"blob-{name}"
+        path = tmp / f"blob-{name.replace('/', '-')}"
         path.write_bytes(data)
         blob = g("hash-object", "-w", "--", str(path))
         g("update-index", "--add", "--cacheinfo", f"100644,{blob},{RESULTS_PREFIX}/{name}")

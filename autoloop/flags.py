@@ -20,10 +20,13 @@ from autoloop.config import SECTIONS, Settings, flag_of
 from autoloop.durations import format_duration
 
 
-def add_setting_flags(parser: argparse.ArgumentParser, command: str) -> None:
-    """One argument group per section, with the flag of every setting `command` takes."""
+def add_setting_flags(parser: argparse.ArgumentParser, command: str, sections: tuple[str, ...] | None = None) -> None:
+    """One argument group per section, with the flag of every setting `command` takes;
+    ``sections``: only these (`autoloop verify` takes how a trial runs, not the night's search)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for section, title in SECTIONS.items():
+        if sections is not None and section not in sections:
+            continue
         fields = [(n, f) for n, f in Settings.model_fields.items() if _meta(f)["section"] == section
                   and (command == "run" or not _meta(f)["run_only"])]
         if fields:

@@ -13,6 +13,9 @@ decision, and the next action of the trial:
 * ``stale``    as replay, but the change no longer merges, is already in the new best,
                or the best kept moving: recorded as a discard that says so.
 
+A verification run (kind ``verify``, ``autoloop verify``) is measured, never judged: it is
+a discard whose best is the best now, whatever its metric.
+
 The rows, in the order a person would ask: is the measurement valid at all (tampered
 inputs, a crash, other data)? is it the baseline or a noise sample? otherwise judge its
 runs against the best it started from (``decide.judge_runs``), and if the best moved
@@ -57,7 +60,7 @@ class Rules:
 class Facts:
     """Everything the decision depends on."""
 
-    kind: str                               # baseline | candidate | fix | confirm
+    kind: str                               # baseline | candidate | fix | confirm | verify
     commit: str | None
     runs: tuple[float, ...] = ()            # this commit's metrics: earlier runs first, this run last
     crash: tuple[str, str] | None = None    # (class, reason) when the run failed
@@ -95,6 +98,10 @@ def decide(f: Facts) -> Decision:
         d = decide_metric(f.runs[-1], None, f.rules.direction, f.rules.min_delta)
         best = (f.commit, f.runs[-1]) if d.status == "keep" else (None, None)
         return Decision(d.status, d.status, d.reason, best)
+    if f.kind == "verify":
+        # A measurement for `autoloop verify` (verify.py): the morning's question is asked of
+        # many such runs together, never of one against the best; the best does not move.
+        return Decision("discard", "discard", "verification run (the best is not judged by it)", _unmoved(f))
     if f.noise_sample is not None:
         # A run of the best with another seed: it stays the best, its value becomes the mean
         # of its runs, and the spread of the runs is the noise estimate.

@@ -47,8 +47,9 @@ HARNESS = ".harness"
 TORN_PREFIX = "ledger.torn-"
 OPTUNA_STUDY = "optuna.db"        # #18: one night's study, relearnt from the ledger when moved aside
 # What a new tag moves into archive/ (the rest: queue, locks, pristine copies, stay).
+VERIFY = "verify"                 # #19: autoloop verify's plan and its contributions picture
 TAG_FILES = ("ledger.jsonl", "results.tsv", STATE, "runs", "agents", "quarantine", "progress.png", "report.md",
-             OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm")
+             VERIFY, OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm")
 
 
 def branch_name(tag: str) -> str:
@@ -226,3 +227,12 @@ class Layout:
     @property
     def picture(self) -> Path:
         return self.root / "progress.png"
+
+    @property
+    def verify_plan(self) -> Path:
+        """#19: the verification's plan (variants, seeds, trials), what --resume continues."""
+        return self.root / VERIFY / "plan.json"
+
+    @property
+    def contributions_picture(self) -> Path:
+        return self.root / VERIFY / "contributions.png"

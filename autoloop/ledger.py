@@ -39,6 +39,8 @@ Files, all under the workspace's ``results/``:
     ``confidence``: the improvement over the best in units of the noise estimate
     (``3.2`` = 3.2 sigma better, negative = worse), ``%.1f``; ``-`` when there is no
     noise estimate or nothing to compare with (baseline, noise samples, crashes).
+    Records of kind ``verify`` (``autoloop verify``) are not in results.tsv either.
+
     ``worker``: the parallel worker that ran the attempt (``autoloop run --workers N``:
     ``0``..``N-1``); ``-`` for the single loop, the baseline and its noise samples.
 
@@ -79,8 +81,9 @@ from autoloop.layout import Layout
 Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
 CrashClass = Literal["trivial", "fundamental", "timeout"]
 # What an attempt was: the unmodified baseline, a new idea, a fix of a trivial crash,
-# or a re-run of an earlier candidate (noise confirmation, replay).
-AttemptKind = Literal["baseline", "candidate", "fix", "confirm"]
+# a re-run of an earlier candidate (noise confirmation, replay), or a run of
+# `autoloop verify` (verify.py: never judged against the best, never moving it).
+AttemptKind = Literal["baseline", "candidate", "fix", "confirm", "verify"]
 
 TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description", "crash", "trial", "seconds",
                "confidence", "worker"]
@@ -152,8 +155,9 @@ def trial_label(trial: int, attempt: int) -> str:
 
 
 def tsv_row(record: LedgerRecord) -> list[str] | None:
-    """The results.tsv fields of one record, or None for records the TSV leaves out (skip)."""
-    if record.status == "skip":
+    """The results.tsv fields of one record, or None for records the TSV leaves out: skips,
+    and verification runs (the table is the night's search; report.md has the verdict)."""
+    if record.status == "skip" or record.kind == "verify":
         return None
     crashed = record.status == "crash"
     metric = 0.0 if crashed or record.metric is None else record.metric

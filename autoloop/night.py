@@ -52,7 +52,7 @@ from autoloop.state import load_state
 from autoloop.workspace import Workspace
 from autoloop.worktrees import ensure_worktrees_ignored
 
-Purpose = Literal["run", "trial"]
+Purpose = Literal["run", "trial", "verify"]
 
 
 @dataclass
@@ -114,7 +114,7 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             if settings.workers > 1 or layout.worker_states():
                 ensure_worktrees_ignored(ws)
             _recover(night, purpose)
-            (_start_branch if purpose == "run" else _trial_branch)(night)
+            {"run": _start_branch, "trial": _trial_branch, "verify": _verify_branch}[purpose](night)
             prepare_data(night, reuse_snapshot=purpose == "trial")
             with watched(night):
                 yield night
@@ -222,6 +222,8 @@ def _tag(settings: Settings, layout: Layout, ws: Workspace, purpose: Purpose) ->
     if purpose == "trial":
         return tag_of_branch(ws.current_branch()) or settings.run_tag
     previous = load_state(layout.root)
+    if purpose == "verify":   # the night that is there: --tag, else the results' own, else the branch's
+        return settings.tag or previous.tag or tag_of_branch(ws.current_branch()) or settings.run_tag
     if settings.resume and settings.tag is None and previous.tag:
         return previous.tag
     return settings.run_tag
@@ -260,6 +262,19 @@ def _trial_branch(night: Night) -> None:
         raise NightError(f"branch {night.ws.branch_name(night.tag)} exists but {current or 'a detached HEAD'} is "
                          f"checked out; switch to it or pass --tag NAME")
     night.ws.start_branch(night.tag, resume=False)
+
+
+def _verify_branch(night: Night) -> None:
+    """`verify`: the night's branch, checked out and clean, at the ledger's best (verify.py
+    runs its variants there and leaves it so)."""
+    name = night.ws.branch_name(night.tag)
+    if not night.ws.branch_exists(night.tag):
+        raise NightError(f"branch {name} does not exist: nothing to verify (pass --tag TAG for another night)")
+    if night.ws.current_branch() != name:
+        raise NightError(f"autoloop verify works on {name}, but {night.ws.current_branch() or 'a detached HEAD'} "
+                         f"is checked out; git switch {name} first")
+    night.ws.ensure_clean()
+    night.arbiter.publish()
 
 
 def _archive_other_tag(night: Night) -> None:

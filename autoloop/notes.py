@@ -69,7 +69,7 @@ def notes_by_commit(records: list[LedgerRecord]) -> dict[str, str]:
     """commit sha -> the full text of its note, for every commit the ledger names."""
     blocks: dict[str, list[str]] = {}
     for record, reference in zip(records, best_before(records)):
-        if record.commit and record.status != "skip":
+        if record.commit and record.status != "skip" and record.kind != "verify":   # verify: report.md has them
             blocks.setdefault(record.commit, []).append(attempt_block(record, reference))
     return {sha: "\n\n".join(parts) + "\n" for sha, parts in blocks.items()}
 
@@ -130,7 +130,7 @@ class Notes:
 
     def record(self, records: list[LedgerRecord], record: LedgerRecord) -> None:
         """After ``record`` was appended to ``records`` (the whole ledger): its commit's note."""
-        if not record.commit or record.status == "skip":
+        if not record.commit or record.status == "skip" or record.kind == "verify":
             return
         self.write(record.commit, notes_by_commit(records)[record.commit])
 

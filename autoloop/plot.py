@@ -275,3 +275,56 @@ def _label_kept(fig, ax, changes, refs, direction, others) -> int:
             if done:
                 break
     return placed
+
+
+# ------------------------------------------------------------------------------ #19: contributions
+
+
+def write_contributions_png(rows: list[tuple[str, object, object]], path: Path, *, metric: str = "val_bpb",
+                            title: str = "") -> Path:
+    """results/verify/contributions.png: one horizontal bar per kept change (and the total
+    gain), its length the contribution (``contributions.Estimate``: mean, half-width), its
+    whisker the 95 % interval; a second, hatched bar for the same at the larger scale.
+    ``rows``: (label, estimate at the night's scale or None, estimate at scale or None).
+    Positive is better whatever the metric's direction; zero is drawn: a whisker across it
+    is a change within noise."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailable("matplotlib is not installed (pip install autoloop[plot])") from None
+    shown = [(label, small, scale) for label, small, scale in rows
+             if getattr(small, "mean", None) is not None or getattr(scale, "mean", None) is not None]
+    if not shown:
+        raise PlotUnavailable("no contribution has been measured yet")
+    height = max(2.5, 0.55 * len(shown) + 1.4)
+    fig, ax = plt.subplots(figsize=(WIDTH_IN * 0.8, height), dpi=DPI)
+    any_scale = any(getattr(scale, "mean", None) is not None for _, _, scale in shown)
+    bar = 0.38 if any_scale else 0.6
+    for i, (_label, small, scale) in enumerate(shown):
+        y = len(shown) - 1 - i
+        for est, offset, style in ((small, bar / 2 if any_scale else 0.0, {"color": KEEP_COLOR}),
+                                   (scale, -bar / 2, {"color": "white", "edgecolor": BASELINE_COLOR, "hatch": "//"})):
+            if getattr(est, "mean", None) is None:
+                continue
+            err = [[est.half], [est.half]] if est.half is not None else None
+            ax.barh(y + offset, est.mean, height=bar, xerr=err, capsize=4, error_kw={"ecolor": "#333333"}, **style)
+    ax.axvline(0.0, color="#333333", linewidth=1.0)
+    ax.set_yticks(range(len(shown)), [_short(label, 48) for label, _, _ in reversed(shown)])
+    ax.set_xlabel(f"contribution: how much better {metric} is with it (95% interval, paired by seed)")
+    if any_scale:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=KEEP_COLOR, label="the night's scale"),
+                           Patch(facecolor="white", edgecolor=BASELINE_COLOR, hatch="//", label="at scale")],
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)   # beside: it hides no bar
+    if title:
+        ax.set_title(title, fontsize=11)
+    fig.tight_layout()
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=DPI)
+    plt.close(fig)
+    atomic_write(path, image.getvalue())
+    return path

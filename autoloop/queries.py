@@ -59,9 +59,24 @@ def noise(records: list[LedgerRecord]) -> float | None:
 
 
 def runs_of(records: list[LedgerRecord], commit: str) -> list[float]:
-    """Metrics of the judged runs of one commit (its first run and its re-runs)."""
+    """Metrics of the judged runs of one commit (its first run and its re-runs); runs of
+    ``autoloop verify`` are not the night's judgement (their seeds are not the night's)."""
     return [r.metric for r in records
-            if r.commit == commit and r.metric is not None and r.status in ("keep", "discard")]
+            if r.commit == commit and r.metric is not None and r.status in ("keep", "discard")
+            and r.kind != "verify"]
+
+
+def is_kept_change(record: LedgerRecord) -> bool:
+    """A kept record that changed something: not the baseline, not a noise sample (its
+    commit is its parent), a commit on top of the best it was built on."""
+    return (record.status == "keep" and record.kind != "baseline" and not is_noise_sample(record)
+            and bool(record.commit) and bool(record.parent) and record.commit != record.parent)
+
+
+def of_night(records: list[LedgerRecord]) -> list[LedgerRecord]:
+    """The night's own attempts: the records without ``autoloop verify``'s runs (kind
+    ``verify``), for what counts and plots the search."""
+    return [r for r in records if r.kind != "verify"]
 
 
 def next_trial(records: list[LedgerRecord]) -> int:

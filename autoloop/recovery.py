@@ -148,7 +148,7 @@ def _candidate(night, ws: Workspace, state: RunState) -> tuple[str | None, list[
     head = ws.head()
     if candidate is None and head != best and ws.is_ancestor(best, head):
         candidate = head   # committed, killed before the state said so
-    if candidate is None and state.kind not in ("baseline", "confirm"):
+    if candidate is None and state.kind not in ("baseline", "confirm", "verify"):
         ws.scope_guard(night.layout.quarantine(state.trial, state.attempt), base=best)
         if ws.target_changed() and not deleted:
             candidate = ws.commit_candidate(f"{state.description or 'interrupted candidate'}"

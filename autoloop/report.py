@@ -61,7 +61,8 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
     results_dir = Path(results_dir)
     records = _read_records(results_dir)
     state = load_state(results_dir)
-    judged = [r for r in records if r.status != "skip"]
+    # The counts and the pace are the night's; autoloop verify's runs show in "last" and "current".
+    judged = [r for r in queries.of_night(records) if r.status != "skip"]
     baseline = queries.baseline(records)
     best_commit, best_metric = queries.best(records)
     best_record = queries.best_record(records)
@@ -111,8 +112,8 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "metric_name": records[-1].metric_name if records else "val_bpb",
         "attempts": len(judged),
         "trials": trials,
-        "status_counts": dict(Counter(r.status for r in records)),
-        "crash_counts": dict(Counter(r.crash for r in records if r.crash)),
+        "status_counts": dict(Counter(r.status for r in queries.of_night(records))),
+        "crash_counts": dict(Counter(r.crash for r in queries.of_night(records) if r.crash)),
         "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
         "deadline": state.deadline,
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
@@ -265,8 +266,9 @@ def _clock(t: float | None) -> str:
 
 def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], float], *, tag: str | None = None,
                     picture: str | None = "progress.png", picture_note: str | None = None,
-                    now: float | None = None) -> str:
-    """The whole report.md text for a ledger (pure: everything it needs is passed in)."""
+                    now: float | None = None, verification: list[str] | None = None) -> str:
+    """The whole report.md text for a ledger (pure: everything it needs is passed in).
+    ``verification``: the lines of its Verification section (#19), after the kept changes."""
     if not records:
         raise ReportError("the ledger has no records yet: nothing to report")
     metric = records[-1].metric_name
@@ -327,6 +329,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
                        f"{_fmt(r.metric, 6)} | {delta} | "
                        f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} |")
     out.append("")
+    out += verification or []
 
     # -- yield per proposer (#18)
     out += proposers_section(records, direction, metric)
@@ -437,6 +440,52 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     return "\n".join(out)
 
 
+_HOLDS = {True: "holds", False: "does not hold", None: "-"}
+
+
+def verification_section(summary, picture: str | None, picture_note: str | None = None) -> list[str]:
+    """'## Verification' (#19): each kept change's contribution with its interval, whether
+    it holds at scale, from ``verify_plan.summarize``; how the numbers are made, in a line."""
+    from autoloop.verify_plan import scale_text, variant_label
+
+    plan = summary.plan
+    out = ["## Verification", "",
+           f"`autoloop verify` ran the best `{plan.best[:7]}`, the baseline `{plan.baseline[:7]}` and the best with "
+           f"each kept change taken out, {plan.repeats} times each with new seeds ({plan.seeds[0]}..{plan.seeds[-1]}). "
+           "A change's contribution is the mean over those seeds of how much worse the best is without it (positive: "
+           "it helps), with a 95% t-interval; *within noise* means the interval contains zero: the runs cannot tell "
+           "the change from no change (`autoloop finalize --drop-unproven` leaves those out)."]
+    if plan.transfer_planned:
+        out[-1] += (f" At scale ({scale_text(plan)}) the baseline, the best and the best without each confirmed change "
+                    "ran again; a gain holds there when its interval at scale stays above zero.")
+    out += ["", "| change | contribution (95% interval) | verdict | at scale | holds at scale |",
+            "|---|---:|---|---:|---|"]
+    gain_scale = summary.gain_at_scale
+    ratio = f" ({summary.ratio:.2f} x)" if summary.ratio is not None else ""
+    out.append(f"| **the best vs the baseline** | {summary.gain.text() if summary.gain else '-'} | "
+               f"{summary.gain.verdict if summary.gain else '-'} | "
+               f"{(gain_scale.text() + ratio) if gain_scale else '-'} | "
+               f"{_HOLDS[None if gain_scale is None else gain_scale.verdict == 'confirmed']} |")
+    for c in summary.changes:
+        what = f"{variant_label(list(c.trials))} {_md(c.description)}"
+        if c.revert in ("conflict", "absent"):
+            why = "does not revert cleanly on the best" if c.revert == "conflict" else "no longer in the best"
+            out.append(f"| {what} | - | not measured: {why} | - | - |")
+            continue
+        est = c.estimate
+        out.append(f"| {what}{' (grouped)' if c.revert == 'grouped' else ''} | {est.text() if est else '-'} | "
+                   f"{est.verdict if est else 'not run'} | {c.at_scale.text() if c.at_scale else '-'} | "
+                   f"{_HOLDS[c.holds]} |")
+    if summary.left:
+        out += ["", f"_{summary.left} run(s) are not done yet: `autoloop verify --resume` runs them._"]
+    out.append("")
+    if picture:
+        out += [f"![contributions]({picture})", ""]
+    if picture_note:
+        out += [picture_note, ""]
+    return out
+
+
 def proposers_section(records: list[LedgerRecord], direction: str, metric: str) -> list[str]:
     """'## Proposers': what each proposer brought (a portfolio's members one by one)."""
     from autoloop.proposers.outcomes import proposer_yields
@@ -464,6 +513,27 @@ def proposers_section(records: list[LedgerRecord], direction: str, metric: str) 
     return out + [""]
 
 
+def verification_lines(results: Layout, output: Layout, records: list[LedgerRecord], tag: str | None) -> list[str]:
+    """The Verification section and its picture, when this tag has a verification plan."""
+    from autoloop import plot
+    from autoloop.verify_plan import load_plan, summarize, variant_label
+
+    plan = load_plan(results)
+    if plan is None or (tag and plan.tag != tag):
+        return []
+    summary = summarize(plan, records)
+    rows = [("the best vs the baseline", summary.gain, summary.gain_at_scale)]
+    rows += [(f"{variant_label(list(c.trials))} {c.description}", c.estimate, c.at_scale) for c in summary.changes]
+    picture = output.contributions_picture
+    try:
+        picture.parent.mkdir(parents=True, exist_ok=True)
+        plot.write_contributions_png(rows, picture, metric=records[-1].metric_name,
+                                     title=f"what each kept change is worth ({plan.repeats} repeats)")
+        return verification_section(summary, picture.relative_to(output.root).as_posix())
+    except plot.PlotUnavailable as e:
+        return verification_section(summary, None, f"_No picture: {e}._")
+
+
 @dataclass
 class ReportFiles:
     markdown: Path
@@ -488,13 +558,17 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
 
     from autoloop import plot
 
+    # The night's search is what the counts, tables and the progress picture show; the
+    # verification's runs (kind verify) have a section of their own.
+    night = queries.of_night(records)
     picture, note = output.picture, None
     try:
-        plot.write_progress_png(records, picture, tag=tag)
+        plot.write_progress_png(night, picture, tag=tag)
     except plot.PlotUnavailable as e:
         picture, note = None, str(e)
-    text = report_markdown(records, eval_seconds(results.root, records), tag=tag,
+    text = report_markdown(night, eval_seconds(results.root, night), tag=tag,
                            picture=picture.name if picture else None,
-                           picture_note=f"_No picture: {note}._" if note else None)
+                           picture_note=f"_No picture: {note}._" if note else None,
+                           verification=verification_lines(results, output, records, tag))
     atomic_write(output.report, text + "\n")
     return ReportFiles(output.report, picture, note, records, tag)

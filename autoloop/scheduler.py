@@ -38,6 +38,7 @@ from autoloop.proposers.base import Proposer
 from autoloop.proposers.preflight import run_preflight
 from autoloop.state import RunState, StateFile, load_state
 from autoloop.trial import Trial, measure_noise, run_baseline
+from autoloop.verify_plan import expected_seconds
 from autoloop.worktrees import ensure_worktree, remove_worktree, worker_workspace
 
 JOIN_SLICE_S = 0.2     # the main thread joins the slots in slices: it must stay free to take signals
@@ -263,9 +264,19 @@ class Scheduler:
         reason = low_disk(night)
         if reason:
             return reason
-        if self.deadline is not None and time.time() + self._expected() > self.deadline:
+        if self.deadline is not None and time.time() + self._expected() + self._kept_for_verification() > self.deadline:
+            if s.verify_at_end:
+                return "time is up: the rest of --hours is kept for the verification (--verify-at-end)"
             return "time is up: the next trial could not finish before the --hours deadline"
         return None
 
     def _expected(self) -> float:
         return queries.typical_attempt_seconds(self.night.arbiter.records(), self.night.settings.budget + 30)
+
+    def _kept_for_verification(self) -> float:
+        """--verify-at-end: the time its runs will take if the next trial is kept too."""
+        s = self.night.settings
+        if not s.verify_at_end:
+            return 0.0
+        kept = sum(1 for r in self.night.arbiter.records() if queries.is_kept_change(r)) + 1
+        return expected_seconds(kept, s.verify_repeats, self._expected(), s.verify_scale, s.budget, s.verify_budget)

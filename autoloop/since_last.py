@@ -22,7 +22,7 @@ from pathlib import Path
 from autoloop.console import plain, verbatim_line
 from autoloop.gitview import record_diff
 from autoloop.ledger import TSV_COLUMNS, LedgerRecord, trial_label, tsv_row
-from autoloop.queries import is_noise_sample
+from autoloop.queries import is_kept_change
 
 MARK_FILE = "report-mark.json"
 
@@ -65,20 +65,15 @@ def start_index(records: list[LedgerRecord], mark: Mark | None, tag: str | None)
     return mark.records
 
 
-def is_kept_change(record: LedgerRecord) -> bool:
-    return (record.status == "keep" and record.kind != "baseline" and not is_noise_sample(record)
-            and bool(record.commit) and record.commit != record.parent)
-
-
 def since_last_text(root: Path, records: list[LedgerRecord], start: int, mark: Mark | None,
                     tag: str | None) -> str:
     """What ``--since-last`` prints for the records from ``start`` on."""
-    new = [r for r in records[start:] if r.status != "skip"]
+    new = [r for r in records[start:] if r.status != "skip" and r.kind != "verify"]   # the TSV's rows
     where = f"autoloop/{tag}" if tag else "the ledger"
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(mark.at)) if mark and mark.at and start else None
     since = f"since the last report ({when})" if when else "in all (no earlier report of this ledger)"
     if not new:
-        return f"no new rows {since}; {where} has {sum(r.status != 'skip' for r in records)} rows"
+        return f"no new rows {since}; {where} has {sum(r.status != 'skip' and r.kind != 'verify' for r in records)} rows"
     kept = sum(is_kept_change(r) for r in new)
     out = [f"{len(new)} new row{'s' if len(new) != 1 else ''} {since} on {where}, {kept} kept "
            f"change{'s' if kept != 1 else ''} with {'its' if kept == 1 else 'their'} diff:", "",

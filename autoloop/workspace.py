@@ -336,6 +336,27 @@ class Workspace:
             raise WorkspaceError(f"cannot commit {self.target}: {_git_error(err)}") from None
         return self.head()
 
+    def commit_text_on(self, base: str, text: str, message: str) -> str:
+        """A commit whose tree is ``base``'s with the target's text replaced, its parent
+        ``base``; returns its sha. Plumbing on a private index: the work tree, the index,
+        HEAD and every branch stay as they are (verification builds its variants so)."""
+        base = self._resolve(base)
+        listed = self.repo.git.ls_tree(base, "--", self.target).split()
+        mode = listed[0] if listed else "100644"
+        with tempfile.TemporaryDirectory(prefix="autoloop-index-") as tmp:
+            blob_file = Path(tmp) / "target"
+            blob_file.write_text(text)
+            env = {**self._identity_env(), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            try:
+                with self.repo.git.custom_environment(**env):
+                    blob = self.repo.git.hash_object("-w", "--", str(blob_file)).strip()
+                    self.repo.git.read_tree(base)
+                    self.repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{self.target}")
+                    tree = self.repo.git.write_tree().strip()
+                    return self.repo.git.commit_tree(tree, "-p", base, "-m", message).strip()
+            except GitCommandError as err:
+                raise WorkspaceError(f"cannot make a commit on {base[:12]}: {_git_error(err)}") from None
+
     # ---------------------------------------------------------- trial refs
 
     def save_trial_ref(self, tag: str, trial: int, attempt: int, sha: str) -> str:

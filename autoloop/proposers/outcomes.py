@@ -65,8 +65,10 @@ def record_proposer(record: LedgerRecord) -> str:
 
 
 def trial_outcomes(records: list[LedgerRecord], direction: str = "min") -> dict[int, TrialOutcome]:
-    """Trial number -> its outcome, for every trial of the ledger (the baseline's included)."""
+    """Trial number -> its outcome, for every trial of the night (the baseline's included;
+    `autoloop verify`'s trials are measurements, not proposals: left out)."""
     by_trial: dict[int, list[tuple[LedgerRecord, float | None]]] = {}
+    records = queries.of_night(records)
     # In ledger order, with the best in force when each was judged.
     for r, before in zip(records, queries.best_before(records)):
         by_trial.setdefault(r.trial, []).append((r, before))
