@@ -47,14 +47,17 @@ def strip_audit(record: dict) -> dict:
 
 def proposal_request(settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int, attempt: int,
                      best: tuple[str | None, float | None], fix: FixContext | None = None) -> ProposalRequest:
-    """What the proposer is told: program.md, the best it builds on, the recent results
-    (audit figures stripped), and for a fix request the crash and the end of its log."""
+    """What the proposer is told: program.md, the best it builds on, the whole ledger and
+    the recent results (audit figures stripped), and for a fix request the crash and the
+    end of its log."""
     program = ws.root / PROGRAM_FILE
-    tail = [strip_audit(r.model_dump(mode="json")) for r in records[-LEDGER_TAIL_FOR_PROPOSER:]]
+    history = [strip_audit(r.model_dump(mode="json")) for r in records]
     return ProposalRequest(
         workspace=ws.root, target=settings.target, program_text=program.read_text() if program.exists() else "",
         metric_name=settings.metric, direction=settings.direction, best_metric=best[1], best_commit=best[0],
-        trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=tail, fix=fix, results_dir=layout.root)
+        trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=history[-LEDGER_TAIL_FOR_PROPOSER:], fix=fix,
+        results_dir=layout.root, history=[LedgerRecord.model_validate(r) for r in history],
+        digest_bytes=int(settings.digest_kb * 1024))
 
 
 def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[FixContext, str | None]:

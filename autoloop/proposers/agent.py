@@ -1,7 +1,8 @@
 """An external coding agent as the proposer: one run of its command per proposal.
 
-Each call writes the prompt (program.md, then the request: best so far, recent results,
-and for a fix request the crash and the end of its log) to
+Each call writes the prompt (program.md, then the request: best so far, the research
+digest of the whole night (digest.py), and for a fix request the crash and the end of
+its log) to
 ``results/agents/<trial>-<attempt>.prompt.md`` and runs the agent's command in the
 workspace with that prompt on stdin. The command is split like a shell would split it but
 run without one; these placeholders are replaced in its arguments:
@@ -39,13 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoloop.console import plain
+from autoloop.digest import InFlight, research_digest
 from autoloop.layout import RESULTS, Layout
 from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 from autoloop.proposers.presets import PRESETS as AGENT_PRESETS
 from autoloop.proposers.presets import Preset, preset_for
 
-RECENT_ROWS = 15           # results shown in the prompt
 LOG_TAIL_LINES = 60        # of a crashed run, in a fix request
 MAX_DESCRIPTION = 200
 # A skip's reason in the ledger: room for a CLI's whole error line (gemini's untrusted-folder
@@ -105,25 +106,11 @@ def check_executable(argv0: str, workspace: Path, hint: str, search_path: str | 
 # ------------------------------------------------------------------------------ the prompt
 
 
-def _metric(value) -> str:
-    return "-" if value is None else f"{value:.6f}"
-
-
-def _cell(text: object) -> str:
-    return " ".join(str(text).split()).replace("|", "/") or "-"
-
-
-def results_table(records: list[dict], limit: int = RECENT_ROWS) -> str:
-    """The last `limit` attempts as a small markdown table."""
-    rows = ["| trial | status | val_bpb | crash | description |", "|---|---|---|---|---|"]
-    for r in records[-limit:]:
-        label = str(r.get("trial")) + (f".{r['attempt']}" if (r.get("attempt") or 1) > 1 else "")
-        metric = _metric(r.get("metric")) if r.get("status") in ("keep", "discard") else "-"
-        crash = r.get("crash") or "-"
-        if r.get("status") == "skip":
-            crash = _cell(r.get("reason") or "-")
-        rows.append(f"| {label} | {r.get('status')} | {metric} | {_cell(crash)} | {_cell(r.get('description'))} |")
-    return "\n".join(rows)
+def prompt_digest(request: ProposalRequest) -> str:
+    """The research digest of the whole night (digest.py), bounded by --digest-kb."""
+    in_flight = [InFlight(d.get("trial"), d.get("parent"), str(d.get("description") or "")) for d in request.in_flight]
+    return research_digest(request.history, direction=request.direction, metric=request.metric_name,
+                           in_flight=in_flight, limit=request.digest_bytes)
 
 
 def build_prompt(request: ProposalRequest, description_file: Path) -> str:
@@ -145,9 +132,7 @@ def build_prompt(request: ProposalRequest, description_file: Path) -> str:
         f"- Metric: `{request.metric_name}`, {better} is better",
         f"- Best so far: {best}",
         "",
-        "## Recent results",
-        "",
-        results_table(request.ledger_tail) if request.ledger_tail else "(none yet)",
+        prompt_digest(request),
         "",
     ]
     fix = request.fix
@@ -156,7 +141,7 @@ def build_prompt(request: ProposalRequest, description_file: Path) -> str:
             "## Your task",
             "",
             f"Make ONE change to `{request.target}` that you expect to improve `{request.metric_name}`, "
-            "different from what the table shows was already tried. Do not commit, do not run the "
+            "different from what the digest shows was already tried. Do not commit, do not run the "
             f"full training. Then write a one-line description of the change to {description_file} "
             "(also in $AUTOLOOP_DESCRIPTION_FILE).",
         ]

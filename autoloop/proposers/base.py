@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from autoloop.digest import DEFAULT_BYTES
 from autoloop.errors import AutoloopError
+from autoloop.ledger import LedgerRecord
 
 
 @dataclass
@@ -34,6 +36,10 @@ class ProposalRequest:
     attempt: int
     seed: int
     ledger_tail: list[dict] = field(default_factory=list)  # recent ledger records (audit fields stripped)
+    # The whole ledger (audit fields stripped), for the agent's research digest (digest.py),
+    # and the digest's bound in bytes.
+    history: list[LedgerRecord] = field(default_factory=list)
+    digest_bytes: int = DEFAULT_BYTES
     fix: FixContext | None = None   # set for a fix request
     results_dir: Path | None = None
     # For proposers that run a process (the agent): the loop's stop request (Ctrl-C, SIGTERM)
