@@ -4,7 +4,8 @@
 puts git back the way the rest of the trial relies on (``git_guard``: the agent's commits,
 branch switches and resets undone, its work saved under refs), reverts and quarantines
 every change outside the target (the scope guard), and screens what is left
-(``screen``: the one place a prepared change is checked before it may run). What comes out
+(``screen``: the one place a prepared change is checked before it may run; the duplicate
+gate is there). What comes out
 is a :class:`~autoloop.attempt.Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
 None when the proposer has no more ideas.
 """
@@ -13,12 +14,15 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from autoloop import git_guard
+from git import BadName, BadObject
+
+from autoloop import duplicate_gate, git_guard
 from autoloop.attempt import Candidate, Slot
 from autoloop.layout import Layout
-from autoloop.ledger import LedgerRecord
+from autoloop.ledger import LedgerRecord, trial_label
 from autoloop.proposers.base import FixContext, ProposalFailed, Proposer, ProposalRequest
 from autoloop.state import fault_point
 from autoloop.workspace import Workspace
@@ -36,6 +40,16 @@ class Skipped:
     outside_changes: tuple[str, ...] = ()
     git_events: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)   # the proposal's own facts, when it made one (#18)
+    duplicate_of: str | None = None             # the earlier attempt it repeats (the duplicate gate)
+    description: str | None = None              # what the refused proposal said it does (a duplicate's)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why ``screen`` refuses a prepared edit; ``duplicate_of``: the attempt it repeats."""
+
+    reason: str
+    duplicate_of: str | None = None
 
 
 def strip_audit(record: dict) -> dict:
@@ -112,9 +126,13 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
             failure = f"{proposer.name} deleted {ws.target}"
         extra = dict(proposal.extra) if proposal is not None else {}
         return Skipped(failure, outside, events, extra) if failure is not None else None
-    refused = screen(ws, broken)
+    refused = screen(ws, broken, night.arbiter.records(), base)
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
-        return Skipped(refused, outside, events, dict(proposal.extra))
+        extra = dict(proposal.extra)
+        if refused.duplicate_of is not None:
+            extra["duplicate_of"] = refused.duplicate_of
+        described = proposal.description if refused.duplicate_of is not None else None
+        return Skipped(refused.reason, outside, events, extra, refused.duplicate_of, described)
     description = proposal.description
     if proposal.derived and guard.commit_message:
         # The agent said what it did in its commits rather than in the description file.
@@ -124,11 +142,38 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
                      outside, events, extra=dict(proposal.extra))
 
 
-def screen(ws: Workspace, broken: str | None = None) -> str | None:
+def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord] = (),
+           base: str | None = None) -> Refusal | None:
     """Why a prepared edit must not run (a skip), or None: the one check between proposing
-    and running. Today: it changed nothing, or a fix left the broken edit as it was."""
+    and running. It changed nothing; a fix left the broken edit as it was; or (a new
+    candidate, not a fix) it is the same change as an attempt already made from ``base``,
+    the best it was built on (duplicate_gate.py)."""
     if not ws.target_changed():
-        return f"proposal made no change to {ws.target}"
-    if broken is not None and ws.target_path.read_text() == broken:
-        return "the fix made no change to the broken edit"
-    return None
+        return Refusal(f"proposal made no change to {ws.target}")
+    edit = ws.target_path.read_text(errors="replace")
+    if broken is not None:
+        return Refusal("the fix made no change to the broken edit") if edit == broken else None
+    earlier = _attempts_from(ws, records, base)
+    twin = duplicate_gate.same_as(edit, earlier)
+    if twin is None:
+        return None
+    constants = duplicate_gate.changed_constants(ws.file_at(base, ws.target) or "", edit) if base else []
+    what = f" ({', '.join(constants[:3])}, already tried from this best)" if constants else ""
+    return Refusal(f"same change as #{twin.label}{what}", twin.label)
+
+
+def _attempts_from(ws: Workspace, records: list[LedgerRecord], base: str | None) -> Iterator[duplicate_gate.Earlier]:
+    """The targets of the attempts built on ``base`` (each commit once, newest first), read
+    from git only as the gate needs them."""
+    if base is None:
+        return
+    seen = set()
+    for r in reversed(records):
+        if r.parent == base and r.commit and r.commit not in seen and r.kind != "baseline":
+            seen.add(r.commit)
+            try:
+                source = ws.file_at(r.commit, ws.target)
+            except (ValueError, BadName, BadObject):   # a commit git no longer has: nothing to compare
+                continue
+            if source is not None:
+                yield duplicate_gate.Earlier(trial_label(r.trial, r.attempt), source)

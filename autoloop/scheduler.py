@@ -15,7 +15,8 @@ Stop conditions, checked before each trial: a slot's fatal error, the proposer o
 ideas, a signal, ``--max-trials`` (trials in flight count), the proposer failing
 ``--max-*-failures`` times in a row, a disk under ``--min-free-gb``, and ``--hours`` (no
 trial starts that could not end in time, from the median of the recent attempts). A skip
-counts toward ``--max-trials``: it was a proposer call.
+counts toward ``--max-trials``: it was a proposer call. A duplicate (the duplicate gate's
+skip) counts toward the failures in a row only when the one before it was a duplicate too.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class Scheduler:
         self.reserved: dict[int | None, int] = {}   # slot -> trial in flight
         self.started = 0                           # trials started by this run (failed proposals included)
         self.failures = 0                          # failed proposals in a row, all slots together
+        self.repeats = 0                           # duplicates in a row (the duplicate gate's skips)
         self.exhausted = False
         self.reason: str | None = None
         self.error: BaseException | None = None
@@ -228,10 +230,16 @@ class Scheduler:
             if outcome == "exhausted":
                 self.exhausted = True
                 return
-            if outcome == "failed":
+            if outcome == "duplicate":
+                # Told in the next prompt, a repeat is forgiven once; repeated again, it is a
+                # failure like any other (and stops a proposer that cannot stop repeating).
+                self.repeats += 1
+                self.failures += self.repeats > 1
+            elif outcome == "failed":
+                self.repeats = 0
                 self.failures += 1
             else:
-                self.failures = 0
+                self.repeats = self.failures = 0
             self.started += 1   # a failed proposal (a skip) counts toward --max-trials too: an agent call was made
 
     def _fail(self, error: BaseException) -> None:

@@ -6,7 +6,8 @@ A trial is one idea and every attempt it takes. Its steps, each a value:
 * :class:`Fix`      hand a trivially crashed attempt back to the proposer as a fix request;
 * :class:`Run`      run one attempt (``attempt.AttemptRunner``) of a prepared candidate;
 * :class:`Done`     the trial is over: ``ran``, ``failed`` (the proposal failed before
-                    anything ran) or ``exhausted`` (the proposer has no more ideas).
+                    anything ran), ``duplicate`` (the duplicate gate refused a change
+                    already tried from this best) or ``exhausted`` (no more ideas).
 
 After each attempt, :meth:`Trial.after` reads the decision (never the record's extra) and
 picks the next step, in this order: a stop request ends the trial; ``confirm`` re-runs the
@@ -54,7 +55,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Done:
-    outcome: str        # ran | failed | exhausted
+    outcome: str        # ran | failed | duplicate | exhausted
 
 
 Step = Propose | Fix | Run | Done
@@ -95,8 +96,9 @@ class Trial:
             self.slot.state.enter("idle")
             return Done("exhausted")
         if isinstance(prepared, Skipped):
-            self._skip(1, prepared.reason, "-", prepared)
-            return Done("failed")
+            # A duplicate keeps its description: the digest tells the agent what it repeated.
+            self._skip(1, prepared.reason, prepared.description or "-", prepared)
+            return Done("failed" if prepared.duplicate_of is None else "duplicate")
         return Run(self.plan("candidate", prepared))
 
     def fix(self, failed: LedgerRecord) -> Step:
