@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from git import BadName, BadObject
 
-from autoloop import duplicate_gate, git_guard
+from autoloop import duplicate_gate, git_guard, queries
 from autoloop.attempt import Candidate, Slot
 from autoloop.layout import Layout
 from autoloop.ledger import LedgerRecord, trial_label
@@ -164,12 +164,14 @@ def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord]
 
 def _attempts_from(ws: Workspace, records: list[LedgerRecord], base: str | None) -> Iterator[duplicate_gate.Earlier]:
     """The targets of the attempts built on ``base`` (each commit once, newest first), read
-    from git only as the gate needs them."""
+    from git only as the gate needs them. An interrupted attempt was never judged: its
+    change may run again (the optuna proposer asks for it after a resume)."""
     if base is None:
         return
     seen = set()
     for r in reversed(records):
-        if r.parent == base and r.commit and r.commit not in seen and r.kind != "baseline":
+        if (r.parent == base and r.commit and r.commit not in seen and r.kind != "baseline"
+                and not queries.was_interrupted(r)):
             seen.add(r.commit)
             try:
                 source = ws.file_at(r.commit, ws.target)

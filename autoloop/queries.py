@@ -50,6 +50,12 @@ def is_noise_sample(record: LedgerRecord) -> bool:
     return "noise_samples" in record.extra
 
 
+def was_interrupted(record: LedgerRecord) -> bool:
+    """An attempt a stop or a kill ended before it had a verdict of its own (recovery's and
+    the stop request's reason, classify's "interrupted" rule): its change was never judged."""
+    return record.status == "crash" and record.reason.startswith("interrupted")
+
+
 def noise(records: list[LedgerRecord]) -> float | None:
     """The noise estimate decisions use: the latest noise sample that produced one."""
     for r in reversed(records):
