@@ -319,13 +319,14 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
         out.append("None: no change beat the baseline.")
     else:
         out += ["In the order they were kept; each delta is against the best before it.", "",
-                f"| # | trial | commit | {metric} | delta | confidence | description |",
-                "|---:|---:|---|---:|---:|---:|---|"]
+                f"| # | trial | commit | {metric} | delta | confidence | description | hypothesis |",
+                "|---:|---:|---|---:|---:|---:|---|---|"]
         for i, (r, ref) in enumerate(kept, 1):
             delta = f"{r.metric - ref:+.6f}" if r.metric is not None and ref is not None else "-"
             out.append(f"| {i} | {trial_label(r.trial, r.attempt)} | `{(r.commit or '-')[:7]}` | "
                        f"{_fmt(r.metric, 6)} | {delta} | "
-                       f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} |")
+                       f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} | "
+                       f"{_md(r.extra.get('hypothesis') or '-')} |")
     out.append("")
 
     # -- yield per proposer (#18)

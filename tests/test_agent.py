@@ -78,6 +78,8 @@ def test_prompt_on_stdin_and_in_the_prompt_file(workspace, tmp_path):
     assert env["AUTOLOOP_PROMPT_FILE"] == str(prompt_file)
     assert env["AUTOLOOP_DESCRIPTION_FILE"] == str(workspace / "results" / "agents" / "4-1.description.txt")
     assert env["AUTOLOOP_TARGET"] == "train.py" and env["AUTOLOOP_TRIAL"] == "4"
+    assert env["AUTOLOOP_HYPOTHESIS_FILE"] == str(workspace / "results" / "agents" / "4-1.hypothesis.txt")
+    assert env["AUTOLOOP_HYPOTHESIS_FILE"] in prompt
     assert Path((out / "cwd.txt").read_text()) == workspace
     # program.md, the best so far, the research digest of the night (tests/test_digest.py), the task.
     assert prompt.startswith(PROGRAM.strip())
@@ -90,6 +92,19 @@ def test_prompt_on_stdin_and_in_the_prompt_file(workspace, tmp_path):
     assert proposal.description == "edit train.py: +1 -0 lines"
     assert proposal.source == "agents/4-1.log"
     assert "recorded the prompt" in (workspace / "results" / "agents" / "4-1.log").read_text()
+
+
+def test_the_hypothesis_file_goes_into_the_proposal(workspace):
+    """One line from $AUTOLOOP_HYPOTHESIS_FILE (or {hypothesis_file}) becomes extra.hypothesis;
+    a stale file from an earlier call never describes this one."""
+    stale = workspace / "results" / "agents" / "4-1.hypothesis.txt"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("left over\n")
+    writes = AgentProposer("sh -c 'echo \"LR = 0.2\" >> train.py; printf \"\\n  wider steps   early\\nmore\" "
+                           "> {hypothesis_file}'", timeout_s=30)
+    assert writes.propose(request(workspace)).extra == {"hypothesis": "wider steps early"}
+    silent = AgentProposer("sh -c 'echo \"LR = 0.3\" >> train.py'", timeout_s=30)
+    assert silent.propose(request(workspace)).extra == {}
 
 
 def test_fix_request_prompt_carries_the_crash(workspace, tmp_path):

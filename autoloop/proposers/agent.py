@@ -9,12 +9,15 @@ run without one; these placeholders are replaced in its arguments:
 
     {prompt_file}       the prompt file (absolute path)
     {description_file}  where the agent may write its one-line description
+    {hypothesis_file}   where the agent may write its one-line hypothesis (why it should help)
     {target}            the file to edit, relative to the workspace (train.py)
     {workspace}         the workspace root
     {results_dir}       the results folder (ignored by git: safe for an agent's own files)
 
 and the environment carries AUTOLOOP_PROMPT_FILE, AUTOLOOP_DESCRIPTION_FILE,
-AUTOLOOP_TARGET, AUTOLOOP_TRIAL and AUTOLOOP_ATTEMPT. For pipes or redirections, wrap
+AUTOLOOP_HYPOTHESIS_FILE, AUTOLOOP_TARGET, AUTOLOOP_TRIAL and AUTOLOOP_ATTEMPT. The
+hypothesis, when written, goes into the proposal's extra (``hypothesis``): the ledger,
+results.tsv's last column, the report and the digest show it. For pipes or redirections, wrap
 the command in ``sh -c '...'`` and use the variables.
 
 The agent's output (stdout and stderr) goes to ``results/agents/<trial>-<attempt>.log``.
@@ -49,6 +52,7 @@ from autoloop.proposers.presets import Preset, preset_for
 
 LOG_TAIL_LINES = 60        # of a crashed run, in a fix request
 MAX_DESCRIPTION = 200
+MAX_HYPOTHESIS = 300
 # A skip's reason in the ledger: room for a CLI's whole error line (gemini's untrusted-folder
 # message is ~330 characters and names the variable to set at its end). Shortened only for
 # display (console, report).
@@ -113,7 +117,7 @@ def prompt_digest(request: ProposalRequest) -> str:
                            in_flight=in_flight, limit=request.digest_bytes)
 
 
-def build_prompt(request: ProposalRequest, description_file: Path) -> str:
+def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_file: Path | None = None) -> str:
     program = request.program_text.strip()
     if not program and _TEMPLATE_PROGRAM.exists():
         program = _TEMPLATE_PROGRAM.read_text().strip()
@@ -143,7 +147,9 @@ def build_prompt(request: ProposalRequest, description_file: Path) -> str:
             f"Make ONE change to `{request.target}` that you expect to improve `{request.metric_name}`, "
             "different from what the digest shows was already tried. Do not commit, do not run the "
             f"full training. Then write a one-line description of the change to {description_file} "
-            "(also in $AUTOLOOP_DESCRIPTION_FILE).",
+            "(also in $AUTOLOOP_DESCRIPTION_FILE)"
+            + (f", and one line on why you expect it to help (your hypothesis) to {hypothesis_file} "
+               "(also in $AUTOLOOP_HYPOTHESIS_FILE)." if hypothesis_file else "."),
         ]
     else:
         parts += [
@@ -204,7 +210,9 @@ def describe_change(before: str, after: str, target: str) -> str:
     return text
 
 
-def read_description(path: Path) -> str | None:
+def read_description(path: Path, limit: int = MAX_DESCRIPTION) -> str | None:
+    """The first non-blank line of a file the agent wrote (spacing collapsed, cut to
+    ``limit``), or None when there is none."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -212,7 +220,7 @@ def read_description(path: Path) -> str | None:
     for line in text.splitlines():
         line = " ".join(line.split())
         if line:
-            return line[:MAX_DESCRIPTION]
+            return line[:limit]
     return None
 
 
@@ -245,15 +253,19 @@ class AgentProposer:
         results_dir = layout.root
         layout.agents.mkdir(parents=True, exist_ok=True)
         prompt_file, description_file, log_path = layout.agent_files(request.trial, request.attempt)
-        description_file.unlink(missing_ok=True)   # a stale one must not describe this change
-        prompt_file.write_text(build_prompt(request, description_file))
+        hypothesis_file = layout.hypothesis_file(request.trial, request.attempt)
+        for stale in (description_file, hypothesis_file):   # a stale one must not describe this change
+            stale.unlink(missing_ok=True)
+        prompt_file.write_text(build_prompt(request, description_file, hypothesis_file))
 
         values = {"prompt_file": str(prompt_file), "description_file": str(description_file),
-                  "target": request.target, "workspace": str(workspace), "results_dir": str(results_dir)}
+                  "hypothesis_file": str(hypothesis_file), "target": request.target, "workspace": str(workspace),
+                  "results_dir": str(results_dir)}
         argv = [_fill(arg, values) for arg in split_command(self.command)]
         # The preset's variables first: the loop's own (and the user's environment) win.
         env = self.preset.agent_env() if self.preset else {}
         env.update({"AUTOLOOP_PROMPT_FILE": str(prompt_file), "AUTOLOOP_DESCRIPTION_FILE": str(description_file),
+                    "AUTOLOOP_HYPOTHESIS_FILE": str(hypothesis_file),
                     "AUTOLOOP_TARGET": request.target, "AUTOLOOP_TRIAL": str(request.trial),
                     "AUTOLOOP_ATTEMPT": str(request.attempt)})
         if request.process_token:
@@ -299,7 +311,9 @@ class AgentProposer:
                                           (after or b"").decode("utf-8", "replace"), request.target)
             if request.fix is not None:
                 description = f"{request.fix.description} (fix: {description})"
-        return Proposal(description=description, source=log_rel, derived=derived)
+        hypothesis = read_description(hypothesis_file, MAX_HYPOTHESIS)
+        return Proposal(description=description, source=log_rel, derived=derived,
+                        extra={"hypothesis": hypothesis} if hypothesis else {})
 
 
 def _evidence(watch: OutputWatch) -> str:
