@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from git import BadName, BadObject
 
-from autoloop import duplicate_gate, git_guard, queries
+from autoloop import duplicate_gate, git_guard, person_notes, queries
 from autoloop.attempt import Candidate, Slot
 from autoloop.layout import Layout
 from autoloop.ledger import LedgerRecord, trial_label
@@ -62,8 +62,9 @@ def strip_audit(record: dict) -> dict:
 def proposal_request(settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int, attempt: int,
                      best: tuple[str | None, float | None], fix: FixContext | None = None) -> ProposalRequest:
     """What the proposer is told: program.md, the best it builds on, the whole ledger and
-    the recent results (audit figures stripped), and for a fix request the crash and the
-    end of its log."""
+    the recent results (audit figures stripped), the person's notes in force (read anew
+    for every proposal: a note written a minute ago reaches the next one), and for a fix
+    request the crash and the end of its log."""
     program = ws.root / PROGRAM_FILE
     history = [strip_audit(r.model_dump(mode="json")) for r in records]
     return ProposalRequest(
@@ -71,7 +72,7 @@ def proposal_request(settings, ws: Workspace, layout: Layout, records: list[Ledg
         metric_name=settings.metric, direction=settings.direction, best_metric=best[1], best_commit=best[0],
         trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=history[-LEDGER_TAIL_FOR_PROPOSER:], fix=fix,
         results_dir=layout.root, history=[LedgerRecord.model_validate(r) for r in history],
-        digest_bytes=int(settings.digest_kb * 1024))
+        digest_bytes=int(settings.digest_kb * 1024), notes=person_notes.active_notes(layout.root))
 
 
 def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[FixContext, str | None]:

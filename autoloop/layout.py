@@ -28,6 +28,8 @@ about where something is. Nothing here touches the disk except ``ensure``.
       optuna.db                the Optuna proposer's study (SQLite; -wal, -shm beside it)
       archive/<tag>-<stamp>/   a previous tag's results, moved aside when a new tag starts
       report.md, progress.png  `autoloop report`
+      person-notes.json        `autoloop note`: the person's notes and clears (person_notes.py)
+      .person-notes.lock       serialises the writers of person-notes.json
 """
 
 from __future__ import annotations
@@ -170,6 +172,15 @@ class Layout:
     def hypothesis_file(self, trial: int, attempt: int) -> Path:
         """Where an agent call may write its one-line hypothesis (why the change should help)."""
         return self.agents / f"{attempt_stem(trial, attempt)}.hypothesis.txt"
+
+    @property
+    def person_notes(self) -> Path:
+        """The person's notes to the agent (`autoloop note`); kept across tags until cleared."""
+        return self.root / "person-notes.json"
+
+    @property
+    def person_notes_lock(self) -> Path:
+        return self.root / ".person-notes.lock"
 
     def ref_snapshot(self, trial: int, attempt: int) -> Path:
         """The refs before one proposal, persisted so that a recovery after kill -9 puts back

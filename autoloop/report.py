@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop import queries
+from autoloop import person_notes, queries
 from autoloop.atomic import atomic_write
-from autoloop.console import parse_progress, time_left, whole_seconds
+from autoloop.console import parse_progress, shorten, time_left, whole_seconds
 from autoloop.errors import AutoloopError
 from autoloop.layout import Layout, branch_name
 from autoloop.ledger import Ledger, LedgerRecord, trial_label
@@ -118,9 +118,19 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
         "stop_reason": state.stop_reason if state.phase == "stopped" else None,
         "tampered": tampered_attempts(records),
+        # #17: what `autoloop note` tells every prompt now.
+        **_notes_in_force(results_dir),
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
                   "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
     }
+
+
+def _notes_in_force(results_dir: Path) -> dict:
+    """The person's notes for status; a damaged notes file is said, not fatal to status."""
+    try:
+        return {"notes": [{"at": n.at, "text": n.text} for n in person_notes.active_notes(results_dir)]}
+    except person_notes.PersonNotesError as e:
+        return {"notes": [], "notes_error": str(e)}
 
 
 def status_text(data: dict) -> str:
@@ -176,6 +186,12 @@ def status_text(data: dict) -> str:
         lines.append(f"time left: {time_left(data['time_left_s'])}")
     if data.get("noise") is not None:
         lines.append(f"noise: σ {data['noise']:.6f} (the noise rule needs a gain beyond z x σ)")
+    if data.get("notes"):
+        n = len(data["notes"])
+        lines.append(f"notes: {n} in force, in every prompt (autoloop note to list them, --clear to drop them); "
+                     f"latest: {shorten(data['notes'][-1]['text'])}")
+    if data.get("notes_error"):
+        lines.append(f"notes: {data['notes_error']}")
     if data.get("tampered"):
         found = data["tampered"]
         shown = "; ".join(f"#{trial_label(t['trial'], t['attempt'])} {', '.join(t['paths'][:3])}"
@@ -265,8 +281,9 @@ def _clock(t: float | None) -> str:
 
 def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], float], *, tag: str | None = None,
                     picture: str | None = "progress.png", picture_note: str | None = None,
-                    now: float | None = None) -> str:
-    """The whole report.md text for a ledger (pure: everything it needs is passed in)."""
+                    now: float | None = None, notes: list[dict] = ()) -> str:
+    """The whole report.md text for a ledger (pure: everything it needs is passed in).
+    ``notes``: the person's notes and clears (person_notes.history), in order."""
     if not records:
         raise ReportError("the ledger has no records yet: nothing to report")
     metric = records[-1].metric_name
@@ -328,6 +345,8 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
                        f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} | "
                        f"{_md(r.extra.get('hypothesis') or '-')} |")
     out.append("")
+
+    out += notes_section(notes)
 
     # -- yield per proposer (#18)
     out += proposers_section(records, direction, metric)
@@ -438,6 +457,18 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     return "\n".join(out)
 
 
+def notes_section(notes: list[dict]) -> list[str]:
+    """'## Notes from the person' (#17): every `autoloop note` and `--clear`, with its time."""
+    if not notes:
+        return []
+    out = ["## Notes from the person", "",
+           "What `autoloop note` told the agent; every prompt after a note carried it until it was cleared.", ""]
+    for event in notes:
+        when = _clock(event["at"])
+        out.append(f"- {when}: notes cleared" if event.get("clear") else f"- {when}: {_md(event['note'])}")
+    return out + [""]
+
+
 def proposers_section(records: list[LedgerRecord], direction: str, metric: str) -> list[str]:
     """'## Proposers': what each proposer brought (a portfolio's members one by one)."""
     from autoloop.proposers.outcomes import proposer_yields
@@ -496,6 +527,7 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
         picture, note = None, str(e)
     text = report_markdown(records, eval_seconds(results.root, records), tag=tag,
                            picture=picture.name if picture else None,
-                           picture_note=f"_No picture: {note}._" if note else None)
+                           picture_note=f"_No picture: {note}._" if note else None,
+                           notes=person_notes.history(results.root))
     atomic_write(output.report, text + "\n")
     return ReportFiles(output.report, picture, note, records, tag)

@@ -114,7 +114,7 @@ def prompt_digest(request: ProposalRequest) -> str:
     """The research digest of the whole night (digest.py), bounded by --digest-kb."""
     in_flight = [InFlight(d.get("trial"), d.get("parent"), str(d.get("description") or "")) for d in request.in_flight]
     return research_digest(request.history, direction=request.direction, metric=request.metric_name,
-                           in_flight=in_flight, limit=request.digest_bytes)
+                           notes=request.notes, in_flight=in_flight, limit=request.digest_bytes)
 
 
 def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_file: Path | None = None) -> str:

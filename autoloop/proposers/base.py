@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from autoloop.digest import DEFAULT_BYTES
+from autoloop.digest import DEFAULT_BYTES, Note
 from autoloop.errors import AutoloopError
 from autoloop.ledger import LedgerRecord
 
@@ -40,6 +40,7 @@ class ProposalRequest:
     # and the digest's bound in bytes.
     history: list[LedgerRecord] = field(default_factory=list)
     digest_bytes: int = DEFAULT_BYTES
+    notes: list[Note] = field(default_factory=list)   # the person's notes in force (person_notes.py)
     fix: FixContext | None = None   # set for a fix request
     results_dir: Path | None = None
     # For proposers that run a process (the agent): the loop's stop request (Ctrl-C, SIGTERM)
