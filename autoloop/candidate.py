@@ -105,10 +105,11 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
                      attempt_started_at=time.time(), child_token=request.process_token)
     if broken is not None:   # after the state says so: a kill now is recovered like any proposal
         ws.target_path.write_text(broken)
+    failed_extra: dict = {}
     try:
         proposal, failure = proposer.propose(request), None
     except ProposalFailed as e:
-        proposal, failure = None, str(e)
+        proposal, failure, failed_extra = None, str(e), e.extra
     else:
         fault_point("proposed", request.trial)
     # Git first: a proposer that committed, switched branch or reset must not have the
@@ -125,7 +126,7 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
         ws.reset_to(base)
         if proposal is not None:   # nothing to run: recorded as a skip, like a failed proposal
             failure = f"{proposer.name} deleted {ws.target}"
-        extra = dict(proposal.extra) if proposal is not None else {}
+        extra = dict(proposal.extra) if proposal is not None else failed_extra
         return Skipped(failure, outside, events, extra) if failure is not None else None
     refused = screen(ws, broken, night.arbiter.records(), base)
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)

@@ -209,6 +209,11 @@ class Settings(BaseModel):
         "notes) holds at most this many kB however long the night", metavar="KB", run_only=True, ge=1,
         allow_inf_nan=False)
 
+    max_agent_cost: float | None = setting(
+        None, "proposer", "stop the night cleanly once the agent calls of this tag have cost this many US dollars, "
+        "as the CLIs report it (Claude Code and Aider do, Codex only tokens; nothing is estimated; calls in flight "
+        "finish)", metavar="USD", run_only=True, default_text="no limit", gt=0, allow_inf_nan=False)
+
     # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
     # portfolio's members (README "Proposers").
     sampler: Literal["tpe", "cmaes", "gp"] = setting(

@@ -15,7 +15,7 @@ import json
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autoloop import person_notes, queries
@@ -120,9 +120,28 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "tampered": tampered_attempts(records),
         # #17: what `autoloop note` tells every prompt now.
         **_notes_in_force(results_dir),
+        "agent_spend": _spend(records),
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
                   "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
     }
+
+
+def _spend(records: list[LedgerRecord]) -> dict | None:
+    """#17: the agent calls' reported cost and tokens; None when no agent call ran."""
+    spend = queries.agent_spend(records)
+    return asdict(spend) if spend.calls else None
+
+
+def spend_line(spend: dict) -> str:
+    """'$0.13 over 3 agent calls (12,000 tokens in, 963 out); 1 call reported no cost'."""
+    calls = spend["calls"]
+    text = (f"${spend['cost_usd']:.2f} over {calls} agent call{'s' if calls != 1 else ''} "
+            f"({spend['input_tokens']:,} tokens in, {spend['output_tokens']:,} out), as the agent's CLI reported it")
+    silent = spend["unreported"] + spend["without_cost"]
+    if silent:
+        text += (f"; {silent} call{'s' if silent != 1 else ''} reported no cost (not estimated"
+                 + (", and no tokens either" if spend["unreported"] else "") + ")")
+    return text
 
 
 def _notes_in_force(results_dir: Path) -> dict:
@@ -190,6 +209,8 @@ def status_text(data: dict) -> str:
         n = len(data["notes"])
         lines.append(f"notes: {n} in force, in every prompt (autoloop note to list them, --clear to drop them); "
                      f"latest: {shorten(data['notes'][-1]['text'])}")
+    if data.get("agent_spend"):
+        lines.append(f"agent cost: {spend_line(data['agent_spend'])}")
     if data.get("notes_error"):
         lines.append(f"notes: {data['notes_error']}")
     if data.get("tampered"):
@@ -347,6 +368,9 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out.append("")
 
     out += notes_section(notes)
+    spend = _spend(records)
+    if spend:
+        out += ["## Agent cost", "", spend_line(spend) + ".", ""]
 
     # -- yield per proposer (#18)
     out += proposers_section(records, direction, metric)

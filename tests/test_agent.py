@@ -102,9 +102,9 @@ def test_the_hypothesis_file_goes_into_the_proposal(workspace):
     stale.write_text("left over\n")
     writes = AgentProposer("sh -c 'echo \"LR = 0.2\" >> train.py; printf \"\\n  wider steps   early\\nmore\" "
                            "> {hypothesis_file}'", timeout_s=30)
-    assert writes.propose(request(workspace)).extra == {"hypothesis": "wider steps early"}
+    assert writes.propose(request(workspace)).extra == {"hypothesis": "wider steps early", "agent_usage": None}
     silent = AgentProposer("sh -c 'echo \"LR = 0.3\" >> train.py'", timeout_s=30)
-    assert silent.propose(request(workspace)).extra == {}
+    assert silent.propose(request(workspace)).extra == {"agent_usage": None}   # sh reports no usage
 
 
 def test_fix_request_prompt_carries_the_crash(workspace, tmp_path):

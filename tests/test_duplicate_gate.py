@@ -54,6 +54,8 @@ def test_a_repeated_proposal_is_skipped_untrained_told_and_stops_the_night_when_
     assert ledger[2]["description"] == "freeze the head (spelt again)"
     assert not (repo / "results" / "runs" / "2-1.log").exists()      # nothing trained
     assert "#2 skipped: same change as #1" in proc.stdout
+    # Its CLI reports no usage: said once, never estimated.
+    assert proc.stdout.count("agent cost: ") == 1 and "reported no usage at all" in proc.stdout
     state = json.loads((repo / "results" / "state.json").read_text())
     assert state["stop_reason"].startswith("agent failed 1 time in a row (--max-agent-failures 1)")
     # The next prompt says so, first.

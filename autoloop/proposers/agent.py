@@ -49,6 +49,7 @@ from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 from autoloop.proposers.presets import PRESETS as AGENT_PRESETS
 from autoloop.proposers.presets import Preset, preset_for
+from autoloop.proposers.usage import read_usage
 
 LOG_TAIL_LINES = 60        # of a crashed run, in a fix request
 MAX_DESCRIPTION = 200
@@ -285,25 +286,29 @@ class AgentProposer:
         log = f"see {RESULTS}/{log_rel}"
         if outcome.launch_error:
             raise ProposalFailed(_reason(f"agent could not start: {outcome.launch_error}"))
+        # The call ran: what it cost is a fact of its record whatever came of it (null:
+        # the CLI's output reported nothing; usage.py).
+        usage = read_usage(log_path.read_text(errors="replace")) if log_path.exists() else None
+        spent = {"agent_usage": usage.as_extra() if usage else None}
         ended_early = watch.reason()
         if ended_early:
-            raise ProposalFailed(_reason(ended_early, log))
+            raise ProposalFailed(_reason(ended_early, log), spent)
         if outcome.killed_reason == "timeout":
             raise ProposalFailed(_reason(f"agent timed out after {format_duration(self.timeout_s)} "
-                                         f"(process tree killed){_evidence(watch)}", log))
+                                         f"(process tree killed){_evidence(watch)}", log), spent)
         if outcome.killed_reason == "stopped":
-            raise ProposalFailed("agent stopped by the loop's stop request")
+            raise ProposalFailed("agent stopped by the loop's stop request", spent)
         if outcome.signal is not None:
-            raise ProposalFailed(_reason(f"agent killed by {_signal_name(outcome.signal)}", log))
+            raise ProposalFailed(_reason(f"agent killed by {_signal_name(outcome.signal)}", log), spent)
         if outcome.exit_code != 0:
             last = watch.explanation() or _last_line(outcome.log_tail)
             raise ProposalFailed(_reason(f"agent exited with code {outcome.exit_code}" + (f": {last}" if last else ""),
-                                         log))
+                                         log), spent)
 
         after = target.read_bytes() if target.exists() else None
         if after == before:
             # A CLI that printed an error and exited 0 (aider after an auth error) failed.
-            raise ProposalFailed(_reason(f"agent made no change to {request.target}{_evidence(watch)}", log))
+            raise ProposalFailed(_reason(f"agent made no change to {request.target}{_evidence(watch)}", log), spent)
         description = read_description(description_file)
         derived = description is None
         if description is None:
@@ -313,7 +318,7 @@ class AgentProposer:
                 description = f"{request.fix.description} (fix: {description})"
         hypothesis = read_description(hypothesis_file, MAX_HYPOTHESIS)
         return Proposal(description=description, source=log_rel, derived=derived,
-                        extra={"hypothesis": hypothesis} if hypothesis else {})
+                        extra={**spent, **({"hypothesis": hypothesis} if hypothesis else {})})
 
 
 def _evidence(watch: OutputWatch) -> str:

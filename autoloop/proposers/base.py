@@ -69,7 +69,12 @@ class ProposerError(AutoloopError):
 
 
 class ProposalFailed(Exception):
-    """The proposer could not produce a usable change this time (recorded, loop goes on)."""
+    """The proposer could not produce a usable change this time (recorded, loop goes on).
+    ``extra``: facts for the skip's record all the same (what a failed agent call cost)."""
+
+    def __init__(self, reason: str, extra: dict | None = None):
+        super().__init__(reason)
+        self.extra = dict(extra or {})
 
 
 class Proposer(Protocol):
