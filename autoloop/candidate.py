@@ -147,14 +147,14 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
 def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord] = (),
            base: str | None = None) -> Refusal | None:
     """Why a prepared edit must not run (a skip), or None: the one check between proposing
-    and running. It changed nothing; a fix left the broken edit as it was; or (a new
-    candidate, not a fix) it is the same change as an attempt already made from ``base``,
-    the best it was built on (duplicate_gate.py)."""
+    and running. It changed nothing; a fix left the broken edit as it was; or it is the
+    same change as an attempt already made from ``base``, the best it was built on
+    (duplicate_gate.py; a fix too: one that lands on a change already judged)."""
     if not ws.target_changed():
         return Refusal(f"proposal made no change to {ws.target}")
     edit = ws.target_path.read_text(errors="replace")
-    if broken is not None:
-        return Refusal("the fix made no change to the broken edit") if edit == broken else None
+    if broken is not None and edit == broken:
+        return Refusal("the fix made no change to the broken edit")
     earlier = _attempts_from(ws, records, base)
     twin = duplicate_gate.same_as(edit, earlier)
     if twin is None:

@@ -47,6 +47,9 @@ STOPWORDS = frozenset("a an and the of to in on for with by from at as is it its
 # "MATRIX_LR 0.04 -> 0.06": a constant and the value it was set to (the mutator's, the
 # derived descriptions' and most agents' way of saying so).
 _SETTING = re.compile(r"\b([A-Z][A-Z0-9_]*[A-Z0-9])\s*(?::|=)?\s*(\S+)\s*(?:->|→|=>|to)\s*([^\s,;]+)")
+# "EMBED_LR x0.7 (0.36 -> 0.252)": one constant named, the value after the last arrow.
+_CONSTANT = re.compile(r"\b([A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]|[A-Z]{2,}[0-9]*)\b")
+_ARROW_VALUE = re.compile(r"(?:->|→|=>)\s*([^\s,;()]+)")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029«»`|]")
 _FENCE = re.compile(r"<{2,}|>{2,}")    # the digest's own delimiters ("->" stays)
 
@@ -204,8 +207,8 @@ def _directions(records: list[LedgerRecord], before: list[float | None], sigma: 
         if r.kind == "baseline" or r.status not in ("discard", "crash") or r.trial in kept_trials:
             continue
         delta = None if r.metric is None or ref is None or r.status == "crash" else r.metric - ref
-        settings = _SETTING.findall(r.description)
-        keys = [(name, value) for name, _, value in settings] or [(_words(r.description), None)]
+        settings = _settings(r.description)
+        keys = settings or [(_words(r.description), None)]
         for key, value in keys:
             group = groups.setdefault(key, _Group(key, constant=bool(settings)))
             group.add(r, value, delta, sign)
@@ -327,6 +330,15 @@ def _fit(section: Section | None, room: int) -> list[str]:
             return lines
         items = items[1:] if section.newest_last else items[:-1]
     return []
+
+
+def _settings(description: str) -> list[tuple[str, str]]:
+    """(constant, value it was set to) for each constant a description says it set."""
+    found = [(name, value) for name, _, value in _SETTING.findall(description)]
+    if found:
+        return found
+    names, values = set(_CONSTANT.findall(description)), _ARROW_VALUE.findall(description)
+    return [(names.pop(), values[-1])] if len(names) == 1 and values else []
 
 
 def _counts(records: Iterable[LedgerRecord]) -> dict[str, int]:

@@ -139,7 +139,7 @@ class Trial:
         """A within-noise gain: the same commit once more with a new seed, judged on the mean."""
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         again = replace(done.plan.candidate, commit=done.record.commit, outside_changes=(), git_events=(),
-                        replay_of=None, extra={})
+                        replay_of=None, extra=carried(done.record.extra))
         return AttemptPlan(self.number, attempt, "confirm", again, self.night.settings.seed + attempt - 1,
                            prior_runs=(done.record.metric,), can_confirm=False, replays=done.plan.replays)
 
@@ -154,7 +154,7 @@ class Trial:
         self.start = onto
         self.slot.ws.target_path.write_text(merged)
         moved = Candidate(None, onto[0], onto[1], record.description, record.proposer,
-                          record.extra.get("source"), replay_of=record.commit)
+                          record.extra.get("source"), replay_of=record.commit, extra=carried(record.extra))
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         return self.plan("confirm", moved, attempt, replays=replays)
 
@@ -211,6 +211,12 @@ class Trial:
         self._reset()
         record_skip(self.night, self.slot, self.number, attempt, self.proposer.name, reason, description,
                     found.outside_changes, found.git_events, self.start, found.extra)
+
+
+def carried(extra: dict) -> dict:
+    """What a re-run of the same change keeps of its first record's extra: the hypothesis
+    (#17), so that the record that keeps it says why. Not the agent's usage: no new call."""
+    return {"hypothesis": extra["hypothesis"]} if extra.get("hypothesis") else {}
 
 
 def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,

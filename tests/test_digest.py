@@ -101,12 +101,14 @@ def test_directions_grouped_by_constant_with_range_best_delta_and_noise():
     for i, (value, metric) in enumerate([(0.01, 2.05), (0.08, 2.0015), (0.03, 2.01)], start=2):
         rows.append(LedgerRecord(trial=i, started_at=t, ended_at=t, proposer="agent", commit=f"{i:040x}",
                                  description=f"MATRIX_LR 0.04 -> {value}", status="discard", metric=metric))
+    rows.append(LedgerRecord(trial=6, started_at=t, ended_at=t, proposer="agent", commit="d" * 40,
+                             description="MATRIX_LR x0.5 (0.04 -> 0.02)", status="discard", metric=2.2))
     rows.append(LedgerRecord(trial=5, started_at=t, ended_at=t, proposer="agent", commit="c" * 40,
                              description="replace the ReLU^2 MLP with SwiGLU", status="crash", crash="trivial",
                              reason="NameError: name 'silu' is not defined"))
     digest = research_digest(rows)
     tried = section(digest, "Tried without becoming the best")
-    assert "- MATRIX_LR: 3 tries 0.01-0.08, best +0.000500, within noise" in tried
+    assert "- MATRIX_LR: 4 tries 0.01-0.08, best +0.000500, within noise" in tried   # "x0.5 (0.04 -> 0.02)" too
     assert "ideas about «replace relu mlp»: 1 try, 1 crashed" in tried
     assert "- trivial «NameError»: 1 (last #5; e.g. «NameError: name 'silu' is not defined»)" in digest
     assert "Noise: sigma 0.002000" in digest
