@@ -42,8 +42,8 @@ MAX_GROUPS = 40           # directions, crash reasons, skip reasons: the largest
 KEPT_WIDTHS = (100, 60, 32, 16, 0)
 KEPT_SHARE = 0.5          # of the bound, at most, for the kept changes (unless names alone need more)
 NOTE_WIDTH = 300          # of one note from the person
-STOPWORDS = frozenset("a an and the of to in on for with by from at as is it its into try use more less "
-                      "than then same instead add adds remove removes set sets change changes".split())
+STOPWORDS = frozenset(("a an and the of to in on for with by from at as is it its into try use more less than then "
+                       "same instead add adds remove removes set sets change changes").split())
 # "MATRIX_LR 0.04 -> 0.06": a constant and the value it was set to (the mutator's, the
 # derived descriptions' and most agents' way of saying so).
 _SETTING = re.compile(r"\b([A-Z][A-Z0-9_]*[A-Z0-9])\s*(?::|=)?\s*(\S+)\s*(?:->|→|=>|to)\s*([^\s,;]+)")
@@ -93,15 +93,20 @@ def research_digest(records: Sequence[LedgerRecord], *, direction: str = "min", 
     tail = [END]
     room = limit - _size(head) - _size(tail)
     body: list[str] = []
-    # Whole or not at all, in this order: the person's word, the duplicate just refused,
-    # every kept change (its share of the bound at most: cut descriptions first), in flight.
-    for make in (lambda: _notes(notes), lambda: _last_proposal(records),
-                 lambda: _kept(records, before, sigma, min(room, int(limit * KEPT_SHARE))),
-                 lambda: _in_flight(in_flight)):
-        section = make()
+
+    def whole(section: list[str]) -> None:
+        """A section whole, or not at all."""
+        nonlocal room
         if section and _size(section) <= room:
-            body += section
+            body.extend(section)
             room -= _size(section)
+
+    # In this order: the person's word, the duplicate just refused, every kept change (its
+    # share of the bound at most: descriptions are cut first), what is in flight.
+    whole(_notes(notes))
+    whole(_last_proposal(records))
+    whole(_kept(records, before, sigma, min(room, int(limit * KEPT_SHARE)), room))
+    whole(_in_flight(in_flight))
     # Then as many items of each as the rest of the bound holds.
     for make_section in (_directions, _crashes, _not_run, _recent):
         section = _fit(make_section(records, before, sigma, sign), room)
@@ -161,7 +166,11 @@ def _last_proposal(records: list[LedgerRecord]) -> list[str]:
             "below.", ""]
 
 
-def _kept(records: list[LedgerRecord], before: list[float | None], sigma: float | None, room: int) -> list[str]:
+def _kept(records: list[LedgerRecord], before: list[float | None], sigma: float | None, share: int,
+          room: int) -> list[str]:
+    """Every kept change in ``share`` bytes, descriptions cut narrower until they fit; else
+    their trial numbers alone, in all the ``room`` there is; else (thousands of them under
+    a small bound) the latest numbers that fit and how many earlier ones are left out."""
     kept = [(r, ref) for r, ref in zip(records, before)
             if r.status == "keep" and r.kind != "baseline" and not queries.is_noise_sample(r)]
     title = [f"## Kept changes, in order ({len(kept)})", ""]
@@ -169,10 +178,18 @@ def _kept(records: list[LedgerRecord], before: list[float | None], sigma: float 
         return title + ["- None yet: the best is the baseline.", ""]
     for width in KEPT_WIDTHS:
         lines = title + [_kept_line(r, ref, sigma, width) for r, ref in kept] + [""]
-        if _size(lines) <= room:
+        if _size(lines) <= share:
             return lines
-    # Hundreds of kept changes: their trial numbers alone, so that every one is still named.
-    return title + ["- trials " + ", ".join(trial_label(r.trial, r.attempt) for r, _ in kept), ""]
+    labels = [trial_label(r.trial, r.attempt) for r, _ in kept]
+    lines = title + ["- trials " + ", ".join(labels), ""]
+    if _size(lines) <= room:
+        return lines
+    shown = labels[:]
+    while shown and _size(title + [f"- trials {', '.join(shown)} (and {len(labels) - len(shown)} earlier ones "
+                                    "not listed here: see results/results.tsv)", ""]) > share:
+        shown = shown[max(1, len(shown) // 10):]
+    return title + [f"- trials {', '.join(shown)} (and {len(labels) - len(shown)} earlier ones not listed "
+                    "here: see results/results.tsv)", ""]
 
 
 def _kept_line(r: LedgerRecord, ref: float | None, sigma: float | None, width: int) -> str:

@@ -115,6 +115,8 @@ class Trial:
             else:
                 self._reset()
             return Done("ran")
+        if "hypothesis" not in prepared.extra:   # the fixed idea is still the idea it was
+            prepared = replace(prepared, extra={**prepared.extra, **carried(failed.extra)})
         return Run(self.plan("fix", prepared, attempt))
 
     def after(self, done: Recorded) -> Step:

@@ -8,7 +8,6 @@ test_loop.py.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import shutil
 import time
@@ -24,16 +23,14 @@ from autoloop.ledger import LedgerRecord
 from autoloop.proposers.agent import PRESETS, AgentProposer, describe_change, split_command
 from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest
 from conftest import git, init_repo
-from loop_helpers import BUDGET, GOOD, SLOW, assert_invariants, autoloop, queue_file, set_constants
+from loop_helpers import BUDGET, GOOD, LR_ARGS, LRS, SLOW, assert_invariants, autoloop, queue_file, set_constants
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 PROGRAM = "# program.md\nGoal: the lowest val_bpb. Edit train.py only.\n"
 # No trial here is meant to hang: a roomy hard limit keeps a loaded machine from failing them.
 TIMEOUT = "60"
-# train.py's own learning rates, which SLOW has made tiny: the fake agents restore them,
-# given as NAME=VALUE arguments, so the tests follow whatever train.py is tuned to.
-LRS = {name: re.search(rf"^{name} = (\S+)", GOOD, re.M).group(1) for name in ("MATRIX_LR", "EMBED_LR", "HEAD_LR")}
-LR_ARGS = " ".join(f"{name}={value}" for name, value in LRS.items())
+# The fake agents restore train.py's own learning rates (loop_helpers.LR_ARGS), which SLOW
+# has made tiny, so the tests follow whatever train.py is tuned to.
 RESTORED = set_constants(SLOW, **LRS)
 
 

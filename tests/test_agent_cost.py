@@ -5,17 +5,15 @@ end-to-end test runs a real fake agent that prints a Claude-Code-style JSON resu
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
+
+from loop_helpers import BUDGET, LR_ARGS, assert_invariants, autoloop
 
 from autoloop.ledger import LedgerRecord
 from autoloop.proposers.usage import read_usage
 from autoloop.queries import agent_spend
-from loop_helpers import BUDGET, GOOD, assert_invariants, autoloop
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
-LRS = {name: re.search(rf"^{name} = (\S+)", GOOD, re.M).group(1) for name in ("MATRIX_LR", "EMBED_LR", "HEAD_LR")}
-LR_VALUES = " ".join(f"{name}={value}" for name, value in LRS.items())
 
 
 def test_claude_json_and_stream_results():
@@ -68,7 +66,7 @@ def test_spend_totals_over_the_records():
 def test_the_cost_is_recorded_and_max_agent_cost_stops_the_night(baselined_repo, tiny_data_dir):
     repo = baselined_repo
     proc = autoloop(repo, "run", "--budget", BUDGET, "--timeout", "60", "--tag", "t", "--device", "cpu", "--resume",
-                    "--agent-cmd", f"{FAKE / 'claude_json.py'} 0.30 {LR_VALUES}", "--max-agent-cost", "0.5",
+                    "--agent-cmd", f"{FAKE / 'claude_json.py'} 0.30 {LR_ARGS}", "--max-agent-cost", "0.5",
                     "--max-trials", "5", data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = assert_invariants(repo)

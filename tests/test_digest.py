@@ -154,3 +154,15 @@ def test_a_fake_agent_gets_the_bounded_digest_at_1000_records(tmp_path):
     assert len(digest.encode()) <= DEFAULT_BYTES
     assert len(prompt.encode()) <= len(program.encode()) + DEFAULT_BYTES + 2048
     assert [int(t) for t in re.findall(r"#(\d+)", section(digest, "Kept changes"))] == kept_trials(records)
+
+
+def test_thousands_of_kept_changes_under_a_small_bound_name_the_latest_and_say_so():
+    """Where not even every trial number fits (3,333 kept changes in 4 kB), the latest are
+    named and the digest says how many earlier ones it leaves out: never a silent cut."""
+    records = synthetic_night(10_000, keep_every=3)
+    digest = research_digest(records, limit=4096)
+    assert len(digest.encode()) <= 4096
+    kept = section(digest, "Kept changes")
+    match = re.search(r"\(and (\d+) earlier ones not listed here: see results/results.tsv\)", kept)
+    named = [int(t) for t in re.findall(r"\b(\d+)\b", kept.split("\n", 2)[2][:match.start() - len(kept)])]
+    assert named == kept_trials(records)[-len(named):] and int(match.group(1)) + len(named) == 3333

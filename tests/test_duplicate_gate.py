@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autoloop.duplicate_gate import Earlier, changed_constants, normalise, same_as
 from loop_helpers import BUDGET, assert_invariants, autoloop
+
+from autoloop.duplicate_gate import Earlier, changed_constants, normalise, same_as
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 BASE = "# the learning rate\nLR = 0.04\nDEPTH = 4\n\ndef main():\n    print(LR * DEPTH)\n"

@@ -6,22 +6,18 @@ its own mid-night (the person's shell)."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import init_repo
+from loop_helpers import BUDGET, LR_ARGS, assert_invariants, autoloop, read_tsv
 
 from autoloop.person_notes import PersonNotesError, active_notes, add_note, clear_notes, history, notes_path
-from conftest import init_repo
-from loop_helpers import BUDGET, GOOD, assert_invariants, autoloop, read_tsv
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 NOTE = "try SwiGLU; leave the LRs alone"
-# train.py's own learning rates (the baselined copy has them tiny), as NAME=VALUE arguments.
-LRS = {name: re.search(rf"^{name} = (\S+)", GOOD, re.M).group(1) for name in ("MATRIX_LR", "EMBED_LR", "HEAD_LR")}
-LR_VALUES = " ".join(f"{name}={value}" for name, value in LRS.items())
 
 
 def test_notes_in_force_until_cleared_and_history_kept(tmp_path):
@@ -74,7 +70,7 @@ def test_the_note_command_lists_adds_and_clears(tmp_path, tiny_data_dir):
 
 def test_a_note_from_another_process_reaches_the_next_prompt_and_the_report(baselined_repo, tiny_data_dir, tmp_path):
     repo, prompts = baselined_repo, tmp_path / "prompts"
-    agent = f"{FAKE / 'steered.py'} {prompts} {json.dumps(NOTE)} {LR_VALUES}"
+    agent = f"{FAKE / 'steered.py'} {prompts} {json.dumps(NOTE)} {LR_ARGS}"
     proc = autoloop(repo, "run", "--budget", BUDGET, "--timeout", "60", "--tag", "t", "--device", "cpu", "--resume",
                     "--agent-cmd", agent, "--max-trials", "2", data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -5,13 +5,12 @@ person's shell), then sets the NAME=VALUE constants given, scaled a little more 
 writes a description and a two-line hypothesis (its first line is the one kept)."""
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, values_from  # noqa: E402
+from _edit import describe, scale_constants, values_from  # noqa: E402
 
 trial = int(os.environ["AUTOLOOP_TRIAL"])
 out = Path(sys.argv[1])
@@ -19,11 +18,7 @@ out.mkdir(parents=True, exist_ok=True)
 (out / f"{trial}.md").write_text(sys.stdin.read())
 if trial == 1:
     subprocess.run([sys.executable, "-m", "autoloop.cli", "note", sys.argv[2]], check=True)
-text = Path("train.py").read_text()
-for name, value in values_from(sys.argv[3:]).items():
-    text, n = re.subn(rf"^{name} = [^#\n]*", f"{name} = {float(value) * (1 + trial / 10)} ", text, count=1, flags=re.M)
-    assert n == 1, name
-Path("train.py").write_text(text)
+scale_constants(Path("train.py"), values_from(sys.argv[3:]), 1 + trial / 10)
 describe(f"learning rates x{1 + trial / 10}")
 Path(os.environ["AUTOLOOP_HYPOTHESIS_FILE"]).write_text("larger   steps learn faster in a short budget\n(a second line, not kept)\n")
 print(f"fake agent: trial {trial}")
