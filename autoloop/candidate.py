@@ -4,7 +4,8 @@
 puts git back the way the rest of the trial relies on (``git_guard``: the agent's commits,
 branch switches and resets undone, its work saved under refs), reverts and quarantines
 every change outside the target (the scope guard), and screens what is left
-(``screen``: the one place a prepared change is checked before it may run). What comes out
+(``screen``: the one place a prepared change is checked before it may run; the duplicate
+gate is there). What comes out
 is a :class:`~autoloop.attempt.Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
 None when the proposer has no more ideas.
 """
@@ -13,12 +14,15 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from autoloop import git_guard, queries
+from git import BadName, BadObject
+
+from autoloop import duplicate_gate, git_guard, person_notes, queries
 from autoloop.attempt import Candidate, Slot
 from autoloop.layout import Layout
-from autoloop.ledger import LedgerRecord
+from autoloop.ledger import LedgerRecord, trial_label
 from autoloop.proposers.base import FixContext, ProposalFailed, Proposer, ProposalRequest
 from autoloop.state import fault_point
 from autoloop.workspace import Workspace
@@ -36,6 +40,16 @@ class Skipped:
     outside_changes: tuple[str, ...] = ()
     git_events: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)   # the proposal's own facts, when it made one (#18)
+    duplicate_of: str | None = None             # the earlier attempt it repeats (the duplicate gate)
+    description: str | None = None              # what the refused proposal said it does (a duplicate's)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why ``screen`` refuses a prepared edit; ``duplicate_of``: the attempt it repeats."""
+
+    reason: str
+    duplicate_of: str | None = None
 
 
 def strip_audit(record: dict) -> dict:
@@ -47,15 +61,19 @@ def strip_audit(record: dict) -> dict:
 
 def proposal_request(settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int, attempt: int,
                      best: tuple[str | None, float | None], fix: FixContext | None = None) -> ProposalRequest:
-    """What the proposer is told: program.md, the best it builds on, the recent results
-    (audit figures stripped), and for a fix request the crash and the end of its log."""
+    """What the proposer is told: program.md, the best it builds on, the whole ledger and
+    the recent results (audit figures stripped), the person's notes in force (read anew
+    for every proposal: a note written a minute ago reaches the next one), and for a fix
+    request the crash and the end of its log."""
     program = ws.root / PROGRAM_FILE
-    # #19: autoloop verify's runs are not the search; the proposer sees the night's attempts.
-    tail = [strip_audit(r.model_dump(mode="json")) for r in queries.of_night(records)[-LEDGER_TAIL_FOR_PROPOSER:]]
+    # autoloop verify's runs (#19) are not the search: the proposer sees the night's attempts.
+    history = [strip_audit(r.model_dump(mode="json")) for r in queries.of_night(records)]
     return ProposalRequest(
         workspace=ws.root, target=settings.target, program_text=program.read_text() if program.exists() else "",
         metric_name=settings.metric, direction=settings.direction, best_metric=best[1], best_commit=best[0],
-        trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=tail, fix=fix, results_dir=layout.root)
+        trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=history[-LEDGER_TAIL_FOR_PROPOSER:], fix=fix,
+        results_dir=layout.root, history=[LedgerRecord.model_validate(r) for r in history],
+        digest_bytes=int(settings.digest_kb * 1024), notes=person_notes.active_notes(layout.root))
 
 
 def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[FixContext, str | None]:
@@ -88,10 +106,11 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
                      attempt_started_at=time.time(), child_token=request.process_token)
     if broken is not None:   # after the state says so: a kill now is recovered like any proposal
         ws.target_path.write_text(broken)
+    failed_extra: dict = {}
     try:
         proposal, failure = proposer.propose(request), None
     except ProposalFailed as e:
-        proposal, failure = None, str(e)
+        proposal, failure, failed_extra = None, str(e), e.extra
     else:
         fault_point("proposed", request.trial)
     # Git first: a proposer that committed, switched branch or reset must not have the
@@ -108,11 +127,17 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
         ws.reset_to(base)
         if proposal is not None:   # nothing to run: recorded as a skip, like a failed proposal
             failure = f"{proposer.name} deleted {ws.target}"
-        extra = dict(proposal.extra) if proposal is not None else {}
+        extra = dict(proposal.extra) if proposal is not None else failed_extra
         return Skipped(failure, outside, events, extra) if failure is not None else None
-    refused = screen(ws, broken)
+    # A verify run (#19) of the best without a change is a measurement, not a proposal: an
+    # agent proposing that revert is not repeating an earlier attempt.
+    refused = screen(ws, broken, queries.of_night(night.arbiter.records()), base)
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
-        return Skipped(refused, outside, events, dict(proposal.extra))
+        extra = dict(proposal.extra)
+        if refused.duplicate_of is not None:
+            extra["duplicate_of"] = refused.duplicate_of
+        described = proposal.description if refused.duplicate_of is not None else None
+        return Skipped(refused.reason, outside, events, extra, refused.duplicate_of, described)
     description = proposal.description
     if proposal.derived and guard.commit_message:
         # The agent said what it did in its commits rather than in the description file.
@@ -122,11 +147,40 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
                      outside, events, extra=dict(proposal.extra))
 
 
-def screen(ws: Workspace, broken: str | None = None) -> str | None:
+def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord] = (),
+           base: str | None = None) -> Refusal | None:
     """Why a prepared edit must not run (a skip), or None: the one check between proposing
-    and running. Today: it changed nothing, or a fix left the broken edit as it was."""
+    and running. It changed nothing; a fix left the broken edit as it was; or it is the
+    same change as an attempt already made from ``base``, the best it was built on
+    (duplicate_gate.py; a fix too: one that lands on a change already judged)."""
     if not ws.target_changed():
-        return f"proposal made no change to {ws.target}"
-    if broken is not None and ws.target_path.read_text() == broken:
-        return "the fix made no change to the broken edit"
-    return None
+        return Refusal(f"proposal made no change to {ws.target}")
+    edit = ws.target_path.read_text(errors="replace")
+    if broken is not None and edit == broken:
+        return Refusal("the fix made no change to the broken edit")
+    earlier = _attempts_from(ws, records, base)
+    twin = duplicate_gate.same_as(edit, earlier)
+    if twin is None:
+        return None
+    constants = duplicate_gate.changed_constants(ws.file_at(base, ws.target) or "", edit) if base else []
+    what = f" ({', '.join(constants[:3])}, already tried from this best)" if constants else ""
+    return Refusal(f"same change as #{twin.label}{what}", twin.label)
+
+
+def _attempts_from(ws: Workspace, records: list[LedgerRecord], base: str | None) -> Iterator[duplicate_gate.Earlier]:
+    """The targets of the attempts built on ``base`` (each commit once, newest first), read
+    from git only as the gate needs them. An interrupted attempt was never judged: its
+    change may run again (the optuna proposer asks for it after a resume)."""
+    if base is None:
+        return
+    seen = set()
+    for r in reversed(records):
+        if (r.parent == base and r.commit and r.commit not in seen and r.kind != "baseline"
+                and not queries.was_interrupted(r)):
+            seen.add(r.commit)
+            try:
+                source = ws.file_at(r.commit, ws.target)
+            except (ValueError, BadName, BadObject):   # a commit git no longer has: nothing to compare
+                continue
+            if source is not None:
+                yield duplicate_gate.Earlier(trial_label(r.trial, r.attempt), source)

@@ -146,6 +146,40 @@ def _report_since_last(root: Path, results: Path) -> int:
     return 0
 
 
+def cmd_note(args) -> int:
+    """#17: a note from the person to every later prompt, or --clear, or the notes in force."""
+    from autoloop.layout import Layout
+    from autoloop.person_notes import PersonNotesError, active_notes, add_note, clear_notes
+
+    root = _repo_root(args.directory)
+    if not (root / ".git").exists():
+        raise PersonNotesError(f"{root} is not a git repository: run autoloop note in the experiment repository "
+                               "(or give it with -C DIR)")
+    if args.clear and args.text:
+        raise PersonNotesError("give a note or --clear, not both")
+    results = Layout.of(root).root
+    if args.clear:
+        n = clear_notes(results)
+        print(f"cleared {n} note{'s' if n != 1 else ''}: later prompts carry none" if n else "no notes to clear")
+        return 0
+    if args.text:
+        note = add_note(results, " ".join(args.text))
+        print(f"noted at {_hhmm(note.at)}: every later prompt carries it (autoloop note --clear drops it)")
+        return 0
+    notes = active_notes(results)
+    for note in notes:
+        print(f"{_hhmm(note.at)}  {note.text}")
+    if not notes:
+        print('no notes in force (add one: autoloop note "try SwiGLU; leave the LRs alone")')
+    return 0
+
+
+def _hhmm(t: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
 def cmd_finalize(args) -> int:
     from autoloop.finalize import RESULTS_PREFIX, finalize
 
@@ -337,6 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "with its code diff (writes no files)")
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("note", help="tell the agent something: a note every later prompt carries (safe while the loop runs)",
+                       description="Add a timestamped note that every later agent prompt carries, in the research "
+                                   "digest, until autoloop note --clear; without arguments, list the notes in force. "
+                                   "Safe from another shell while the loop runs: the next proposal reads it. Notes "
+                                   "and clears are kept in results/person-notes.json and listed in the report.",
+                       epilog='example: autoloop note "try SwiGLU; leave the learning rates alone"')
+    p.add_argument("text", nargs="*", metavar="TEXT", help="the note (one line; quote it)")
+    p.add_argument("--clear", action="store_true", help="drop the notes in force (the report still lists them)")
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    p.set_defaults(func=cmd_note)
 
     p = sub.add_parser("finalize", help="the kept changes as a clean branch: one commit each, metrics in the messages",
                        description="Create a new branch (default autoloop/<tag>-final) from the baseline commit "

@@ -207,6 +207,17 @@ class Settings(BaseModel):
         "(codex 'Reconnecting...', gemini 'Retrying with backoff'; default {default}; 0: off)",
         metavar="DURATION", run_only=True)
 
+    # #17: what the agent is told about the night (autoloop/digest.py).
+    digest_kb: float = setting(
+        8.0, "proposer", "the research digest in each agent prompt (kept changes, directions tried, crashes, "
+        "notes) holds at most this many kB however long the night", metavar="KB", run_only=True, ge=1,
+        allow_inf_nan=False)
+
+    max_agent_cost: float | None = setting(
+        None, "proposer", "stop the night cleanly once the agent calls of this tag have cost this many US dollars, "
+        "as the CLIs report it (Claude Code and Aider do, Codex only tokens; nothing is estimated; calls in flight "
+        "finish)", metavar="USD", run_only=True, default_text="no limit", gt=0, allow_inf_nan=False)
+
     # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
     # portfolio's members (README "Proposers").
     sampler: Literal["tpe", "cmaes", "gp"] = setting(

@@ -16,7 +16,7 @@ about where something is. Nothing here touches the disk except ``ensure``.
       state.json               the attempt in flight and its phase (state.py)
       state-w<k>.json          the same for parallel worker k
       runs/<t>-<a>.log         a trial's output; runs/<t>-<a>.result.json its result file
-      agents/<t>-<a>.*         an agent call: prompt, description, log
+      agents/<t>-<a>.*         an agent call: prompt, description, hypothesis, log
       agents/<t>-<a>.refs.json the branches, tags and trial refs before a proposal (while it runs)
       quarantine/<t>-<a>/      what the scope guard took away (run/: what the run wrote)
       quarantine/<t>-<a>-tampered/   changed versions of protected inputs (integrity.py)
@@ -28,6 +28,8 @@ about where something is. Nothing here touches the disk except ``ensure``.
       optuna.db                the Optuna proposer's study (SQLite; -wal, -shm beside it)
       archive/<tag>-<stamp>/   a previous tag's results, moved aside when a new tag starts
       report.md, progress.png  `autoloop report`
+      person-notes.json        `autoloop note`: the person's notes and clears (person_notes.py)
+      .person-notes.lock       serialises the writers of person-notes.json
 """
 
 from __future__ import annotations
@@ -167,6 +169,19 @@ class Layout:
         stem = self.agents / attempt_stem(trial, attempt)
         return (stem.with_name(stem.name + ".prompt.md"), stem.with_name(stem.name + ".description.txt"),
                 stem.with_name(stem.name + ".log"))
+
+    def hypothesis_file(self, trial: int, attempt: int) -> Path:
+        """Where an agent call may write its one-line hypothesis (why the change should help)."""
+        return self.agents / f"{attempt_stem(trial, attempt)}.hypothesis.txt"
+
+    @property
+    def person_notes(self) -> Path:
+        """The person's notes to the agent (`autoloop note`); kept across tags until cleared."""
+        return self.root / "person-notes.json"
+
+    @property
+    def person_notes_lock(self) -> Path:
+        return self.root / ".person-notes.lock"
 
     def ref_snapshot(self, trial: int, attempt: int) -> Path:
         """The refs before one proposal, persisted so that a recovery after kill -9 puts back

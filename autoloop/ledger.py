@@ -19,7 +19,7 @@ Files, all under the workspace's ``results/``:
     append (temp file in the same folder, fsync, ``os.replace``), so readers see the
     old or the new file, never half of one. Columns (``TSV_COLUMNS``)::
 
-        commit  val_bpb  memory_gb  status  description  crash  trial  seconds  confidence  worker
+        commit  val_bpb  memory_gb  status  description  crash  trial  seconds  confidence  worker  hypothesis
 
     The first five are exactly karpathy/autoresearch's, so its tools keep working.
     ``commit``: short 7-char sha, ``-`` when nothing was committed.
@@ -43,6 +43,10 @@ Files, all under the workspace's ``results/``:
 
     ``worker``: the parallel worker that ran the attempt (``autoloop run --workers N``:
     ``0``..``N-1``); ``-`` for the single loop, the baseline and its noise samples.
+    ``hypothesis``: the agent's one line on why the change should help
+    (``$AUTOLOOP_HYPOTHESIS_FILE``, kept in the record's ``extra.hypothesis``), made
+    TSV-safe like the description; ``-`` when none was given. Always the last column:
+    readers of the first ten keep working.
 
     Records with status ``skip`` (a proposal that failed before anything ran) are
     in the ledger but NOT in results.tsv, whose status column is only
@@ -86,7 +90,7 @@ CrashClass = Literal["trivial", "fundamental", "timeout"]
 AttemptKind = Literal["baseline", "candidate", "fix", "confirm", "verify"]
 
 TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description", "crash", "trial", "seconds",
-               "confidence", "worker"]
+               "confidence", "worker", "hypothesis"]
 
 
 
@@ -176,6 +180,7 @@ def tsv_row(record: LedgerRecord) -> list[str] | None:
         f"{seconds:.1f}",
         "-" if crashed or record.confidence is None else f"{record.confidence:.1f}",
         "-" if record.worker is None else str(record.worker),
+        tsv_field(str(record.extra.get("hypothesis") or "")),
     ]
 
 

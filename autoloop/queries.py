@@ -10,6 +10,7 @@ imports another to get an answer (no import cycles).
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from autoloop.ledger import LedgerRecord
 
@@ -48,6 +49,12 @@ def best_before(records: list[LedgerRecord]) -> list[float | None]:
 def is_noise_sample(record: LedgerRecord) -> bool:
     """A re-run of the best to estimate the noise (kind confirm, status keep): not a change."""
     return "noise_samples" in record.extra
+
+
+def was_interrupted(record: LedgerRecord) -> bool:
+    """An attempt a stop or a kill ended before it had a verdict of its own (recovery's and
+    the stop request's reason, classify's "interrupted" rule): its change was never judged."""
+    return record.status == "crash" and record.reason.startswith("interrupted")
 
 
 def noise(records: list[LedgerRecord]) -> float | None:
@@ -133,3 +140,35 @@ def pending_replays(records: list[LedgerRecord]) -> list[LedgerRecord]:
 def replays_of(records: list[LedgerRecord], trial: int) -> int:
     """How often the change of a trial was sent to be replayed on a new best."""
     return sum(1 for r in records if r.trial == trial and r.next == "replay")
+
+
+@dataclass(frozen=True)
+class AgentSpend:
+    """What the night's agent calls cost, as their CLIs reported it (#17; never estimated)."""
+
+    calls: int                  # agent calls that ran (each record with extra.agent_usage)
+    cost_usd: float             # the sum of the costs reported
+    input_tokens: int
+    output_tokens: int
+    unreported: int             # calls whose output reported nothing at all
+    without_cost: int           # calls that reported tokens but no cost (codex)
+
+
+def agent_spend(records: list[LedgerRecord]) -> AgentSpend:
+    """The totals over the records of agent calls (a call is recorded once: its candidate,
+    fix or skip; confirmations and replays carry no usage of their own)."""
+    calls = cost = tokens_in = tokens_out = unreported = without_cost = 0
+    for r in records:
+        if "agent_usage" not in r.extra:
+            continue
+        calls += 1
+        usage = r.extra["agent_usage"] or {}
+        if not usage:
+            unreported += 1
+            continue
+        if usage.get("cost_usd") is None:
+            without_cost += 1
+        cost += usage.get("cost_usd") or 0.0
+        tokens_in += usage.get("input_tokens") or 0
+        tokens_out += usage.get("output_tokens") or 0
+    return AgentSpend(calls, cost, tokens_in, tokens_out, unreported, without_cost)

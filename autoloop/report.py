@@ -15,12 +15,12 @@ import json
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autoloop import queries
+from autoloop import person_notes, queries
 from autoloop.atomic import atomic_write
-from autoloop.console import parse_progress, time_left, whole_seconds
+from autoloop.console import parse_progress, shorten, time_left, whole_seconds
 from autoloop.errors import AutoloopError
 from autoloop.layout import Layout, branch_name
 from autoloop.ledger import Ledger, LedgerRecord, trial_label
@@ -119,9 +119,38 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
         "stop_reason": state.stop_reason if state.phase == "stopped" else None,
         "tampered": tampered_attempts(records),
+        # #17: what `autoloop note` tells every prompt now.
+        **_notes_in_force(results_dir),
+        "agent_spend": _spend(records),
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
                   "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
     }
+
+
+def _spend(records: list[LedgerRecord]) -> dict | None:
+    """#17: the agent calls' reported cost and tokens; None when no agent call ran."""
+    spend = queries.agent_spend(records)
+    return asdict(spend) if spend.calls else None
+
+
+def spend_line(spend: dict) -> str:
+    """'$0.13 over 3 agent calls (12,000 tokens in, 963 out); 1 call reported no cost'."""
+    calls = spend["calls"]
+    text = (f"${spend['cost_usd']:.2f} over {calls} agent call{'s' if calls != 1 else ''} "
+            f"({spend['input_tokens']:,} tokens in, {spend['output_tokens']:,} out), as the agent's CLI reported it")
+    silent = spend["unreported"] + spend["without_cost"]
+    if silent:
+        text += (f"; {silent} call{'s' if silent != 1 else ''} reported no cost (not estimated"
+                 + (", and no tokens either" if spend["unreported"] else "") + ")")
+    return text
+
+
+def _notes_in_force(results_dir: Path) -> dict:
+    """The person's notes for status; a damaged notes file is said, not fatal to status."""
+    try:
+        return {"notes": [{"at": n.at, "text": n.text} for n in person_notes.active_notes(results_dir)]}
+    except person_notes.PersonNotesError as e:
+        return {"notes": [], "notes_error": str(e)}
 
 
 def status_text(data: dict) -> str:
@@ -177,6 +206,14 @@ def status_text(data: dict) -> str:
         lines.append(f"time left: {time_left(data['time_left_s'])}")
     if data.get("noise") is not None:
         lines.append(f"noise: σ {data['noise']:.6f} (the noise rule needs a gain beyond z x σ)")
+    if data.get("notes"):
+        n = len(data["notes"])
+        lines.append(f"notes: {n} in force, in every prompt (autoloop note to list them, --clear to drop them); "
+                     f"latest: {shorten(data['notes'][-1]['text'])}")
+    if data.get("agent_spend"):
+        lines.append(f"agent cost: {spend_line(data['agent_spend'])}")
+    if data.get("notes_error"):
+        lines.append(f"notes: {data['notes_error']}")
     if data.get("tampered"):
         found = data["tampered"]
         shown = "; ".join(f"#{trial_label(t['trial'], t['attempt'])} {', '.join(t['paths'][:3])}"
@@ -266,9 +303,11 @@ def _clock(t: float | None) -> str:
 
 def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], float], *, tag: str | None = None,
                     picture: str | None = "progress.png", picture_note: str | None = None,
-                    now: float | None = None, verification: list[str] | None = None) -> str:
+                    now: float | None = None, verification: list[str] | None = None,
+                    notes: list[dict] = ()) -> str:
     """The whole report.md text for a ledger (pure: everything it needs is passed in).
-    ``verification``: the lines of its Verification section (#19), after the kept changes."""
+    ``verification``: the lines of its Verification section (#19), after the kept changes;
+    ``notes``: the person's notes and clears (person_notes.history), in order."""
     if not records:
         raise ReportError("the ledger has no records yet: nothing to report")
     metric = records[-1].metric_name
@@ -321,15 +360,21 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
         out.append("None: no change beat the baseline.")
     else:
         out += ["In the order they were kept; each delta is against the best before it.", "",
-                f"| # | trial | commit | {metric} | delta | confidence | description |",
-                "|---:|---:|---|---:|---:|---:|---|"]
+                f"| # | trial | commit | {metric} | delta | confidence | description | hypothesis |",
+                "|---:|---:|---|---:|---:|---:|---|---|"]
         for i, (r, ref) in enumerate(kept, 1):
             delta = f"{r.metric - ref:+.6f}" if r.metric is not None and ref is not None else "-"
             out.append(f"| {i} | {trial_label(r.trial, r.attempt)} | `{(r.commit or '-')[:7]}` | "
                        f"{_fmt(r.metric, 6)} | {delta} | "
-                       f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} |")
+                       f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} | "
+                       f"{_md(r.extra.get('hypothesis') or '-')} |")
     out.append("")
     out += verification or []
+
+    out += notes_section(notes)
+    spend = _spend(records)
+    if spend:
+        out += ["## Agent cost", "", spend_line(spend) + ".", ""]
 
     # -- yield per proposer (#18)
     out += proposers_section(records, direction, metric)
@@ -486,6 +531,18 @@ def verification_section(summary, picture: str | None, picture_note: str | None 
     return out
 
 
+def notes_section(notes: list[dict]) -> list[str]:
+    """'## Notes from the person' (#17): every `autoloop note` and `--clear`, with its time."""
+    if not notes:
+        return []
+    out = ["## Notes from the person", "",
+           "What `autoloop note` told the agent; every prompt after a note carried it until it was cleared.", ""]
+    for event in notes:
+        when = _clock(event["at"])
+        out.append(f"- {when}: notes cleared" if event.get("clear") else f"- {when}: {_md(event['note'])}")
+    return out + [""]
+
+
 def proposers_section(records: list[LedgerRecord], direction: str, metric: str) -> list[str]:
     """'## Proposers': what each proposer brought (a portfolio's members one by one)."""
     from autoloop.proposers.outcomes import proposer_yields
@@ -569,6 +626,7 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
     text = report_markdown(night, eval_seconds(results.root, night), tag=tag,
                            picture=picture.name if picture else None,
                            picture_note=f"_No picture: {note}._" if note else None,
-                           verification=verification_lines(results, output, records, tag))
+                           verification=verification_lines(results, output, records, tag),
+                           notes=person_notes.history(results.root))
     atomic_write(output.report, text + "\n")
     return ReportFiles(output.report, picture, note, records, tag)

@@ -13,9 +13,11 @@ failure there is a :class:`~autoloop.proposers.preflight.PreflightError` and not
 
 Stop conditions, checked before each trial: a slot's fatal error, the proposer out of
 ideas, a signal, ``--max-trials`` (trials in flight count), the proposer failing
-``--max-*-failures`` times in a row, a disk under ``--min-free-gb``, and ``--hours`` (no
+``--max-*-failures`` times in a row, the agent's reported cost past ``--max-agent-cost``,
+a disk under ``--min-free-gb``, and ``--hours`` (no
 trial starts that could not end in time, from the median of the recent attempts). A skip
-counts toward ``--max-trials``: it was a proposer call.
+counts toward ``--max-trials``: it was a proposer call. A duplicate (the duplicate gate's
+skip) counts toward the failures in a row only when the one before it was a duplicate too.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class Scheduler:
         self.reserved: dict[int | None, int] = {}   # slot -> trial in flight
         self.started = 0                           # trials started by this run (failed proposals included)
         self.failures = 0                          # failed proposals in a row, all slots together
+        self.repeats = 0                           # duplicates in a row (the duplicate gate's skips)
+        self.said_unreported = False               # "the agent's CLI reports no cost" said once
         self.exhausted = False
         self.reason: str | None = None
         self.error: BaseException | None = None
@@ -229,10 +233,16 @@ class Scheduler:
             if outcome == "exhausted":
                 self.exhausted = True
                 return
-            if outcome == "failed":
+            if outcome == "duplicate":
+                # Told in the next prompt, a repeat is forgiven once; repeated again, it is a
+                # failure like any other (and stops a proposer that cannot stop repeating).
+                self.repeats += 1
+                self.failures += self.repeats > 1
+            elif outcome == "failed":
+                self.repeats = 0
                 self.failures += 1
             else:
-                self.failures = 0
+                self.repeats = self.failures = 0
             self.started += 1   # a failed proposal (a skip) counts toward --max-trials too: an agent call was made
 
     def _fail(self, error: BaseException) -> None:
@@ -261,6 +271,9 @@ class Scheduler:
             records = night.arbiter.records()
             why = f"; last: {shorten(records[-1].reason)}" if records and records[-1].reason else ""
             return f"{self.proposer.name} failed {plural(self.failures, 'time')} in a row ({flag} {limit}){why}"
+        reason = self._agent_cost()
+        if reason:
+            return reason
         reason = low_disk(night)
         if reason:
             return reason
@@ -268,6 +281,26 @@ class Scheduler:
             if s.verify_at_end:
                 return "time is up: the rest of --hours is kept for the verification (--verify-at-end)"
             return "time is up: the next trial could not finish before the --hours deadline"
+        return None
+
+    def _agent_cost(self) -> str | None:
+        """--max-agent-cost against what the agent's CLI reported (queries.agent_spend);
+        calls that reported no cost are said once, never estimated."""
+        s = self.night.settings
+        if not _uses_agent(self.proposer):
+            return None
+        spend = queries.agent_spend(self.night.arbiter.records())
+        silent = spend.unreported + spend.without_cost
+        if silent and not self.said_unreported:
+            self.said_unreported = True
+            what = "no usage at all" if spend.unreported else "tokens but no cost"
+            self.night.console.line(
+                f"agent cost: {silent} of {plural(spend.calls, 'call')} reported {what} (its CLI printed none; "
+                "Claude Code reports it with --output-format json, Aider always); nothing is estimated"
+                + ("; --max-agent-cost counts only what was reported" if s.max_agent_cost is not None else ""))
+        if s.max_agent_cost is not None and spend.cost_usd >= s.max_agent_cost:
+            return (f"the agent calls cost ${spend.cost_usd:.2f} as reported, reaching --max-agent-cost "
+                    f"${s.max_agent_cost:.2f} ({plural(spend.calls, 'call')})")
         return None
 
     def _expected(self) -> float:

@@ -6,7 +6,8 @@ A trial is one idea and every attempt it takes. Its steps, each a value:
 * :class:`Fix`      hand a trivially crashed attempt back to the proposer as a fix request;
 * :class:`Run`      run one attempt (``attempt.AttemptRunner``) of a prepared candidate;
 * :class:`Done`     the trial is over: ``ran``, ``failed`` (the proposal failed before
-                    anything ran) or ``exhausted`` (the proposer has no more ideas).
+                    anything ran), ``duplicate`` (the duplicate gate refused a change
+                    already tried from this best) or ``exhausted`` (no more ideas).
 
 After each attempt, :meth:`Trial.after` reads the decision (never the record's extra) and
 picks the next step, in this order: a stop request ends the trial; ``confirm`` re-runs the
@@ -54,7 +55,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Done:
-    outcome: str        # ran | failed | exhausted
+    outcome: str        # ran | failed | duplicate | exhausted
 
 
 Step = Propose | Fix | Run | Done
@@ -95,8 +96,9 @@ class Trial:
             self.slot.state.enter("idle")
             return Done("exhausted")
         if isinstance(prepared, Skipped):
-            self._skip(1, prepared.reason, "-", prepared)
-            return Done("failed")
+            # A duplicate keeps its description: the digest tells the agent what it repeated.
+            self._skip(1, prepared.reason, prepared.description or "-", prepared)
+            return Done("failed" if prepared.duplicate_of is None else "duplicate")
         return Run(self.plan("candidate", prepared))
 
     def fix(self, failed: LedgerRecord) -> Step:
@@ -113,6 +115,8 @@ class Trial:
             else:
                 self._reset()
             return Done("ran")
+        if "hypothesis" not in prepared.extra:   # the fixed idea is still the idea it was
+            prepared = replace(prepared, extra={**prepared.extra, **carried(failed.extra)})
         return Run(self.plan("fix", prepared, attempt))
 
     def after(self, done: Recorded) -> Step:
@@ -137,7 +141,7 @@ class Trial:
         """A within-noise gain: the same commit once more with a new seed, judged on the mean."""
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         again = replace(done.plan.candidate, commit=done.record.commit, outside_changes=(), git_events=(),
-                        replay_of=None, extra={})
+                        replay_of=None, extra=carried(done.record.extra))
         return AttemptPlan(self.number, attempt, "confirm", again, self.night.settings.seed + attempt - 1,
                            prior_runs=(done.record.metric,), can_confirm=False, replays=done.plan.replays)
 
@@ -152,7 +156,7 @@ class Trial:
         self.start = onto
         self.slot.ws.target_path.write_text(merged)
         moved = Candidate(None, onto[0], onto[1], record.description, record.proposer,
-                          record.extra.get("source"), replay_of=record.commit)
+                          record.extra.get("source"), replay_of=record.commit, extra=carried(record.extra))
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         return self.plan("confirm", moved, attempt, replays=replays)
 
@@ -209,6 +213,12 @@ class Trial:
         self._reset()
         record_skip(self.night, self.slot, self.number, attempt, self.proposer.name, reason, description,
                     found.outside_changes, found.git_events, self.start, found.extra)
+
+
+def carried(extra: dict) -> dict:
+    """What a re-run of the same change keeps of its first record's extra: the hypothesis
+    (#17), so that the record that keeps it says why. Not the agent's usage: no new call."""
+    return {"hypothesis": extra["hypothesis"]} if extra.get("hypothesis") else {}
 
 
 def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,

@@ -33,6 +33,9 @@ def set_constants(source: str, **values) -> str:
 
 GOOD = (Path(__file__).parent / "trial_scripts" / "learner.py").read_text()
 SLOW = set_constants(GOOD, MATRIX_LR="0.0004", EMBED_LR="0.003", HEAD_LR="0.0001")
+# GOOD's learning rates as NAME=VALUE arguments: the fake agents restore them in SLOW.
+LRS = {name: re.search(rf"^{name} = (\S+)", GOOD, re.M).group(1) for name in ("MATRIX_LR", "EMBED_LR", "HEAD_LR")}
+LR_ARGS = " ".join(f"{name}={value}" for name, value in LRS.items())
 REAL_TRAIN = TRAIN_PY.read_text()   # the real model: only where training itself is under test
 
 

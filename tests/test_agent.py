@@ -8,7 +8,6 @@ test_loop.py.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import shutil
 import time
@@ -20,19 +19,18 @@ import pytest
 from autoloop.cli import build_parser, settings_from
 from autoloop.config import Settings
 from autoloop.proposers import ProposerError, make_proposer
-from autoloop.proposers.agent import PRESETS, AgentProposer, describe_change, results_table, split_command
+from autoloop.ledger import LedgerRecord
+from autoloop.proposers.agent import PRESETS, AgentProposer, describe_change, split_command
 from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest
 from conftest import git, init_repo
-from loop_helpers import BUDGET, GOOD, SLOW, assert_invariants, autoloop, queue_file, set_constants
+from loop_helpers import BUDGET, GOOD, LR_ARGS, LRS, SLOW, assert_invariants, autoloop, queue_file, set_constants
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 PROGRAM = "# program.md\nGoal: the lowest val_bpb. Edit train.py only.\n"
 # No trial here is meant to hang: a roomy hard limit keeps a loaded machine from failing them.
 TIMEOUT = "60"
-# train.py's own learning rates, which SLOW has made tiny: the fake agents restore them,
-# given as NAME=VALUE arguments, so the tests follow whatever train.py is tuned to.
-LRS = {name: re.search(rf"^{name} = (\S+)", GOOD, re.M).group(1) for name in ("MATRIX_LR", "EMBED_LR", "HEAD_LR")}
-LR_ARGS = " ".join(f"{name}={value}" for name, value in LRS.items())
+# The fake agents restore train.py's own learning rates (loop_helpers.LR_ARGS), which SLOW
+# has made tiny, so the tests follow whatever train.py is tuned to.
 RESTORED = set_constants(SLOW, **LRS)
 
 
@@ -40,7 +38,7 @@ RESTORED = set_constants(SLOW, **LRS)
 
 
 def request(workspace: Path, fix: FixContext | None = None, attempt: int = 1) -> ProposalRequest:
-    tail = [
+    tail = [dict(row, started_at=0.0, ended_at=1.0, proposer="agent", commit=f"{row['trial']:040x}") for row in [
         {"trial": 0, "attempt": 1, "status": "keep", "metric": 2.5, "crash": None, "description": "baseline"},
         {"trial": 1, "attempt": 1, "status": "discard", "metric": 2.6, "crash": None,
          "description": "MATRIX_LR 0.04 -> 0.08"},
@@ -48,11 +46,13 @@ def request(workspace: Path, fix: FixContext | None = None, attempt: int = 1) ->
          "description": "nan | everywhere"},
         {"trial": 3, "attempt": 1, "status": "skip", "metric": None, "crash": None, "description": "-",
          "reason": "agent made no change to train.py"},
-    ]
+    ]]
+    tail[0].update(kind="baseline", best=tail[0]["commit"], best_metric=2.5)
+    tail[3]["commit"] = None
     return ProposalRequest(
         workspace=workspace, target="train.py", program_text=PROGRAM, metric_name="val_bpb", direction="min",
         best_metric=2.5, best_commit="abcdef1234567890", trial=4, attempt=attempt, seed=42, ledger_tail=tail,
-        fix=fix, results_dir=workspace / "results",
+        fix=fix, results_dir=workspace / "results", history=[LedgerRecord.model_validate(r) for r in tail],
     )
 
 
@@ -75,18 +75,33 @@ def test_prompt_on_stdin_and_in_the_prompt_file(workspace, tmp_path):
     assert env["AUTOLOOP_PROMPT_FILE"] == str(prompt_file)
     assert env["AUTOLOOP_DESCRIPTION_FILE"] == str(workspace / "results" / "agents" / "4-1.description.txt")
     assert env["AUTOLOOP_TARGET"] == "train.py" and env["AUTOLOOP_TRIAL"] == "4"
+    assert env["AUTOLOOP_HYPOTHESIS_FILE"] == str(workspace / "results" / "agents" / "4-1.hypothesis.txt")
+    assert env["AUTOLOOP_HYPOTHESIS_FILE"] in prompt
     assert Path((out / "cwd.txt").read_text()) == workspace
-    # program.md, the best so far, the recent results as a table, the task.
+    # program.md, the best so far, the research digest of the night (tests/test_digest.py), the task.
     assert prompt.startswith(PROGRAM.strip())
     assert "Best so far: val_bpb 2.500000 at commit abcdef1" in prompt
-    assert "| 1 | discard | 2.600000 | - | MATRIX_LR 0.04 -> 0.08 |" in prompt
-    assert "| 2 | crash | - | fundamental | nan / everywhere |" in prompt
-    assert "| 3 | skip | - | agent made no change to train.py | - |" in prompt
+    assert "- MATRIX_LR: 1 try 0.08, best +0.100000" in prompt
+    assert "- #2 crash fundamental - «nan everywhere»" in prompt
+    assert "- #3 skip - «-»" in prompt and "«agent made no change to train.py»: 1" in prompt
     assert "## Your task" in prompt and "## Fix request" not in prompt
     # No description file: one is derived from the diff. The agent's output is logged.
     assert proposal.description == "edit train.py: +1 -0 lines"
     assert proposal.source == "agents/4-1.log"
     assert "recorded the prompt" in (workspace / "results" / "agents" / "4-1.log").read_text()
+
+
+def test_the_hypothesis_file_goes_into_the_proposal(workspace):
+    """One line from $AUTOLOOP_HYPOTHESIS_FILE (or {hypothesis_file}) becomes extra.hypothesis;
+    a stale file from an earlier call never describes this one."""
+    stale = workspace / "results" / "agents" / "4-1.hypothesis.txt"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("left over\n")
+    writes = AgentProposer("sh -c 'echo \"LR = 0.2\" >> train.py; printf \"\\n  wider steps   early\\nmore\" "
+                           "> {hypothesis_file}'", timeout_s=30)
+    assert writes.propose(request(workspace)).extra == {"hypothesis": "wider steps early", "agent_usage": None}
+    silent = AgentProposer("sh -c 'echo \"LR = 0.3\" >> train.py'", timeout_s=30)
+    assert silent.propose(request(workspace)).extra == {"agent_usage": None}   # sh reports no usage
 
 
 def test_fix_request_prompt_carries_the_crash(workspace, tmp_path):
@@ -122,13 +137,6 @@ def test_description_from_the_diff():
     assert describe_change(before, before.replace("0.1", "0.2") + "x = 1\n", "train.py") == \
         "LR 0.1 -> 0.2; edit train.py: +2 -1 lines"
     assert describe_change(before, "def broken(:\n", "train.py") == "edit train.py: +1 -3 lines"
-
-
-def test_results_table_is_small_and_safe():
-    rows = [{"trial": i, "attempt": 1, "status": "discard", "metric": 2.0, "description": f"idea {i}"}
-            for i in range(40)]
-    table = results_table(rows, limit=15).splitlines()
-    assert len(table) == 2 + 15 and table[-1] == "| 39 | discard | 2.000000 | - | idea 39 |"
 
 
 def test_presets_are_headless_commands():

@@ -259,6 +259,18 @@ def test_each_preset_proposes_through_its_cli_and_no_secret_is_recorded(scripted
         assert call["env"]["DISABLE_AUTOUPDATER"] == "1"     # the preset's environment
     else:
         assert "DISABLE_AUTOUPDATER" not in call["env"]
+    # #17: what the call cost, as the CLI reported it (claude's JSON result, codex's
+    # turn.completed); gemini's stand-in prints nothing of the kind (nor does the real one
+    # without --output-format json) and aider's stand-in no usage line: said once, never estimated.
+    usage = trial["extra"]["agent_usage"]
+    if agent == "claude":
+        assert usage["cost_usd"] == 0.0421 and usage["output_tokens"] == 321 and usage["reported_by"] == \
+            "claude json result"
+    elif agent == "codex":
+        assert usage == {"input_tokens": 2400, "output_tokens": 150, "cached_tokens": 1200,
+                         "reported_by": "codex turn.completed"}
+    else:
+        assert usage is None
     # The secret is nowhere: not on screen, not in the ledger, state, prompt or logs.
     secret = next(iter(extra.values()))
     assert secret not in proc.stdout + proc.stderr

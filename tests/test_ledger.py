@@ -199,17 +199,17 @@ def test_tsv_layout(tmp_path):
     assert rows[0] == TSV_COLUMNS
     assert rows[0][:5] == ["commit", "val_bpb", "memory_gb", "status", "description"]
     assert all(len(r) == len(TSV_COLUMNS) for r in rows)
-    assert rows[1] == ["0123456", "1.234568", "3.1", "keep", "baseline", "-", "0", "300.0", "-", "-"]
+    assert rows[1] == ["0123456", "1.234568", "3.1", "keep", "baseline", "-", "0", "300.0", "-", "-", "-"]
     # discard with no training_seconds: wall seconds; description on one line, no tabs/quotes
     assert rows[2] == ["0123456", "1.300000", "12.3", "discard",
-                       "tabs here and newline  and 'quotes'", "-", "1", "45.1", "-", "-"]
+                       "tabs here and newline  and 'quotes'", "-", "1", "45.1", "-", "-", "-"]
     # crashes carry zeros and their class
-    assert rows[3] == ["0123456", "0.000000", "0.0", "crash", "typo", "trivial", "2", "0.0", "-", "-"]
-    assert rows[4][3:] == ["keep", "fix typo", "-", "2.2", "300.0", "-", "-"]
+    assert rows[3] == ["0123456", "0.000000", "0.0", "crash", "typo", "trivial", "2", "0.0", "-", "-", "-"]
+    assert rows[4][3:] == ["keep", "fix typo", "-", "2.2", "300.0", "-", "-", "-"]
     # the skip record is in the ledger but not in the TSV
     assert [r.status for r in ledger.records()].count("skip") == 1
     assert "skip" not in [r[3] for r in rows]
-    assert rows[5] == ["-", "0.000000", "0.0", "crash", "-", "timeout", "4", "0.0", "-", "-"]
+    assert rows[5] == ["-", "0.000000", "0.0", "crash", "-", "timeout", "4", "0.0", "-", "-", "-"]
     assert rows[6][6] == "2.10"
     assert len(rows) == 7
 

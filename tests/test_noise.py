@@ -50,7 +50,7 @@ def test_noise_runs_confidence_and_confirmation(tmp_path, tiny_data_dir):
     assert conf["best"] == base["commit"]
     # results.tsv: the confidence column (then the worker's), '-' where there is nothing to compare
     rows = read_tsv(repo)
-    assert list(rows[0]) == TSV_COLUMNS and TSV_COLUMNS[-2:] == ["confidence", "worker"]
+    assert list(rows[0]) == TSV_COLUMNS and TSV_COLUMNS[-3:] == ["confidence", "worker", "hypothesis"]
     assert {r["worker"] for r in rows} == {"-"}
     assert [r["trial"] for r in rows] == ["0", "0.2", "0.3", "1", "1.2"]
     assert [r["confidence"] for r in rows[:3]] == ["-", "-", "-"]

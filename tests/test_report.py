@@ -113,7 +113,7 @@ def test_report_content_for_a_known_ledger(night):
     assert "| change | -0.011600 (-1.13%) | 6 kept changes | |" in md
     assert "![val_bpb per attempt](progress.png)" in md
 
-    kept = re.findall(r"^\| (\d) \| (\S+) \| `(\w{7})` \| ([\d.]+) \| ([-+][\d.]+) \| \S+ \| (.+) \|$", md, re.M)
+    kept = re.findall(r"^\| (\d) \| (\S+) \| `(\w{7})` \| ([\d.]+) \| ([-+][\d.]+) \| \S+ \| (.+) \| - \|$", md, re.M)
     assert [(k[0], k[1], k[3], k[4], k[5]) for k in kept] == [
         ("1", "1", "1.023400", "-0.004100", "MATRIX_LR 0.04 -> 0.06"),
         ("2", "6", "1.021200", "-0.002200", "weight decay 0 -> 0.1"),
@@ -277,7 +277,8 @@ def test_report_since_last_lists_exactly_the_new_rows_with_the_kept_diffs(tmp_pa
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("2 new rows since the last report (") and lines[0].endswith(
         ") on autoloop/t, 1 kept change with its diff:")
-    assert lines[2] == "commit\tval_bpb\tmemory_gb\tstatus\tdescription\tcrash\ttrial\tseconds\tconfidence\tworker"
+    assert lines[2] == ("commit\tval_bpb\tmemory_gb\tstatus\tdescription\tcrash\ttrial\tseconds\tconfidence\tworker"
+                        "\thypothesis")
     rows = [line for line in lines[3:] if line and not line.startswith("    ")]
     assert rows == ["\t".join(tsv_row(new[1])).replace("\x1b[31m", "").replace("\x1b[0m", ""),
                     "\t".join(tsv_row(new[2]))]

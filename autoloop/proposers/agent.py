@@ -1,19 +1,23 @@
 """An external coding agent as the proposer: one run of its command per proposal.
 
-Each call writes the prompt (program.md, then the request: best so far, recent results,
-and for a fix request the crash and the end of its log) to
+Each call writes the prompt (program.md, then the request: best so far, the research
+digest of the whole night (digest.py), and for a fix request the crash and the end of
+its log) to
 ``results/agents/<trial>-<attempt>.prompt.md`` and runs the agent's command in the
 workspace with that prompt on stdin. The command is split like a shell would split it but
 run without one; these placeholders are replaced in its arguments:
 
     {prompt_file}       the prompt file (absolute path)
     {description_file}  where the agent may write its one-line description
+    {hypothesis_file}   where the agent may write its one-line hypothesis (why it should help)
     {target}            the file to edit, relative to the workspace (train.py)
     {workspace}         the workspace root
     {results_dir}       the results folder (ignored by git: safe for an agent's own files)
 
 and the environment carries AUTOLOOP_PROMPT_FILE, AUTOLOOP_DESCRIPTION_FILE,
-AUTOLOOP_TARGET, AUTOLOOP_TRIAL and AUTOLOOP_ATTEMPT. For pipes or redirections, wrap
+AUTOLOOP_HYPOTHESIS_FILE, AUTOLOOP_TARGET, AUTOLOOP_TRIAL and AUTOLOOP_ATTEMPT. The
+hypothesis, when written, goes into the proposal's extra (``hypothesis``): the ledger,
+results.tsv's last column, the report and the digest show it. For pipes or redirections, wrap
 the command in ``sh -c '...'`` and use the variables.
 
 The agent's output (stdout and stderr) goes to ``results/agents/<trial>-<attempt>.log``.
@@ -39,15 +43,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoloop.console import plain
+from autoloop.digest import InFlight, research_digest
 from autoloop.layout import RESULTS, Layout
 from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 from autoloop.proposers.presets import PRESETS as AGENT_PRESETS
 from autoloop.proposers.presets import Preset, preset_for
+from autoloop.proposers.usage import read_usage
 
-RECENT_ROWS = 15           # results shown in the prompt
 LOG_TAIL_LINES = 60        # of a crashed run, in a fix request
 MAX_DESCRIPTION = 200
+MAX_HYPOTHESIS = 300
 # A skip's reason in the ledger: room for a CLI's whole error line (gemini's untrusted-folder
 # message is ~330 characters and names the variable to set at its end). Shortened only for
 # display (console, report).
@@ -105,28 +111,14 @@ def check_executable(argv0: str, workspace: Path, hint: str, search_path: str | 
 # ------------------------------------------------------------------------------ the prompt
 
 
-def _metric(value) -> str:
-    return "-" if value is None else f"{value:.6f}"
+def prompt_digest(request: ProposalRequest) -> str:
+    """The research digest of the whole night (digest.py), bounded by --digest-kb."""
+    in_flight = [InFlight(d.get("trial"), d.get("parent"), str(d.get("description") or "")) for d in request.in_flight]
+    return research_digest(request.history, direction=request.direction, metric=request.metric_name,
+                           notes=request.notes, in_flight=in_flight, limit=request.digest_bytes)
 
 
-def _cell(text: object) -> str:
-    return " ".join(str(text).split()).replace("|", "/") or "-"
-
-
-def results_table(records: list[dict], limit: int = RECENT_ROWS) -> str:
-    """The last `limit` attempts as a small markdown table."""
-    rows = ["| trial | status | val_bpb | crash | description |", "|---|---|---|---|---|"]
-    for r in records[-limit:]:
-        label = str(r.get("trial")) + (f".{r['attempt']}" if (r.get("attempt") or 1) > 1 else "")
-        metric = _metric(r.get("metric")) if r.get("status") in ("keep", "discard") else "-"
-        crash = r.get("crash") or "-"
-        if r.get("status") == "skip":
-            crash = _cell(r.get("reason") or "-")
-        rows.append(f"| {label} | {r.get('status')} | {metric} | {_cell(crash)} | {_cell(r.get('description'))} |")
-    return "\n".join(rows)
-
-
-def build_prompt(request: ProposalRequest, description_file: Path) -> str:
+def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_file: Path | None = None) -> str:
     program = request.program_text.strip()
     if not program and _TEMPLATE_PROGRAM.exists():
         program = _TEMPLATE_PROGRAM.read_text().strip()
@@ -145,9 +137,7 @@ def build_prompt(request: ProposalRequest, description_file: Path) -> str:
         f"- Metric: `{request.metric_name}`, {better} is better",
         f"- Best so far: {best}",
         "",
-        "## Recent results",
-        "",
-        results_table(request.ledger_tail) if request.ledger_tail else "(none yet)",
+        prompt_digest(request),
         "",
     ]
     fix = request.fix
@@ -156,9 +146,11 @@ def build_prompt(request: ProposalRequest, description_file: Path) -> str:
             "## Your task",
             "",
             f"Make ONE change to `{request.target}` that you expect to improve `{request.metric_name}`, "
-            "different from what the table shows was already tried. Do not commit, do not run the "
+            "different from what the digest shows was already tried. Do not commit, do not run the "
             f"full training. Then write a one-line description of the change to {description_file} "
-            "(also in $AUTOLOOP_DESCRIPTION_FILE).",
+            "(also in $AUTOLOOP_DESCRIPTION_FILE)"
+            + (f", and one line on why you expect it to help (your hypothesis) to {hypothesis_file} "
+               "(also in $AUTOLOOP_HYPOTHESIS_FILE)." if hypothesis_file else "."),
         ]
     else:
         parts += [
@@ -219,7 +211,9 @@ def describe_change(before: str, after: str, target: str) -> str:
     return text
 
 
-def read_description(path: Path) -> str | None:
+def read_description(path: Path, limit: int = MAX_DESCRIPTION) -> str | None:
+    """The first non-blank line of a file the agent wrote (spacing collapsed, cut to
+    ``limit``), or None when there is none."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -227,7 +221,7 @@ def read_description(path: Path) -> str | None:
     for line in text.splitlines():
         line = " ".join(line.split())
         if line:
-            return line[:MAX_DESCRIPTION]
+            return line[:limit]
     return None
 
 
@@ -260,15 +254,19 @@ class AgentProposer:
         results_dir = layout.root
         layout.agents.mkdir(parents=True, exist_ok=True)
         prompt_file, description_file, log_path = layout.agent_files(request.trial, request.attempt)
-        description_file.unlink(missing_ok=True)   # a stale one must not describe this change
-        prompt_file.write_text(build_prompt(request, description_file))
+        hypothesis_file = layout.hypothesis_file(request.trial, request.attempt)
+        for stale in (description_file, hypothesis_file):   # a stale one must not describe this change
+            stale.unlink(missing_ok=True)
+        prompt_file.write_text(build_prompt(request, description_file, hypothesis_file))
 
         values = {"prompt_file": str(prompt_file), "description_file": str(description_file),
-                  "target": request.target, "workspace": str(workspace), "results_dir": str(results_dir)}
+                  "hypothesis_file": str(hypothesis_file), "target": request.target, "workspace": str(workspace),
+                  "results_dir": str(results_dir)}
         argv = [_fill(arg, values) for arg in split_command(self.command)]
         # The preset's variables first: the loop's own (and the user's environment) win.
         env = self.preset.agent_env() if self.preset else {}
         env.update({"AUTOLOOP_PROMPT_FILE": str(prompt_file), "AUTOLOOP_DESCRIPTION_FILE": str(description_file),
+                    "AUTOLOOP_HYPOTHESIS_FILE": str(hypothesis_file),
                     "AUTOLOOP_TARGET": request.target, "AUTOLOOP_TRIAL": str(request.trial),
                     "AUTOLOOP_ATTEMPT": str(request.attempt)})
         if request.process_token:
@@ -288,25 +286,29 @@ class AgentProposer:
         log = f"see {RESULTS}/{log_rel}"
         if outcome.launch_error:
             raise ProposalFailed(_reason(f"agent could not start: {outcome.launch_error}"))
+        # The call ran: what it cost is a fact of its record whatever came of it (null:
+        # the CLI's output reported nothing; usage.py).
+        usage = read_usage(log_path.read_text(errors="replace")) if log_path.exists() else None
+        spent = {"agent_usage": usage.as_extra() if usage else None}
         ended_early = watch.reason()
         if ended_early:
-            raise ProposalFailed(_reason(ended_early, log))
+            raise ProposalFailed(_reason(ended_early, log), spent)
         if outcome.killed_reason == "timeout":
             raise ProposalFailed(_reason(f"agent timed out after {format_duration(self.timeout_s)} "
-                                         f"(process tree killed){_evidence(watch)}", log))
+                                         f"(process tree killed){_evidence(watch)}", log), spent)
         if outcome.killed_reason == "stopped":
-            raise ProposalFailed("agent stopped by the loop's stop request")
+            raise ProposalFailed("agent stopped by the loop's stop request", spent)
         if outcome.signal is not None:
-            raise ProposalFailed(_reason(f"agent killed by {_signal_name(outcome.signal)}", log))
+            raise ProposalFailed(_reason(f"agent killed by {_signal_name(outcome.signal)}", log), spent)
         if outcome.exit_code != 0:
             last = watch.explanation() or _last_line(outcome.log_tail)
             raise ProposalFailed(_reason(f"agent exited with code {outcome.exit_code}" + (f": {last}" if last else ""),
-                                         log))
+                                         log), spent)
 
         after = target.read_bytes() if target.exists() else None
         if after == before:
             # A CLI that printed an error and exited 0 (aider after an auth error) failed.
-            raise ProposalFailed(_reason(f"agent made no change to {request.target}{_evidence(watch)}", log))
+            raise ProposalFailed(_reason(f"agent made no change to {request.target}{_evidence(watch)}", log), spent)
         description = read_description(description_file)
         derived = description is None
         if description is None:
@@ -314,7 +316,9 @@ class AgentProposer:
                                           (after or b"").decode("utf-8", "replace"), request.target)
             if request.fix is not None:
                 description = f"{request.fix.description} (fix: {description})"
-        return Proposal(description=description, source=log_rel, derived=derived)
+        hypothesis = read_description(hypothesis_file, MAX_HYPOTHESIS)
+        return Proposal(description=description, source=log_rel, derived=derived,
+                        extra={**spent, **({"hypothesis": hypothesis} if hypothesis else {})})
 
 
 def _evidence(watch: OutputWatch) -> str:

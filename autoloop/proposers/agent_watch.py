@@ -18,6 +18,7 @@ most telling line for a call that failed without tripping (an exit 0 after an au
 from __future__ import annotations
 
 import codecs
+import json
 import re
 import threading
 import time
@@ -69,13 +70,28 @@ class OutputWatch:
             if len(self._carry) > MAX_LINE:
                 self._carry = ""
             for line in lines:
-                if self._line(plain(line[:MAX_LINE]).strip()):
-                    return
+                for text in self._texts(plain(line[:MAX_LINE]).strip()):
+                    if self._line(text):
+                        return
 
     def finish(self) -> None:
         """The output ended: a last line without a newline counts too."""
         if self._carry:
             self.feed(b"\n")
+
+    def _texts(self, line: str) -> list[str]:
+        """The line, or for a JSON event of the CLI's (presets.JsonText) the lines of its
+        message as the CLI's plain output would have printed them."""
+        if not (self.preset.json_text and line.startswith("{")):
+            return [line]
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return [line]
+        for spec in self.preset.json_text:
+            if isinstance(event, dict) and event.get("type") == spec.type and isinstance(event.get(spec.field), str):
+                return [spec.prefix + text.strip() for text in event[spec.field].splitlines() if text.strip()]
+        return [line]
 
     def _line(self, line: str) -> bool:
         if not line:

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from autoloop.digest import DEFAULT_BYTES, Note
 from autoloop.errors import AutoloopError
+from autoloop.ledger import LedgerRecord
 
 
 @dataclass
@@ -34,6 +36,11 @@ class ProposalRequest:
     attempt: int
     seed: int
     ledger_tail: list[dict] = field(default_factory=list)  # recent ledger records (audit fields stripped)
+    # The whole ledger (audit fields stripped), for the agent's research digest (digest.py),
+    # and the digest's bound in bytes.
+    history: list[LedgerRecord] = field(default_factory=list)
+    digest_bytes: int = DEFAULT_BYTES
+    notes: list[Note] = field(default_factory=list)   # the person's notes in force (person_notes.py)
     fix: FixContext | None = None   # set for a fix request
     results_dir: Path | None = None
     # For proposers that run a process (the agent): the loop's stop request (Ctrl-C, SIGTERM)
@@ -62,7 +69,12 @@ class ProposerError(AutoloopError):
 
 
 class ProposalFailed(Exception):
-    """The proposer could not produce a usable change this time (recorded, loop goes on)."""
+    """The proposer could not produce a usable change this time (recorded, loop goes on).
+    ``extra``: facts for the skip's record all the same (what a failed agent call cost)."""
+
+    def __init__(self, reason: str, extra: dict | None = None):
+        super().__init__(reason)
+        self.extra = dict(extra or {})
 
 
 class Proposer(Protocol):

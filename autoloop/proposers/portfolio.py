@@ -134,7 +134,8 @@ class PortfolioProposer:
         try:
             proposal = member.propose(request)
         except ProposalFailed as e:
-            raise ProposalFailed(portfolio_skip_reason(name, reason, time.monotonic() - started, str(e))) from None
+            raise ProposalFailed(portfolio_skip_reason(name, reason, time.monotonic() - started, str(e)),
+                                 e.extra) from None
         if proposal is not None:
             proposal.extra = {**proposal.extra, "portfolio": {
                 "choice": name, "reason": reason, "propose_s": round(time.monotonic() - started, 3)}}

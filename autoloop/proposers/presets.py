@@ -71,6 +71,17 @@ class Fatal:
 
 
 @dataclass(frozen=True)
+class JsonText:
+    """Where a CLI that prints JSON (for its usage report) puts the text of its messages:
+    the field of its events of one type, read as the line ``prefix`` + text, so that the
+    fatal, retry and explain patterns written for its plain output still apply."""
+
+    type: str          # the event's "type"
+    field: str         # the field holding the message
+    prefix: str = ""   # what the plain output put before it ("ERROR: ")
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str                  # --agent NAME
     product: str               # the CLI's own name, for messages
@@ -81,6 +92,7 @@ class Preset:
     fatal: tuple[Fatal, ...] = ()
     retry: tuple[str, ...] = ()
     explain: tuple[str, ...] = ()
+    json_text: tuple[JsonText, ...] = ()
 
     def agent_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """The preset's variables the user's environment does not already set (theirs win)."""
@@ -95,7 +107,10 @@ PRESETS: dict[str, Preset] = {
         # "Bypass all permission checks" (refused as root unless IS_SANDBOX=1);
         # --add-dir: "Additional directories to allow tool access to": the results folder,
         # outside a worker's worktree with --workers, where the description file goes.
-        command="claude -p --dangerously-skip-permissions --add-dir {results_dir}",
+        # --output-format json: "json" (single result), the result carrying total_cost_usd
+        # and usage (usage.py); a failure is in it too ("result": "Not logged in · Please
+        # run /login", "is_error": true, exit 1, as seen with 2.1.197), read by json_text.
+        command="claude -p --dangerously-skip-permissions --output-format json --add-dir {results_dir}",
         # Documented in Claude Code's settings: no self-update in the middle of a night,
         # so that every proposal of the night comes from the same version.
         env={"DISABLE_AUTOUPDATER": "1"},
@@ -109,6 +124,7 @@ PRESETS: dict[str, Preset] = {
             Fatal(r"API Error: 401\b", "authentication failed", "check ANTHROPIC_API_KEY or log in again"),
         ),
         explain=(r"API Error: ", r"Error: "),
+        json_text=(JsonText("result", "result"),),
     ),
     "codex": Preset(
         name="codex", product="Codex CLI", checked_version="0.171.0",
@@ -117,11 +133,15 @@ PRESETS: dict[str, Preset] = {
         # --add-dir: "Additional directories that should be writable alongside the primary
         # workspace": the results folder, read-only under the sandbox when it lies outside a
         # worker's worktree (--workers); --color never: a log without escape codes.
-        command="codex exec --color never --sandbox workspace-write --add-dir {results_dir} -",
+        # --json: "Print events to stdout as JSONL", among them turn.completed with the
+        # turn's token usage (usage.py); its errors become {"type":"error","message":
+        # "Reconnecting... 2/5 (...)"} (seen with 0.171.0 offline), read by json_text.
+        command="codex exec --json --color never --sandbox workspace-write --add-dir {results_dir} -",
         # Offline or not logged in it never exits (see the module docstring): its
         # reconnect messages are the stall watch's evidence.
         retry=(r"ERROR: Reconnecting\.\.\.",),
         explain=(r"ERROR: ", r"Error: ", r"stream disconnected before completion"),
+        json_text=(JsonText("error", "message", "ERROR: "),),
     ),
     "aider": Preset(
         name="aider", product="Aider", checked_version="0.86.2",

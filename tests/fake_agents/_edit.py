@@ -20,5 +20,10 @@ def set_constants(path: Path, values: dict[str, str]) -> None:
     path.write_text(text)
 
 
+def scale_constants(path: Path, values: dict[str, str], factor: float) -> None:
+    """Set each constant to its given value times ``factor``: a new change every trial."""
+    set_constants(path, {name: str(float(value) * factor) for name, value in values.items()})
+
+
 def describe(line: str) -> None:
     Path(os.environ["AUTOLOOP_DESCRIPTION_FILE"]).write_text(line + "\n")
