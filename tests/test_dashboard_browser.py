@@ -146,3 +146,31 @@ def test_the_dashboard_of_a_running_night(tmp_path, tiny_data_dir, browser):
         if loop.poll() is None:
             loop.kill()
             loop.wait()
+
+
+def test_verify_runs_are_listed_as_verify_and_left_out_of_the_chart(tmp_path, tiny_data_dir, browser):
+    """`autoloop verify`'s re-runs (kind verify, status discard) are measurements of the
+    best, not proposals the night turned down: the table says "verify", the chart and its
+    note count only the night's attempts."""
+    from autoloop.ledger import Ledger, LedgerRecord
+
+    repo = fake_repo(tmp_path)
+    queue(repo, "01_better.py", fake(A=0.5), "a real gain")
+    proc = subprocess.run(run_args(), cwd=repo, env=cli_env(tiny_data_dir), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    night = [LedgerRecord.model_validate(r) for r in read_ledger(repo)]
+    assert [r.trial for r in night] == [0, 1]
+    # A verification's record as verify.py writes it: a trial of its own, kind verify, discard.
+    Ledger(repo / "results").append(night[1].model_copy(update={
+        "trial": 2, "attempt": 1, "kind": "verify", "status": "discard", "description": "verify: the best, seed 50"}))
+
+    with DashboardProcess(repo) as dash:
+        browser.get(dash.url)
+        wait(lambda: len(table_rows(browser)) == 3, "the table")
+        assert [row[:2] for row in table_rows(browser)] == [("0", "baseline"), ("1", "keep"), ("2", "verify")]
+        wait(lambda: len(browser.find_elements("css selector", "#chart .pt")) == 2, "the chart's points")
+        note = browser.execute_script("return document.getElementById('plot-note').textContent")
+        assert note.startswith("2 attempts:") and "0 discarded" in note, note
+        logs = browser.get_log("browser")
+        assert [entry for entry in logs if entry["level"] in ("SEVERE", "WARNING")] == [], logs

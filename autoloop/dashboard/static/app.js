@@ -163,7 +163,9 @@ function yRange(kept, others, direction) {
 }
 
 function renderPlot() {
-  const rows = state.rows.filter((r) => r.status !== 'skip');
+  // The chart is the night's search: autoloop verify's re-runs (kind verify) are measurements
+  // of the best, not discarded proposals; the table lists them as "verify".
+  const rows = state.rows.filter((r) => r.status !== 'skip' && r.kind !== 'verify');
   const key = `${rows.length}:${state.summary && state.summary.direction}`;
   if (key === state.plotKey) return;
   state.plotKey = key;
@@ -292,7 +294,7 @@ function renderTable() {
     const cls = [r.status, r.kind === 'baseline' ? 'baseline' : '', state.selected === r.label ? 'selected' : ''].join(' ');
     return el('tr', { className: cls, 'data-label': r.label, onclick: () => openDetail(r) },
       el('td', { text: r.label }),
-      el('td', { text: r.kind === 'baseline' ? 'baseline' : r.noise_sample ? 'noise run' : r.status }),
+      el('td', { text: r.kind === 'baseline' || r.kind === 'verify' ? r.kind : r.noise_sample ? 'noise run' : r.status }),
       el('td', { className: 'num', text: fmt(r.metric, 6) }),
       el('td', { className: 'num', text: signed(r.delta, digits) }),
       el('td', { className: 'num', text: r.confidence === null ? '-' : r.confidence.toFixed(1) }),
