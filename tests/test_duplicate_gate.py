@@ -64,3 +64,16 @@ def test_a_repeated_proposal_is_skipped_untrained_told_and_stops_the_night_when_
     assert "## Your previous proposal was not run" in told
     assert "Trial 2 («freeze the head (spelt again)») was same change as #1" in told
     assert "## Your previous proposal" not in (prompts / "2.md").read_text()
+
+
+def test_a_fix_that_lands_on_a_change_already_judged_is_not_trained(baselined_repo, tiny_data_dir):
+    repo = baselined_repo
+    proc = autoloop(repo, "run", "--budget", BUDGET, "--timeout", "60", "--tag", "t", "--device", "cpu", "--resume",
+                    "--agent-cmd", f"{FAKE / 'fix_into_repeat.py'} HEAD_LR=0.0", "--max-trials", "2",
+                    data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = assert_invariants(repo)
+    rows = [(r["trial"], r["attempt"], r["status"], r["crash"]) for r in ledger[1:]]
+    assert rows == [(1, 1, "discard", None), (2, 1, "crash", "trivial"), (2, 2, "skip", None)]
+    assert ledger[-1]["reason"] == "fix failed: same change as #1 (HEAD_LR = 0.0, already tried from this best)"
+    assert not (repo / "results" / "runs" / "2-2.log").exists()
