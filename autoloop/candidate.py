@@ -87,12 +87,15 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
                      attempt_started_at=time.time(), child_token=request.process_token)
     if broken is not None:   # after the state says so: a kill now is recovered like any proposal
         ws.target_path.write_text(broken)
+    asked = time.time()
     try:
         proposal, failure = proposer.propose(request), None
     except ProposalFailed as e:
         proposal, failure = None, str(e)
     else:
         fault_point("proposed", request.trial)
+    # The proposer's time, a fact of its record: `autoloop status` sums it per trial (#16).
+    timing = {"propose_seconds": round(time.time() - asked, 3)}
     # Git first: a proposer that committed, switched branch or reset must not have the
     # scope guard (or a reset) act on some other branch than the loop's.
     guard = git_guard.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
@@ -107,18 +110,18 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
         ws.reset_to(base)
         if proposal is not None:   # nothing to run: recorded as a skip, like a failed proposal
             failure = f"{proposer.name} deleted {ws.target}"
-        extra = dict(proposal.extra) if proposal is not None else {}
+        extra = {**(proposal.extra if proposal is not None else {}), **timing}
         return Skipped(failure, outside, events, extra) if failure is not None else None
     refused = screen(ws, broken)
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
-        return Skipped(refused, outside, events, dict(proposal.extra))
+        return Skipped(refused, outside, events, {**proposal.extra, **timing})
     description = proposal.description
     if proposal.derived and guard.commit_message:
         # The agent said what it did in its commits rather than in the description file.
         description = (f"{request.fix.description} (fix: {guard.commit_message})" if request.fix
                        else guard.commit_message)
     return Candidate(None, request.best_commit, request.best_metric, description, proposer.name, proposal.source,
-                     outside, events, extra=dict(proposal.extra))
+                     outside, events, extra={**proposal.extra, **timing})
 
 
 def screen(ws: Workspace, broken: str | None = None) -> str | None:

@@ -203,6 +203,12 @@ class Settings(BaseModel):
         "(codex 'Reconnecting...', gemini 'Retrying with backoff'; default {default}; 0: off)",
         metavar="DURATION", run_only=True)
 
+    # #16: propose the next trial while the current one trains (README "Look-ahead").
+    lookahead: int | None = setting(
+        None, "proposer", "1: while a trial trains, the proposer already prepares the next one in a worktree of its "
+        "own (worktrees/ahead), so the device never waits for it; 0: propose, then train", metavar="0|1",
+        run_only=True, ge=0, le=1, default_text="1 when the proposer is an agent, 0 for the mutator and the queue")
+
     # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
     # portfolio's members (README "Proposers").
     sampler: Literal["tpe", "cmaes", "gp"] = setting(

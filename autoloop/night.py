@@ -232,7 +232,8 @@ def _recover(night: Night, purpose: Purpose) -> None:
 
     if purpose == "trial" or night.settings.resume:
         recovery.recover_night(night)
-    elif any(state.tag == night.tag for _, state in recovery.interrupted(night.layout)):
+    elif any(state.tag == night.tag for _, state in [*recovery.interrupted(night.layout),
+                                                       *recovery.interrupted_lookahead(night.layout)]):
         raise NightError("the last run of this tag was interrupted; pass --resume to recover and continue")
 
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
-from autoloop import queries
+from autoloop import lookahead, queries
 from autoloop.attempt import AttemptRunner, Slot
 from autoloop.console import Prefixed, plural, shorten
 from autoloop.devices import slot_envs
@@ -37,7 +37,8 @@ from autoloop.night import Night, low_disk
 from autoloop.proposers.base import Proposer
 from autoloop.proposers.preflight import run_preflight
 from autoloop.state import RunState, StateFile, load_state
-from autoloop.trial import Trial, measure_noise, run_baseline
+from autoloop.lookahead import Lookahead, PreparedCandidate
+from autoloop.trial import Run, Trial, measure_noise, run_baseline
 from autoloop.worktrees import ensure_worktree, remove_worktree, worker_workspace
 
 JOIN_SLICE_S = 0.2     # the main thread joins the slots in slices: it must stay free to take signals
@@ -88,6 +89,11 @@ class Scheduler:
         self.error: BaseException | None = None
         self.deadline: float | None = None
         self.main: StateFile | None = None
+        # #16: propose the next trial while this one trains; by default where proposing is
+        # slow (an agent), not where it takes milliseconds (the mutator, the queue).
+        s = night.settings
+        self.lookahead = bool(s.lookahead if s.lookahead is not None else _uses_agent(proposer))
+        self.pending: list[PreparedCandidate] = []   # prepared by a run that stopped, not yet run
 
     def run(self) -> str:
         """Run until a stop condition; returns the stop reason (also stored in state.json)."""
@@ -132,7 +138,7 @@ class Scheduler:
             return reason
         runner = AttemptRunner(night, self._main_slot())
         if queries.baseline(night.arbiter.records()) is None:
-            if self.deadline is not None and time.time() + self._expected() > self.deadline:
+            if self.deadline is not None and time.time() + self._expected() * (2 if ahead else 1) > self.deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
             run_baseline(night, runner)
             measure_noise(night, runner)
@@ -142,6 +148,10 @@ class Scheduler:
 
     def _trials(self, envs: list[dict[str, str]]) -> str:
         night = self.night
+        # Taken before any new trial (with or without --lookahead now): each runs once.
+        self.pending = lookahead.pending(night)
+        for prepared in self.pending:
+            self.reserved[f"prepared-{prepared.trial}"] = prepared.trial
         slots = self._slots(envs)
         threads = [threading.Thread(target=self._work, args=(slot,), name=f"autoloop-slot-{slot.worker}", daemon=True)
                    for slot in slots]
@@ -192,16 +202,27 @@ class Scheduler:
 
     def _work(self, slot: Slot) -> None:
         night, runner = self.night, AttemptRunner(self.night, slot)
+        ahead = None
+        prepared: PreparedCandidate | None = None   # the next trial, proposed while the last one ran
         try:
+            ahead = Lookahead(night, slot, self.proposer, self.claims) if self.lookahead else None
             while True:
                 with night.arbiter.lock:
-                    reason = self.stop_reason()
-                    if reason:
+                    # The prepared trial's reservation becomes this slot's (below), so it does not
+                    # count twice toward --max-trials.
+                    replay = None if prepared else self._pending_replay()
+                    if prepared is None and replay is None and self.pending:
+                        prepared = self.pending.pop(0)
+                        self.reserved.pop(f"prepared-{prepared.trial}", None)
+                    elif prepared is not None:
+                        self.reserved.pop(ahead.key, None)
+                        self.claims.release(ahead.key)
+                    reason = self.stop_reason(prepared=prepared is not None)
+                    if reason:   # a prepared candidate stays in results/prepared/: --resume runs it
                         self.reason = self.reason or reason
                         return
-                    replay = self._pending_replay()
-                    trial = replay.trial if replay else max([queries.next_trial(night.arbiter.records()),
-                                                             *(t + 1 for t in self.reserved.values())])
+                    trial = (replay.trial if replay else prepared.trial if prepared else
+                             self._next_trial())
                     self.reserved[slot.worker] = trial
                     start = night.arbiter.best()
                 if start[0] and slot.ws.head() != start[0]:
@@ -209,11 +230,52 @@ class Scheduler:
                 outcome = "failed"
                 try:
                     this = Trial(night, slot, runner, self.proposer, trial, start, self.claims)
-                    outcome = this.resume_replay(replay) if replay else this.run()
+                    outcome = (this.resume_replay(replay) if replay else
+                               self._run_trial(this, ahead, prepared, start))
                 finally:
                     self._release(slot.worker, outcome)
+                    if prepared is not None:
+                        lookahead.done(night.layout, prepared.trial)
+                prepared = None
+                if ahead is not None and ahead.busy:
+                    result = ahead.wait()
+                    prepared = result.prepared
+                    if prepared is None:
+                        self._release(ahead.key, result.outcome)
         except BaseException as e:   # noqa: BLE001 - handed to the main thread, which reports it
             self._fail(e)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def _run_trial(self, this: Trial, ahead: Lookahead | None, prepared: PreparedCandidate | None,
+                   start: queries.Best) -> str:
+        """One trial from its first step on; a slot that looks ahead starts proposing the
+        next one as soon as this one has its candidate."""
+        first = None
+        if prepared is not None:
+            first = lookahead.rebase(self.night, this.slot, prepared, start)
+            if first is None:   # dropped (recorded): the next trial asks the proposer afresh
+                return "ran"
+            self.claims.claim(this.slot.worker, {"parent": start[0], "kind": "candidate", "trial": this.number,
+                                                 "description": first.description, "worker": this.slot.worker})
+        step = this.begin(first)
+        if ahead is not None and isinstance(step, Run):
+            self._look_ahead(ahead)
+        return this.finish(step)
+
+    def _look_ahead(self, ahead: Lookahead) -> None:
+        with self.night.arbiter.lock:
+            if self.stop_reason(ahead=True):
+                return
+            trial = self._next_trial()
+            self.reserved[ahead.key] = trial
+            best = self.night.arbiter.best()
+        ahead.start(trial, best)
+
+    def _next_trial(self) -> int:
+        """A trial number no record and no reservation has (callers hold the arbiter's lock)."""
+        return max([queries.next_trial(self.night.arbiter.records()), *(t + 1 for t in self.reserved.values())])
 
     def _pending_replay(self):
         """A replay a kill interrupted between its decision and its run, not taken by another
@@ -242,12 +304,14 @@ class Scheduler:
 
     # -- when to stop ---------------------------------------------------------------------
 
-    def stop_reason(self) -> str | None:
-        """Why no further trial may start, or None (callers hold the arbiter's lock)."""
+    def stop_reason(self, ahead: bool = False, prepared: bool = False) -> str | None:
+        """Why no further trial may start, or None (callers hold the arbiter's lock).
+        ``ahead``: for a look-ahead proposal, whose trial starts after the one running now;
+        ``prepared``: for a trial already proposed (a proposer out of ideas lets it run)."""
         night, s = self.night, self.night.settings
         if self.reason:
             return self.reason
-        if self.exhausted and not night.stop.is_set():
+        if self.exhausted and not prepared and not night.stop.is_set():
             return f"proposer '{self.proposer.name}' has no more ideas"
         if night.stop.is_set():
             return f"stopped by {night.stop.signal or 'request'}"
@@ -263,7 +327,7 @@ class Scheduler:
         reason = low_disk(night)
         if reason:
             return reason
-        if self.deadline is not None and time.time() + self._expected() > self.deadline:
+        if self.deadline is not None and time.time() + self._expected() * (2 if ahead else 1) > self.deadline:
             return "time is up: the next trial could not finish before the --hours deadline"
         return None
 

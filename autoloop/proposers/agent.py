@@ -150,6 +150,12 @@ def build_prompt(request: ProposalRequest, description_file: Path) -> str:
         results_table(request.ledger_tail) if request.ledger_tail else "(none yet)",
         "",
     ]
+    if request.in_flight:
+        # The trials running while this one is proposed (look-ahead, parallel workers): their
+        # results are not in the table yet, and the same idea twice would waste a trial.
+        parts += ["## Running now (not in the table yet; propose something different)", ""]
+        parts += [f"- trial {_cell(d.get('trial', '?'))}: {_cell(d.get('description'))}" for d in request.in_flight]
+        parts.append("")
     fix = request.fix
     if fix is None:
         parts += [
