@@ -11,7 +11,11 @@ for HOLD seconds more.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,12 +54,16 @@ def repo(tmp_path) -> Path:
     return init_repo(tmp_path / "repo", {"train.py": FAKE})
 
 
+def run_args(*script: str, flags: tuple[str, ...] = (), resume: bool = False) -> list[str]:
+    cmd = f"{sys.executable} {AGENT} {{prompt_file}} {' '.join(script)}"
+    return ["run", "--budget", "1", "--timeout", "60", "--tag", "t", "--device", "cpu",
+            "--command", f"{sys.executable} train.py", "--agent-cmd", cmd, "--skip-preflight",
+            *(("--resume",) if resume else ()), *flags]
+
+
 def night(repo: Path, data_dir: Path, *script: str, flags: tuple[str, ...] = (), env: dict | None = None,
           resume: bool = False):
-    cmd = f"{sys.executable} {AGENT} {{prompt_file}} {' '.join(script)}"
-    return autoloop(repo, "run", "--budget", "1", "--timeout", "60", "--tag", "t", "--device", "cpu",
-                    "--command", f"{sys.executable} train.py", "--agent-cmd", cmd, "--skip-preflight",
-                    *(("--resume",) if resume else ()), *flags, data_dir=data_dir, env=env)
+    return autoloop(repo, *run_args(*script, flags=flags, resume=resume), data_dir=data_dir, env=env)
 
 
 def trials(ledger: list[dict]) -> list[tuple]:
@@ -166,3 +174,30 @@ def test_kill_9_with_one_candidate_prepared_and_another_training_then_resume(rep
     again = night(repo, tiny_data_dir, "4:A=0.7", flags=("--max-trials", "1"), resume=True)
     assert again.returncode == 0, again.stdout + again.stderr
     assert [r["trial"] for r in assert_invariants(repo)] == [0, 1, 2, 3, 4]
+
+
+def test_ctrl_c_with_a_candidate_prepared_keeps_it_for_resume(repo, tiny_data_dir):
+    args = run_args("1:A=0.9,WAIT=2,HOLD=30", "2:B=0.8", flags=("--max-trials", "3", "--noise-runs", "0",
+                                                                 "--sanity-bound", "0"))
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", *args], cwd=repo, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    prepared = repo / "results" / "prepared" / "2.json"
+    deadline = time.time() + 120
+    while not prepared.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert prepared.exists(), proc.communicate()[0]
+    os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: the whole foreground group
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out
+    ledger = read_ledger(repo)
+    assert trials(ledger)[1:] == [(1, 1, "candidate", "crash", "fundamental")]
+    assert "SIGINT" in ledger[1]["reason"] and prepared.exists()
+    assert not (repo / "worktrees" / "ahead").exists()   # the candidate is a commit: no worktree needed
+
+    resumed = night(repo, tiny_data_dir, "3:A=0.8", flags=("--max-trials", "2"), resume=True)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    ledger = assert_invariants(repo)
+    assert trials(ledger)[2:] == [(2, 1, "candidate", "keep", None), (3, 1, "candidate", "keep", None)]
+    assert ledger[2]["commit"] == git(repo, "rev-parse", "refs/autoloop/t/prepared/2")   # as it was prepared
+    assert not prepared.exists()
