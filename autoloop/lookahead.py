@@ -39,7 +39,7 @@ from autoloop.atomic import atomic_write
 from autoloop.attempt import Candidate, Slot
 from autoloop.candidate import Skipped, prepare, proposal_request
 from autoloop.console import Prefixed
-from autoloop.layout import Layout, ahead_branch_name, prepared_ref
+from autoloop.layout import Layout, prepared_ref
 from autoloop.proposers.base import Proposer
 from autoloop.state import RunState, StateFile, fault_point
 from autoloop.trial import record_skip
@@ -107,8 +107,7 @@ def pending(night) -> list[PreparedCandidate]:
         if prepared.trial in ran:
             path.unlink()
             continue
-        console.line(f"#{prepared.trial}: prepared ahead before the stop and not yet run "
-                     f"[{prepared.commit[:7]}]: it runs first")
+        console.line(f"#{prepared.trial}: prepared ahead [{prepared.commit[:7]}] and not yet run: it runs first")
         found.append(prepared)
     return found
 
@@ -159,10 +158,6 @@ class Lookahead:
     def __init__(self, night, slot: Slot, proposer: Proposer, claims):
         self.night, self.proposer, self.claims = night, proposer, claims
         self.key = key(slot.worker)
-        if slot.worker is None:
-            # The single loop proposes (a fix request) in the main checkout while this
-            # worktree's branch moves: the git guard there must not put that branch back.
-            night.ws.foreign_refs = (*night.ws.foreign_refs, f"refs/heads/{ahead_branch_name(night.tag, None)}")
         ensure_worktrees_ignored(night.ws)
         ensure_ahead_worktree(night.ws, slot.worker, night.tag, night.arbiter.best()[0] or night.ws.head())
         ws = ahead_workspace(night.ws.root, slot.worker, night.tag, night.settings.target, night.layout.root)

@@ -138,13 +138,34 @@ class Scheduler:
             return reason
         runner = AttemptRunner(night, self._main_slot())
         if queries.baseline(night.arbiter.records()) is None:
-            if self.deadline is not None and time.time() + self._expected() * (2 if ahead else 1) > self.deadline:
+            if self.deadline is not None and time.time() + self._expected() > self.deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
             run_baseline(night, runner)
-            measure_noise(night, runner)
+            self._noise_runs(runner)
         elif night.settings.remeasure:
-            measure_noise(night, runner)
+            self._noise_runs(runner)
         return None
+
+    def _noise_runs(self, runner: AttemptRunner) -> None:
+        """The noise samples of the best; with look-ahead the first trial is proposed
+        meanwhile (the device busy while the proposer works), and left prepared in
+        results/prepared/ for a slot to take first."""
+        night = self.night
+        ahead = None
+        if self.lookahead and night.settings.noise_runs > 0 and not night.stop.is_set():
+            ahead = Lookahead(night, runner.slot, self.proposer, self.claims)
+            self._look_ahead(ahead)
+        try:
+            measure_noise(night, runner)
+        finally:
+            if ahead is not None:
+                try:
+                    if ahead.busy:
+                        result = ahead.wait()
+                        # A prepared one is taken again from its file by _trials (lookahead.pending).
+                        self._release(ahead.key, result.outcome, counted=result.prepared is None)
+                finally:
+                    ahead.close()
 
     def _trials(self, envs: list[dict[str, str]]) -> str:
         night = self.night
@@ -153,8 +174,11 @@ class Scheduler:
         for prepared in self.pending:
             self.reserved[f"prepared-{prepared.trial}"] = prepared.trial
         slots = self._slots(envs)
-        threads = [threading.Thread(target=self._work, args=(slot,), name=f"autoloop-slot-{slot.worker}", daemon=True)
-                   for slot in slots]
+        # Made here, one after the other: git does not add two worktrees at once.
+        aheads = [Lookahead(night, slot, self.proposer, self.claims) if self.lookahead else None for slot in slots]
+        threads = [threading.Thread(target=self._work, args=(slot, ahead), name=f"autoloop-slot-{slot.worker}",
+                                    daemon=True)
+                   for slot, ahead in zip(slots, aheads)]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
@@ -200,12 +224,10 @@ class Scheduler:
 
     # -- one slot -------------------------------------------------------------------------
 
-    def _work(self, slot: Slot) -> None:
+    def _work(self, slot: Slot, ahead: Lookahead | None) -> None:
         night, runner = self.night, AttemptRunner(self.night, slot)
-        ahead = None
         prepared: PreparedCandidate | None = None   # the next trial, proposed while the last one ran
         try:
-            ahead = Lookahead(night, slot, self.proposer, self.claims) if self.lookahead else None
             while True:
                 with night.arbiter.lock:
                     # The prepared trial's reservation becomes this slot's (below), so it does not
@@ -283,10 +305,12 @@ class Scheduler:
         taken = set(self.reserved.values())
         return next((r for r in queries.pending_replays(self.night.arbiter.records()) if r.trial not in taken), None)
 
-    def _release(self, worker: int | None, outcome: str) -> None:
+    def _release(self, worker: int | str | None, outcome: str, counted: bool = True) -> None:
         with self.night.arbiter.lock:
             self.reserved.pop(worker, None)
             self.claims.release(worker)
+            if not counted:
+                return
             if outcome == "exhausted":
                 self.exhausted = True
                 return
@@ -307,14 +331,17 @@ class Scheduler:
     def stop_reason(self, ahead: bool = False, prepared: bool = False) -> str | None:
         """Why no further trial may start, or None (callers hold the arbiter's lock).
         ``ahead``: for a look-ahead proposal, whose trial starts after the one running now;
-        ``prepared``: for a trial already proposed (a proposer out of ideas lets it run)."""
+        ``prepared``: for a trial proposed already and counted when it was reserved: only a
+        stop, a full disk or the deadline keep it from running (then --resume runs it)."""
         night, s = self.night, self.night.settings
+        if night.stop.is_set() or self.error is not None:
+            return self.reason or f"stopped by {night.stop.signal or 'request'}"
+        if prepared:
+            return low_disk(night) or self._past_deadline(1)
         if self.reason:
             return self.reason
-        if self.exhausted and not prepared and not night.stop.is_set():
+        if self.exhausted:
             return f"proposer '{self.proposer.name}' has no more ideas"
-        if night.stop.is_set():
-            return f"stopped by {night.stop.signal or 'request'}"
         if s.max_trials is not None and self.started + len(self.reserved) >= s.max_trials:
             return f"reached --max-trials {s.max_trials}"
         # An agent has a limit of its own (its failures are slow and cost money).
@@ -324,10 +351,10 @@ class Scheduler:
             records = night.arbiter.records()
             why = f"; last: {shorten(records[-1].reason)}" if records and records[-1].reason else ""
             return f"{self.proposer.name} failed {plural(self.failures, 'time')} in a row ({flag} {limit}){why}"
-        reason = low_disk(night)
-        if reason:
-            return reason
-        if self.deadline is not None and time.time() + self._expected() * (2 if ahead else 1) > self.deadline:
+        return low_disk(night) or self._past_deadline(2 if ahead else 1)
+
+    def _past_deadline(self, trials: int) -> str | None:
+        if self.deadline is not None and time.time() + self._expected() * trials > self.deadline:
             return "time is up: the next trial could not finish before the --hours deadline"
         return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +85,12 @@ def test_an_agent_looks_ahead_by_default_and_its_prompt_names_the_trial_in_fligh
     assert not (repo / "results" / "state-ahead.json").exists()
     assert not list((repo / "results" / "prepared").glob("*"))
     assert all(isinstance(r["extra"].get("propose_seconds"), float) for r in ledger[1:])
+    status = autoloop(repo, "status", data_dir=tiny_data_dir, check=True).stdout
+    assert re.search(r"^device busy \d+% of \S+ this run; proposer \d+\.\d s per trial$", status, re.M), status
+    data = json.loads(autoloop(repo, "status", "--json", data_dir=tiny_data_dir, check=True).stdout)
+    assert 0 < data["device_busy"] <= 1 and data["propose_s_per_trial"] > 0
+    report = autoloop(repo, "report", data_dir=tiny_data_dir, check=True)
+    assert "## Device time" in (repo / "results" / "report.md").read_text(), report.stdout
 
 
 def test_a_candidate_prepared_before_a_keep_is_merged_and_judged_against_the_new_best(repo, tiny_data_dir):
@@ -165,7 +172,7 @@ def test_kill_9_with_one_candidate_prepared_and_another_training_then_resume(rep
     assert ledger[1]["reason"] == "interrupted (orchestrator stopped during running)"
     # The prepared candidate ran once, as it was (the best had not moved), first after the resume.
     assert ledger[2]["commit"] == prepared["commit"] and ledger[2]["parent"] == ledger[0]["commit"]
-    assert "prepared ahead before the stop and not yet run" in resumed.stdout
+    assert f"#2: prepared ahead [{prepared['commit'][:7]}] and not yet run: it runs first" in resumed.stdout
     assert not list((repo / "results" / "prepared").glob("*"))
     assert not (repo / "results" / "state-ahead.json").exists()
     assert not (repo / "worktrees" / "ahead").exists()
@@ -194,6 +201,8 @@ def test_ctrl_c_with_a_candidate_prepared_keeps_it_for_resume(repo, tiny_data_di
     assert trials(ledger)[1:] == [(1, 1, "candidate", "crash", "fundamental")]
     assert "SIGINT" in ledger[1]["reason"] and prepared.exists()
     assert not (repo / "worktrees" / "ahead").exists()   # the candidate is a commit: no worktree needed
+    status = autoloop(repo, "status", data_dir=tiny_data_dir, check=True).stdout
+    assert "prepared, not yet run: trial 2 (autoloop run --resume runs it first)" in status
 
     resumed = night(repo, tiny_data_dir, "3:A=0.8", flags=("--max-trials", "2"), resume=True)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -201,3 +210,31 @@ def test_ctrl_c_with_a_candidate_prepared_keeps_it_for_resume(repo, tiny_data_di
     assert trials(ledger)[2:] == [(2, 1, "candidate", "keep", None), (3, 1, "candidate", "keep", None)]
     assert ledger[2]["commit"] == git(repo, "rev-parse", "refs/autoloop/t/prepared/2")   # as it was prepared
     assert not prepared.exists()
+
+
+def test_the_first_trial_is_proposed_while_the_noise_samples_run(repo, tiny_data_dir):
+    proc = night(repo, tiny_data_dir, "1:A=0.9", flags=("--max-trials", "1", "--noise-runs", "1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = assert_invariants(repo)
+    assert trials(ledger) == [(0, 1, "baseline", "keep", None), (0, 2, "confirm", "keep", None),
+                              (1, 1, "candidate", "keep", None)]
+    assert ledger[2]["extra"]["lookahead"] == {"prepared_on": ledger[0]["commit"]}
+    # Asked (its prompt written) before the noise sample ended, not after.
+    assert (repo / "results" / "agents" / "1-1.prompt.md").stat().st_mtime < ledger[1]["ended_at"]
+
+
+def test_each_of_two_workers_looks_ahead(repo, tiny_data_dir):
+    # Four trials: each worker reserves its first, then its look-ahead (the fourth reservation
+    # reaches --max-trials). Changes to A conflict with each other, to B too: some skips, and
+    # each trial number is still proposed once and recorded once.
+    proc = night(repo, tiny_data_dir, "1:A=0.9", "2:B=0.8", "3:A=0.8", "4:B=0.7",
+                 flags=("--max-trials", "4", "--workers", "2"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = assert_invariants(repo)
+    firsts = [r for r in ledger if r["kind"] == "candidate" and r["attempt"] == 1]
+    assert sorted(r["trial"] for r in firsts) == [1, 2, 3, 4]
+    ahead = [r for r in firsts if "lookahead" in r["extra"]]
+    assert sorted(r["worker"] for r in ahead) == [0, 1], [(r["trial"], r["worker"], r["extra"]) for r in firsts]
+    assert "[w0 ahead] #" in proc.stdout and "[w1 ahead] #" in proc.stdout
+    assert not list((repo / "worktrees").glob("*")) and not list((repo / "results").glob("state-*ahead.json"))
+    assert "-ahead" not in git(repo, "branch", "--list")
