@@ -8,6 +8,12 @@ and a device each (``devices.py``). Each slot, again and again: under the arbite
 asks whether to stop, reserves the next trial number and takes the current best as the
 trial's start; then it runs one :class:`~autoloop.trial.Trial` from there.
 
+With look-ahead (``--lookahead 1``, ``lookahead.py``) each slot has a second work tree where
+the next trial is proposed while its trial runs (the first one while the baseline's noise
+samples run); the slot takes that prepared candidate first, then a fresh proposal. Each
+prepared trial is reserved (and counted toward ``--max-trials``) when its proposal starts;
+one left by a stopped or killed run is taken before any new trial.
+
 An agent's preflight (``proposers/preflight.py``) comes first, before the baseline: a
 failure there is a :class:`~autoloop.proposers.preflight.PreflightError` and nothing runs.
 

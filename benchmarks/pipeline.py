@@ -33,8 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from autoloop import queries  # noqa: E402
 from autoloop.ledger import Ledger  # noqa: E402
+from parallel import make_repo, prepare_small_data  # noqa: E402   (a fresh repository; the data)
 
 AGENT = REPO / "tests" / "fake_agents" / "scripted.py"
 CONSTANTS = 12
@@ -59,20 +62,6 @@ def script(kind: str, trials: int) -> list[str]:
     if kind == "sleep":
         return [f"{t}:C{(t - 1) % CONSTANTS + 1}={0.5 if t % 2 else 1.5}" for t in range(1, 2 * trials + 1)]
     return [f"{t}:{REAL_EDITS[(t - 1) % len(REAL_EDITS)]}" for t in range(1, 2 * trials + 1)]
-
-
-def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *args], cwd=cwd,
-                   check=True, capture_output=True)
-
-
-def make_repo(root: Path, source: str) -> None:
-    root.mkdir(parents=True)
-    (root / "train.py").write_text(source)
-    (root / ".gitignore").write_text("results/*\n")
-    git(root, "init", "-q", "-b", "main")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "start")
 
 
 def run(kind: str, lookahead: int, trials: int, budget: float, agent_s: float, data: Path, tmp: Path) -> dict:
@@ -111,10 +100,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         data = tmp / "data"
-        # Small validation slices: evaluation should not dominate a few-second budget.
-        subprocess.run([sys.executable, "-m", "autoloop.cli", "prepare", "--data-dir", str(data),
-                        "--val-bytes", "16384", "--audit-bytes", "4096"], check=True, capture_output=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        prepare_small_data(data)
         print(f"{os.cpu_count()} CPU cores; load {os.getloadavg()[0]:.2f}; budget {args.budget:g} s; "
               f"agent {args.agent_s:g} s per proposal")
         for kind in kinds:

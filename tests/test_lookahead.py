@@ -238,3 +238,24 @@ def test_each_of_two_workers_looks_ahead(repo, tiny_data_dir):
     assert "[w0 ahead] #" in proc.stdout and "[w1 ahead] #" in proc.stdout
     assert not list((repo / "worktrees").glob("*")) and not list((repo / "results").glob("state-*ahead.json"))
     assert "-ahead" not in git(repo, "branch", "--list")
+
+
+def test_kill_9_during_the_look_ahead_call_records_it_as_an_interrupted_proposal(repo, tiny_data_dir):
+    # Trial 1 trains for 30 s; trial 2's agent call, in the look-ahead worktree, ends first: the kill.
+    killed = night(repo, tiny_data_dir, "1:A=0.9,HOLD=30", "2:B=0.8", flags=("--max-trials", "3"),
+                   env={"AUTOLOOP_FAULT_KILL_AT": "proposed:2"})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    ahead = json.loads((repo / "results" / "state-ahead.json").read_text())
+    assert (ahead["trial"], ahead["phase"]) == (2, "proposing")
+    refused = night(repo, tiny_data_dir, "3:A=0.8")
+    assert refused.returncode != 0 and "pass --resume" in refused.stderr
+
+    resumed = night(repo, tiny_data_dir, "3:A=0.8", flags=("--max-trials", "1"), resume=True)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    ledger = assert_invariants(repo)
+    assert trials(ledger) == [(0, 1, "baseline", "keep", None), (1, 1, "candidate", "crash", "fundamental"),
+                              (2, 1, "candidate", "crash", "fundamental"), (3, 1, "candidate", "keep", None)]
+    interrupted = ledger[2]
+    assert interrupted["reason"] == "interrupted (orchestrator stopped during proposing)"
+    assert "B = 0.8" in git(repo, "show", f"{interrupted['commit']}:train.py")   # the agent's edit, kept
+    assert not (repo / "results" / "state-ahead.json").exists()
