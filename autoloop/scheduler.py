@@ -39,11 +39,11 @@ from autoloop.devices import slot_envs
 from autoloop.durations import format_duration
 from autoloop.executors import make_executor
 from autoloop.layout import Layout
+from autoloop.lookahead import Lookahead, PreparedCandidate
 from autoloop.night import Night, low_disk
 from autoloop.proposers.base import Proposer
 from autoloop.proposers.preflight import run_preflight
 from autoloop.state import RunState, StateFile, load_state
-from autoloop.lookahead import Lookahead, PreparedCandidate
 from autoloop.trial import Run, Trial, measure_noise, run_baseline
 from autoloop.worktrees import ensure_worktree, remove_worktree, worker_workspace
 
