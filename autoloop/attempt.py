@@ -115,8 +115,10 @@ class AttemptRunner:
         started = time.time()
         cand = plan.candidate
         state.enter("committing", trial=plan.trial, attempt=plan.attempt, kind=plan.kind, description=cand.description,
-                    proposer=cand.proposer, best=cand.base, best_metric=cand.base_metric, candidate=None,
-                    attempt_started_at=started)
+                    proposer=cand.proposer, best=cand.base, best_metric=cand.base_metric,
+                    # A candidate committed before (a look-ahead's) is named at once: a kill before
+                    # the checkout still records it, under its trial ref.
+                    candidate=cand.commit if plan.kind == "candidate" else None, attempt_started_at=started)
         commit = self._commit(plan)
         ws.save_trial_ref(self.night.tag, plan.trial, plan.attempt, commit)
         diff_lines = ws.diff_lines(cand.base, commit) if cand.base and commit != cand.base else 0

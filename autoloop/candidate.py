@@ -107,12 +107,15 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
     if broken is not None:   # after the state says so: a kill now is recovered like any proposal
         ws.target_path.write_text(broken)
     failed_extra: dict = {}
+    asked = time.time()
     try:
         proposal, failure = proposer.propose(request), None
     except ProposalFailed as e:
         proposal, failure, failed_extra = None, str(e), e.extra
     else:
         fault_point("proposed", request.trial)
+    # The proposer's time, a fact of its record: `autoloop status` sums it per trial (#16).
+    timing = {"propose_seconds": round(time.time() - asked, 3)}
     # Git first: a proposer that committed, switched branch or reset must not have the
     # scope guard (or a reset) act on some other branch than the loop's.
     guard = git_guard.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
@@ -127,13 +130,13 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
         ws.reset_to(base)
         if proposal is not None:   # nothing to run: recorded as a skip, like a failed proposal
             failure = f"{proposer.name} deleted {ws.target}"
-        extra = dict(proposal.extra) if proposal is not None else failed_extra
+        extra = {**(dict(proposal.extra) if proposal is not None else failed_extra), **timing}
         return Skipped(failure, outside, events, extra) if failure is not None else None
     # A verify run (#19) of the best without a change is a measurement, not a proposal: an
     # agent proposing that revert is not repeating an earlier attempt.
     refused = screen(ws, broken, queries.of_night(night.arbiter.records()), base)
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
-        extra = dict(proposal.extra)
+        extra = {**proposal.extra, **timing}
         if refused.duplicate_of is not None:
             extra["duplicate_of"] = refused.duplicate_of
         described = proposal.description if refused.duplicate_of is not None else None
@@ -144,7 +147,7 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
         description = (f"{request.fix.description} (fix: {guard.commit_message})" if request.fix
                        else guard.commit_message)
     return Candidate(None, request.best_commit, request.best_metric, description, proposer.name, proposal.source,
-                     outside, events, extra=dict(proposal.extra))
+                     outside, events, extra={**proposal.extra, **timing})
 
 
 def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord] = (),
@@ -158,8 +161,14 @@ def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord]
     edit = ws.target_path.read_text(errors="replace")
     if broken is not None and edit == broken:
         return Refusal("the fix made no change to the broken edit")
-    earlier = _attempts_from(ws, records, base)
-    twin = duplicate_gate.same_as(edit, earlier)
+    return same_change(ws, edit, records, base)
+
+
+def same_change(ws: Workspace, edit: str, records: list[LedgerRecord], base: str | None) -> Refusal | None:
+    """The duplicate gate: ``edit`` (the target's whole text) is the same change as an
+    attempt already made from ``base``. Also asked of a look-ahead candidate just before it
+    runs (lookahead.rebase): the trial it was proposed beside may have tried it meanwhile."""
+    twin = duplicate_gate.same_as(edit, _attempts_from(ws, records, base))
     if twin is None:
         return None
     constants = duplicate_gate.changed_constants(ws.file_at(base, ws.target) or "", edit) if base else []

@@ -218,6 +218,12 @@ class Settings(BaseModel):
         "as the CLIs report it (Claude Code and Aider do, Codex only tokens; nothing is estimated; calls in flight "
         "finish)", metavar="USD", run_only=True, default_text="no limit", gt=0, allow_inf_nan=False)
 
+    # #16: propose the next trial while the current one trains (README "Look-ahead").
+    lookahead: int | None = setting(
+        None, "proposer", "1: while a trial trains, the proposer already prepares the next one in a worktree of its "
+        "own (worktrees/ahead), so the device never waits for it; 0: propose, then train", metavar="0|1",
+        run_only=True, ge=0, le=1, default_text="1 when the proposer is an agent, 0 for the mutator and the queue")
+
     # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
     # portfolio's members (README "Proposers").
     sampler: Literal["tpe", "cmaes", "gp"] = setting(

@@ -207,7 +207,9 @@ def _kept_line(r: LedgerRecord, ref: float | None, sigma: float | None, width: i
 def _in_flight(in_flight: Sequence[InFlight]) -> list[str]:
     if not in_flight:
         return []
-    lines = ["## Being tried right now by other workers (do not duplicate)", ""]
+    # The trials running while this one is proposed (the look-ahead's trial n, other
+    # workers'): their results are not in the ledger yet, and the same idea twice wastes one.
+    lines = ["## Running now (no result yet; propose something different)", ""]
     for f in in_flight:
         lines.append(f"- #{f.trial if f.trial is not None else '?'} on {(f.parent or '-')[:7]}: "
                      f"{quote(f.description, 100)}")

@@ -120,13 +120,17 @@ def _clean_tree(ws) -> list[Check]:
 
 def _interrupted(results_dir: Path) -> list[Check]:
     from autoloop.layout import Layout
-    from autoloop.recovery import interrupted
+    from autoloop.recovery import interrupted, interrupted_lookahead
 
-    # The single loop's state file and every worker's (recovery.py finishes them all).
-    return [warn("last run", f"{'' if worker is None else f'worker {worker}: '}trial {state.trial}.{state.attempt} "
-                             f"of tag '{state.tag}' was interrupted ({state.phase}); continue with "
-                             f"autoloop run --resume")
-            for worker, state in interrupted(Layout(results_dir))]
+    # The single loop's state file, every worker's and every look-ahead's (recovery.py
+    # finishes them all).
+    layout = Layout(results_dir)
+    found = [("" if worker is None else f"worker {worker}: ", state) for worker, state in interrupted(layout)]
+    found += [(f"{'' if worker is None else f'worker {worker} '}look-ahead: ", state)
+              for worker, state in interrupted_lookahead(layout)]
+    return [warn("last run", f"{who}trial {state.trial}.{state.attempt} of tag '{state.tag}' was interrupted "
+                             f"({state.phase}); continue with autoloop run --resume")
+            for who, state in found]
 
 
 # ------------------------------------------------------------------------------ the experiment

@@ -15,6 +15,8 @@ about where something is. Nothing here touches the disk except ``ensure``.
       .autoloop.lock           held by the one orchestrator of this workspace
       state.json               the attempt in flight and its phase (state.py)
       state-w<k>.json          the same for parallel worker k
+      state-ahead.json         the look-ahead proposal in flight (state-w<k>-ahead.json: worker k's)
+      prepared/<t>.json        a look-ahead candidate prepared and not yet run (lookahead.py)
       runs/<t>-<a>.log         a trial's output; runs/<t>-<a>.result.json its result file
       agents/<t>-<a>.*         an agent call: prompt, description, hypothesis, log
       agents/<t>-<a>.refs.json the branches, tags and trial refs before a proposal (while it runs)
@@ -50,8 +52,9 @@ TORN_PREFIX = "ledger.torn-"
 OPTUNA_STUDY = "optuna.db"        # #18: one night's study, relearnt from the ledger when moved aside
 # What a new tag moves into archive/ (the rest: queue, locks, pristine copies, stay).
 VERIFY = "verify"                 # #19: autoloop verify's plan and its contributions picture
+PREPARED = "prepared"             # #16: look-ahead candidates waiting to run
 TAG_FILES = ("ledger.jsonl", "results.tsv", STATE, "runs", "agents", "quarantine", "progress.png", "report.md",
-             VERIFY, OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm")
+             VERIFY, OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm", PREPARED)
 
 
 def branch_name(tag: str) -> str:
@@ -68,6 +71,16 @@ def tag_of_branch(branch: str | None) -> str | None:
 def worker_branch_name(tag: str, worker: int) -> str:
     """Parallel worker k's own branch, checked out in its worktree."""
     return f"{branch_name(tag)}-w{worker}"
+
+
+def ahead_branch_name(tag: str, worker: int | None) -> str:
+    """The branch of a slot's look-ahead worktree (the single loop's, or worker k's)."""
+    return f"{branch_name(tag)}{'' if worker is None else f'-w{worker}'}-ahead"
+
+
+def prepared_ref(tag: str, trial: int) -> str:
+    """Where a look-ahead candidate is kept from the moment it is prepared, whatever becomes of it."""
+    return f"refs/autoloop/{tag}/prepared/{trial}"
 
 
 def final_branch_name(tag: str) -> str:
@@ -135,6 +148,30 @@ class Layout:
     @staticmethod
     def worker_state_name(worker: int) -> str:
         return f"state-w{worker}.json"
+
+    @staticmethod
+    def ahead_state_name(worker: int | None) -> str:
+        """The state file of a slot's look-ahead proposal."""
+        return "state-ahead.json" if worker is None else f"state-w{worker}-ahead.json"
+
+    def ahead_states(self) -> list[tuple[int | None, Path]]:
+        """(worker or None, path) of every look-ahead state file there is."""
+        found: list[tuple[int | None, Path]] = []
+        if self.state(self.ahead_state_name(None)).exists():
+            found.append((None, self.state(self.ahead_state_name(None))))
+        for path in sorted(self.root.glob("state-w*-ahead.json")):
+            number = path.name.removeprefix("state-w").removesuffix("-ahead.json")
+            if number.isdigit():
+                found.append((int(number), path))
+        return found
+
+    @property
+    def prepared_dir(self) -> Path:
+        return self.root / PREPARED
+
+    def prepared(self, trial: int) -> Path:
+        """A look-ahead candidate of ``trial``, prepared and not yet run."""
+        return self.prepared_dir / f"{trial}.json"
 
     def worker_states(self) -> list[tuple[int, Path]]:
         """(worker, path) of every worker state file there is, by worker number."""

@@ -44,7 +44,7 @@ from autoloop.executors import Executor, make_executor
 from autoloop.integrity import Guard, open_guard
 from autoloop.isolate import isolation_available
 from autoloop.keep import Rules
-from autoloop.layout import TAG_FILES, Layout, tag_of_branch
+from autoloop.layout import TAG_FILES, Layout, branch_name, tag_of_branch
 from autoloop.observers import open_observers
 from autoloop.procs import containment
 from autoloop.ledger import Ledger
@@ -101,6 +101,9 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
         ws.ensure_results_ignored()
         layout = Layout(ws.results_dir)
         tag = _tag(settings, layout, ws, purpose)
+        # The loop's other branches (workers', look-ahead's: autoloop/<tag>-...) move while a
+        # proposer works in the main checkout: not its doing, for the git guard (#16).
+        ws.foreign_refs = (f"refs/heads/{branch_name(tag)}-",)
         executor = make_executor(settings, ws.root)
         stop = Stop()
         with workspace_lock(layout), graceful_signals(stop, console):
@@ -234,7 +237,8 @@ def _recover(night: Night, purpose: Purpose) -> None:
 
     if purpose == "trial" or night.settings.resume:
         recovery.recover_night(night)
-    elif any(state.tag == night.tag for _, state in recovery.interrupted(night.layout)):
+    elif any(state.tag == night.tag for _, state in [*recovery.interrupted(night.layout),
+                                                       *recovery.interrupted_lookahead(night.layout)]):
         raise NightError("the last run of this tag was interrupted; pass --resume to recover and continue")
 
 

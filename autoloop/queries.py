@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from autoloop.ledger import LedgerRecord
 
@@ -172,3 +173,40 @@ def agent_spend(records: list[LedgerRecord]) -> AgentSpend:
         tokens_in += usage.get("input_tokens") or 0
         tokens_out += usage.get("output_tokens") or 0
     return AgentSpend(calls, cost, tokens_in, tokens_out, unreported, without_cost)
+
+
+class Pipeline(NamedTuple):
+    """How well the proposer kept the device fed (#16), over the attempts since a moment."""
+
+    busy_s: float            # wall time during which an attempt was running (overlaps counted once)
+    span_s: float            # from the moment to the last attempt's end
+    trials: int              # trials with at least one attempt that ran
+    propose_s: float | None  # the proposer's mean time per trial (its calls summed per trial)
+
+    @property
+    def busy_share(self) -> float | None:
+        return self.busy_s / self.span_s if self.span_s > 0 else None
+
+
+def pipeline(records: list[LedgerRecord], since: float) -> Pipeline | None:
+    """Device-busy time and proposer time of the trials after ``since`` (a run's start, or
+    the baseline's end), None when none ran. Attempts of parallel workers overlap: the
+    device share is then the share of wall time during which at least one was running."""
+    after = [r for r in records if r.ended_at > since and r.kind != "baseline"]
+    ran = sorted((max(r.started_at, since), r.ended_at) for r in after if r.status != "skip")
+    if not ran:
+        return None
+    busy, start, end = 0.0, ran[0][0], ran[0][1]
+    for a, b in ran[1:]:
+        if a > end:
+            busy, start = busy + end - start, a
+        end = max(end, b)
+    busy += end - start
+    span = max(r.ended_at for r in after) - since
+    per_trial: dict[int, float] = {}
+    for r in after:
+        seconds = r.extra.get("propose_seconds")
+        if isinstance(seconds, (int, float)):
+            per_trial[r.trial] = per_trial.get(r.trial, 0.0) + seconds
+    proposed = statistics.mean(per_trial.values()) if per_trial else None
+    return Pipeline(busy, span, len({r.trial for r in after if r.status != "skip"}), proposed)

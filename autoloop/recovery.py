@@ -35,7 +35,7 @@ from autoloop.procs import end_leftovers
 from autoloop.runlog import finish_log
 from autoloop.state import RunState, StateFile, load_state
 from autoloop.workspace import Workspace
-from autoloop.worktrees import ensure_worktree, worker_workspace
+from autoloop.worktrees import ahead_workspace, ensure_ahead_worktree, ensure_worktree, worker_workspace
 
 
 def interrupted(layout: Layout) -> list[tuple[int | None, RunState]]:
@@ -45,9 +45,15 @@ def interrupted(layout: Layout) -> list[tuple[int | None, RunState]]:
     return [(k, state) for k, state in found if state.in_flight]
 
 
+def interrupted_lookahead(layout: Layout) -> list[tuple[int | None, RunState]]:
+    """(worker or None, state) of every look-ahead proposal a kill interrupted (#16)."""
+    found = [(k, load_state(layout.root, path.name)) for k, path in layout.ahead_states()]
+    return [(k, state) for k, state in found if state.in_flight]
+
+
 def recover_night(night) -> None:
     """Finish every interrupted attempt: the single loop's, then each worker's (in its own
-    worktree, made again if a kill left it half made)."""
+    worktree, made again if a kill left it half made), then each look-ahead proposal's."""
     found = interrupted(night.layout)
     for worker, state in found:
         if worker is None:
@@ -60,10 +66,30 @@ def recover_night(night) -> None:
         finally:
             ws.close()
         night.layout.state(Layout.worker_state_name(worker)).unlink(missing_ok=True)
-    if found:
+    ahead = interrupted_lookahead(night.layout)
+    for worker, state in ahead:
+        _finish_lookahead(night, worker, state)
+    if found or ahead:
         # We hold the workspace lock, so no git command of ours is running: a lock file in
         # the main checkout was left by a git process killed with us (a branch move).
         _remove_index_lock(night.ws)
+
+
+def _finish_lookahead(night, worker: int | None, state: RunState) -> None:
+    """A look-ahead proposal in flight at the kill: one that got as far as being prepared
+    (results/prepared/<trial>.json) is left for the scheduler to run; any other is finished
+    like an interrupted proposal, in the look-ahead's worktree."""
+    name = Layout.ahead_state_name(worker)
+    if state.trial is not None and night.layout.prepared(state.trial).exists():
+        night.layout.state(name).unlink(missing_ok=True)
+        return
+    ensure_ahead_worktree(night.ws, worker, night.tag, state.best or night.ws.head())
+    ws = ahead_workspace(night.ws.root, worker, night.tag, night.settings.target, night.layout.root)
+    try:
+        finish_attempt(night, ws, StateFile(night.layout.root, name, state), worker)
+    finally:
+        ws.close()
+    night.layout.state(name).unlink(missing_ok=True)
 
 
 def finish_attempt(night, ws: Workspace, state_file: StateFile, worker: int | None) -> None:

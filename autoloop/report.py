@@ -92,16 +92,32 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
             workers.append({"worker": f"w{k}", "trial": ws.trial, "attempt": ws.attempt,
                             "kind": ws.kind, "phase": ws.phase, "description": ws.description,
                             "elapsed_s": round(now - ws.attempt_started_at, 1) if ws.attempt_started_at else None})
+    layout = Layout(results_dir)
+    ahead = []   # #16: the look-ahead proposals in flight, and the candidates prepared, waiting to run
+    for k, path in layout.ahead_states():
+        st = load_state(results_dir, path.name)
+        if st.in_flight:
+            ahead.append({"worker": None if k is None else f"w{k}", "trial": st.trial, "phase": st.phase,
+                          "elapsed_s": round(now - st.attempt_started_at, 1) if st.attempt_started_at else None})
+    prepared = sorted(int(p.stem) for p in layout.prepared_dir.glob("*.json") if p.stem.isdigit())
     improvement = None
     if baseline and baseline.metric is not None and best_metric is not None:
         improvement = baseline.metric - best_metric
     trials = len({r.trial for r in judged})
+    # #16: how well the proposer kept the device fed, in this run (since its start, or since
+    # its baseline ended when it ran one).
+    since = state.run_started_at or (records[0].started_at if records else now)
+    if baseline is not None and baseline.ended_at > since:
+        since = baseline.ended_at
+    fed = queries.pipeline(records, since)
     return {
         "tag": state.tag,
         "running": alive,
         "phase": state.phase,
         "current": current,
         "workers": workers,
+        "ahead": ahead,
+        "prepared": prepared,
         "best": {"commit": best_commit, "metric": best_metric,
                  "trial": best_record.trial if best_record else None,
                  "description": best_record.description if best_record else None,
@@ -115,6 +131,9 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "status_counts": dict(Counter(r.status for r in queries.of_night(records))),
         "crash_counts": dict(Counter(r.crash for r in queries.of_night(records) if r.crash)),
         "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
+        "device_busy": None if fed is None or fed.busy_share is None else round(fed.busy_share, 4),
+        "device_span_s": None if fed is None else round(fed.span_s, 1),
+        "propose_s_per_trial": None if fed is None or fed.propose_s is None else round(fed.propose_s, 2),
         "deadline": state.deadline,
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
         "stop_reason": state.stop_reason if state.phase == "stopped" else None,
@@ -202,6 +221,17 @@ def status_text(data: dict) -> str:
         lines.append(f"{data['trials']} trials, {data['attempts']} attempts: {counts}" + (f" (crashes: {crashes})" if crashes else ""))
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
+    for a in data.get("ahead", []):
+        who = f"{a['worker']} " if a["worker"] else ""
+        elapsed = f", {whole_seconds(a['elapsed_s'])} in" if a["elapsed_s"] is not None else ""
+        lines.append(f"{who}ahead: trial {a['trial']} ({a['phase']}{elapsed})")
+    if data.get("prepared"):
+        lines.append(f"prepared, not yet run: trial {', '.join(map(str, data['prepared']))}"
+                     + ("" if data["running"] else " (autoloop run --resume runs it first)"))
+    if data.get("device_busy") is not None:
+        proposer = data.get("propose_s_per_trial")
+        lines.append(f"device busy {data['device_busy']:.0%} of {whole_seconds(data['device_span_s'])} this run"
+                     + (f"; proposer {proposer:.1f} s per trial" if proposer is not None else ""))
     if data["time_left_s"] is not None:
         lines.append(f"time left: {time_left(data['time_left_s'])}")
     if data.get("noise") is not None:
@@ -417,6 +447,17 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
                 out.append(f"- #{trial_label(r.trial, r.attempt)} {_md(r.description)}: {_md(r.reason)}"
                            + (f" (log `results/{r.log_path}`)" if r.log_path else ""))
             out.append("")
+
+    # -- device time (#16)
+    fed = queries.pipeline(records, baseline.ended_at) if baseline is not None else None
+    if fed is not None and fed.busy_share is not None:
+        out += ["## Device time", "",
+                f"A trial was running {_pct(fed.busy_s, fed.span_s)} of the {whole_seconds(fed.span_s)} from the end "
+                f"of the baseline to the last attempt ({fed.trials} trials; the time between runs of a resumed "
+                "night counts as idle)."
+                + (f" The proposer took {fed.propose_s:.1f} s per trial on average; with look-ahead "
+                   "(`--lookahead 1`) that time overlaps the training of the trial before." if fed.propose_s is not None
+                   else ""), ""]
 
     # -- integrity
     out += ["## Integrity", ""]

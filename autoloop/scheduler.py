@@ -8,6 +8,12 @@ and a device each (``devices.py``). Each slot, again and again: under the arbite
 asks whether to stop, reserves the next trial number and takes the current best as the
 trial's start; then it runs one :class:`~autoloop.trial.Trial` from there.
 
+With look-ahead (``--lookahead 1``, ``lookahead.py``) each slot has a second work tree where
+the next trial is proposed while its trial runs (the first one while the baseline's noise
+samples run); the slot takes that prepared candidate first, then a fresh proposal. Each
+prepared trial is reserved (and counted toward ``--max-trials``) when its proposal starts;
+one left by a stopped or killed run is taken before any new trial.
+
 An agent's preflight (``proposers/preflight.py``) comes first, before the baseline: a
 failure there is a :class:`~autoloop.proposers.preflight.PreflightError` and nothing runs.
 
@@ -28,18 +34,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
-from autoloop import queries
+from autoloop import lookahead, queries
 from autoloop.attempt import AttemptRunner, Slot
 from autoloop.console import Prefixed, plural, shorten
 from autoloop.devices import slot_envs
 from autoloop.durations import format_duration
 from autoloop.executors import make_executor
 from autoloop.layout import Layout
+from autoloop.lookahead import Lookahead, PreparedCandidate
 from autoloop.night import Night, low_disk
 from autoloop.proposers.base import Proposer
 from autoloop.proposers.preflight import run_preflight
 from autoloop.state import RunState, StateFile, load_state
-from autoloop.trial import Trial, measure_noise, run_baseline
+from autoloop.trial import Run, Trial, measure_noise, run_baseline
 from autoloop.verify_plan import expected_seconds
 from autoloop.worktrees import ensure_worktree, remove_worktree, worker_workspace
 
@@ -93,6 +100,11 @@ class Scheduler:
         self.error: BaseException | None = None
         self.deadline: float | None = None
         self.main: StateFile | None = None
+        # #16: propose the next trial while this one trains; by default where proposing is
+        # slow (an agent), not where it takes milliseconds (the mutator, the queue).
+        s = night.settings
+        self.lookahead = bool(s.lookahead if s.lookahead is not None else _uses_agent(proposer))
+        self.pending: list[PreparedCandidate] = []   # prepared by a run that stopped, not yet run
 
     def run(self) -> str:
         """Run until a stop condition; returns the stop reason (also stored in state.json)."""
@@ -140,16 +152,44 @@ class Scheduler:
             if self.deadline is not None and time.time() + self._expected() > self.deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
             run_baseline(night, runner)
-            measure_noise(night, runner)
+            self._noise_runs(runner)
         elif night.settings.remeasure:
-            measure_noise(night, runner)
+            self._noise_runs(runner)
         return None
+
+    def _noise_runs(self, runner: AttemptRunner) -> None:
+        """The noise samples of the best; with look-ahead the first trial is proposed
+        meanwhile (the device busy while the proposer works), and left prepared in
+        results/prepared/ for a slot to take first."""
+        night = self.night
+        ahead = None
+        if self.lookahead and night.settings.noise_runs > 0 and not night.stop.is_set():
+            ahead = Lookahead(night, runner.slot, self.proposer, self.claims)
+            self._look_ahead(ahead)
+        try:
+            measure_noise(night, runner)
+        finally:
+            if ahead is not None:
+                try:
+                    if ahead.busy:
+                        result = ahead.wait()
+                        # A prepared one is taken again from its file by _trials (lookahead.pending).
+                        self._release(ahead.key, result.outcome, counted=result.prepared is None)
+                finally:
+                    ahead.close()
 
     def _trials(self, envs: list[dict[str, str]]) -> str:
         night = self.night
+        # Taken before any new trial (with or without --lookahead now): each runs once.
+        self.pending = lookahead.pending(night)
+        for prepared in self.pending:
+            self.reserved[f"prepared-{prepared.trial}"] = prepared.trial
         slots = self._slots(envs)
-        threads = [threading.Thread(target=self._work, args=(slot,), name=f"autoloop-slot-{slot.worker}", daemon=True)
-                   for slot in slots]
+        # Made here, one after the other: git does not add two worktrees at once.
+        aheads = [Lookahead(night, slot, self.proposer, self.claims) if self.lookahead else None for slot in slots]
+        threads = [threading.Thread(target=self._work, args=(slot, ahead), name=f"autoloop-slot-{slot.worker}",
+                                    daemon=True)
+                   for slot, ahead in zip(slots, aheads)]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
@@ -195,18 +235,27 @@ class Scheduler:
 
     # -- one slot -------------------------------------------------------------------------
 
-    def _work(self, slot: Slot) -> None:
+    def _work(self, slot: Slot, ahead: Lookahead | None) -> None:
         night, runner = self.night, AttemptRunner(self.night, slot)
+        prepared: PreparedCandidate | None = None   # the next trial, proposed while the last one ran
         try:
             while True:
                 with night.arbiter.lock:
-                    reason = self.stop_reason()
-                    if reason:
+                    # The prepared trial's reservation becomes this slot's (below), so it does not
+                    # count twice toward --max-trials.
+                    replay = None if prepared else self._pending_replay()
+                    if prepared is None and replay is None and self.pending:
+                        prepared = self.pending.pop(0)
+                        self.reserved.pop(f"prepared-{prepared.trial}", None)
+                    elif prepared is not None:
+                        self.reserved.pop(ahead.key, None)
+                        self.claims.release(ahead.key)
+                    reason = self.stop_reason(prepared=prepared is not None)
+                    if reason:   # a prepared candidate stays in results/prepared/: --resume runs it
                         self.reason = self.reason or reason
                         return
-                    replay = self._pending_replay()
-                    trial = replay.trial if replay else max([queries.next_trial(night.arbiter.records()),
-                                                             *(t + 1 for t in self.reserved.values())])
+                    trial = (replay.trial if replay else prepared.trial if prepared else
+                             self._next_trial())
                     self.reserved[slot.worker] = trial
                     start = night.arbiter.best()
                 if start[0] and slot.ws.head() != start[0]:
@@ -214,11 +263,52 @@ class Scheduler:
                 outcome = "failed"
                 try:
                     this = Trial(night, slot, runner, self.proposer, trial, start, self.claims)
-                    outcome = this.resume_replay(replay) if replay else this.run()
+                    outcome = (this.resume_replay(replay) if replay else
+                               self._run_trial(this, ahead, prepared, start))
                 finally:
                     self._release(slot.worker, outcome)
+                    if prepared is not None:
+                        lookahead.done(night.layout, prepared.trial)
+                prepared = None
+                if ahead is not None and ahead.busy:
+                    result = ahead.wait()
+                    prepared = result.prepared
+                    if prepared is None:
+                        self._release(ahead.key, result.outcome)
         except BaseException as e:   # noqa: BLE001 - handed to the main thread, which reports it
             self._fail(e)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def _run_trial(self, this: Trial, ahead: Lookahead | None, prepared: PreparedCandidate | None,
+                   start: queries.Best) -> str:
+        """One trial from its first step on; a slot that looks ahead starts proposing the
+        next one as soon as this one has its candidate."""
+        first = None
+        if prepared is not None:
+            first = lookahead.rebase(self.night, this.slot, prepared, start)
+            if isinstance(first, lookahead.Dropped):   # recorded: the next trial asks the proposer afresh
+                return first.outcome
+            self.claims.claim(this.slot.worker, {"parent": start[0], "kind": "candidate", "trial": this.number,
+                                                 "description": first.description, "worker": this.slot.worker})
+        step = this.begin(first)
+        if ahead is not None and isinstance(step, Run):
+            self._look_ahead(ahead)
+        return this.finish(step)
+
+    def _look_ahead(self, ahead: Lookahead) -> None:
+        with self.night.arbiter.lock:
+            if self.stop_reason(ahead=True):
+                return
+            trial = self._next_trial()
+            self.reserved[ahead.key] = trial
+            best = self.night.arbiter.best()
+        ahead.start(trial, best)
+
+    def _next_trial(self) -> int:
+        """A trial number no record and no reservation has (callers hold the arbiter's lock)."""
+        return max([queries.next_trial(self.night.arbiter.records()), *(t + 1 for t in self.reserved.values())])
 
     def _pending_replay(self):
         """A replay a kill interrupted between its decision and its run, not taken by another
@@ -226,10 +316,12 @@ class Scheduler:
         taken = set(self.reserved.values())
         return next((r for r in queries.pending_replays(self.night.arbiter.records()) if r.trial not in taken), None)
 
-    def _release(self, worker: int | None, outcome: str) -> None:
+    def _release(self, worker: int | str | None, outcome: str, counted: bool = True) -> None:
         with self.night.arbiter.lock:
             self.reserved.pop(worker, None)
             self.claims.release(worker)
+            if not counted:
+                return
             if outcome == "exhausted":
                 self.exhausted = True
                 return
@@ -253,15 +345,20 @@ class Scheduler:
 
     # -- when to stop ---------------------------------------------------------------------
 
-    def stop_reason(self) -> str | None:
-        """Why no further trial may start, or None (callers hold the arbiter's lock)."""
+    def stop_reason(self, ahead: bool = False, prepared: bool = False) -> str | None:
+        """Why no further trial may start, or None (callers hold the arbiter's lock).
+        ``ahead``: for a look-ahead proposal, whose trial starts after the one running now;
+        ``prepared``: for a trial proposed already and counted when it was reserved: only a
+        stop, a full disk or the deadline keep it from running (then --resume runs it)."""
         night, s = self.night, self.night.settings
+        if night.stop.is_set() or self.error is not None:
+            return self.reason or f"stopped by {night.stop.signal or 'request'}"
+        if prepared:
+            return low_disk(night) or self._past_deadline(1)
         if self.reason:
             return self.reason
-        if self.exhausted and not night.stop.is_set():
+        if self.exhausted:
             return f"proposer '{self.proposer.name}' has no more ideas"
-        if night.stop.is_set():
-            return f"stopped by {night.stop.signal or 'request'}"
         if s.max_trials is not None and self.started + len(self.reserved) >= s.max_trials:
             return f"reached --max-trials {s.max_trials}"
         # An agent has a limit of its own (its failures are slow and cost money).
@@ -271,14 +368,13 @@ class Scheduler:
             records = night.arbiter.records()
             why = f"; last: {shorten(records[-1].reason)}" if records and records[-1].reason else ""
             return f"{self.proposer.name} failed {plural(self.failures, 'time')} in a row ({flag} {limit}){why}"
-        reason = self._agent_cost()
-        if reason:
-            return reason
-        reason = low_disk(night)
-        if reason:
-            return reason
-        if self.deadline is not None and time.time() + self._expected() + self._kept_for_verification() > self.deadline:
-            if s.verify_at_end:
+        return self._agent_cost() or low_disk(night) or self._past_deadline(2 if ahead else 1)
+
+    def _past_deadline(self, trials: int) -> str | None:
+        """The deadline for ``trials`` more trials (and --verify-at-end's runs after them)."""
+        if self.deadline is not None and (time.time() + self._expected() * trials + self._kept_for_verification()
+                                          > self.deadline):
+            if self.night.settings.verify_at_end:
                 return "time is up: the rest of --hours is kept for the verification (--verify-at-end)"
             return "time is up: the next trial could not finish before the --hours deadline"
         return None

@@ -97,8 +97,8 @@ def fault_point(name: str, trial: int | None, attempt: int | None = None) -> Non
     AUTOLOOP_FAULT_KILL_AT=<point>:<trial> (or <point>:<trial>.<attempt>, e.g. running:1.2
     for a confirmation re-run; or <point> alone: the first time it is reached) the
     orchestrator SIGKILLs itself there. The points are the phases (on entering them),
-    proposed, committed, recorded (just after each) and replaying (a replay decided and
-    recorded, before it runs)."""
+    proposed, committed, recorded (just after each), replaying (a replay decided and
+    recorded, before it runs) and prepared (a look-ahead candidate saved, lookahead.py)."""
     wanted = os.environ.get("AUTOLOOP_FAULT_KILL_AT")
     if wanted and wanted in (name, f"{name}:{trial}", f"{name}:{trial}.{attempt}"):
         os.kill(os.getpid(), signal.SIGKILL)

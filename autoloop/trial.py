@@ -73,7 +73,14 @@ class Trial:
 
     def run(self, first: Candidate | None = None) -> str:
         """Step until done; ``first``: a candidate prepared already (else: propose one)."""
-        step: Step = Propose() if first is None else Run(self.plan("candidate", first))
+        return self.finish(self.begin(first))
+
+    def begin(self, first: Candidate | None = None) -> Step:
+        """The first step taken: the proposal made (or ``first`` taken), the first attempt
+        planned and not yet run. A slot that looks ahead starts the next proposal here."""
+        return self.propose() if first is None else Run(self.plan("candidate", first))
+
+    def finish(self, step: Step) -> str:
         while not isinstance(step, Done):
             step = self.advance(step)
         return step.outcome

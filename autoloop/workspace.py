@@ -364,10 +364,13 @@ class Workspace:
 
         The name is `<trial>-<attempt>`: git cannot hold both trials/5 and trials/5/2.
         """
-        ref = trial_ref(tag, trial, attempt)
+        return self.save_ref(trial_ref(tag, trial, attempt), sha, f"autoloop trial {trial}-{attempt}")
+
+    def save_ref(self, ref: str, sha: str, why: str) -> str:
+        """Point ``ref`` at ``sha`` (kept reachable, safe from gc); ``why`` goes in the reflog."""
         full = self._resolve(sha)
         try:
-            self.repo.git.update_ref("-m", f"autoloop trial {trial}-{attempt}", ref, full)
+            self.repo.git.update_ref("-m", why, ref, full)
         except GitCommandError as err:
             raise WorkspaceError(f"cannot write {ref}: {_git_error(err)}") from None
         return ref

@@ -58,6 +58,14 @@ def make_repo(root: Path, source: str) -> None:
     git(root, "commit", "-qm", "start")
 
 
+def prepare_small_data(data: Path) -> None:
+    """Small validation slices: evaluation should not dominate a few-second budget."""
+    subprocess.run([sys.executable, "-m", "autoloop.cli", "prepare", "--data-dir", str(data),
+                    "--val-bytes", "16384", "--audit-bytes", "4096"], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+                                                                                os.environ.get("PYTHONPATH")]))})
+
+
 def run(kind: str, workers: int, trials: int, budget: float, data: Path, tmp: Path) -> dict:
     root = tmp / f"{kind}-w{workers}"
     make_repo(root, SLEEPER if kind == "sleep" else (REPO / "train.py").read_text())
@@ -95,9 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         data = tmp / "data"
-        # Small validation slices: evaluation should not dominate a few-second budget.
-        subprocess.run([sys.executable, "-m", "autoloop.cli", "prepare", "--data-dir", str(data),
-                        "--val-bytes", "16384", "--audit-bytes", "4096"], check=True, capture_output=True)
+        prepare_small_data(data)
         print(f"{os.cpu_count()} CPU cores; budget {args.budget:g} s; {args.trials} trials per run")
         print(f"{'kind':6} {'workers':>7} {'trials':>6} {'attempts':>8} {'span s':>7} {'trials/h':>9} "
               f"{'speed-up':>8} {'trial wall s':>12} {'replays':>7} {'stale':>5} {'best':>9}")

@@ -26,6 +26,7 @@ interrupted rows, and the wall time. Exit code 1 when any invariant was violated
 
     python benchmarks/soak.py                     # 60 kills, seed 1
     python benchmarks/soak.py --kills 200 --seed 7 --no-worker --keep
+    python benchmarks/soak.py --lookahead 1       # kills with look-ahead candidates in flight too
 """
 
 from __future__ import annotations
@@ -221,6 +222,13 @@ def check(repo: Path, initial: str) -> dict[str, str]:
         phase = json.loads(state_file.read_text()).get("phase")
         if phase not in ("idle", "stopped"):
             bad["state_in_flight"] = phase
+    for ahead in (repo / "results").glob("state*-ahead.json"):   # look-ahead: recovery finishes it too
+        if json.loads(ahead.read_text()).get("phase") not in ("idle", "stopped"):
+            bad["lookahead_in_flight"] = ahead.name
+    ran = {r["trial"] for r in ledger}
+    twice = [p.stem for p in (repo / "results" / "prepared").glob("*.json") if p.stem.isdigit() and int(p.stem) in ran]
+    if twice:   # a prepared candidate whose trial has a record must never be pending again
+        bad["prepared_after_its_record"] = ", ".join(twice)
     left = leftover_processes(repo)
     if left:
         bad["process_left"] = "; ".join(map(describe_process, left[:3]))
@@ -235,9 +243,12 @@ def _label_key(label: str) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ the soak
 
 
+LOOKAHEAD = ["--lookahead", "0"]   # main() sets it from --lookahead
+
+
 def autoloop_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "autoloop.cli", "run", "--budget", "1", "--timeout", "4", "--proposer", "queue",
-            "--tag", TAG, "--noise-runs", "1", "--device", "cpu", *args]
+            "--tag", TAG, "--noise-runs", "1", "--device", "cpu", *LOOKAHEAD, *args]
 
 
 def branch_exists(repo: Path) -> bool:
@@ -339,10 +350,14 @@ def main() -> int:
     ap.add_argument("--final-trials", type=int, default=10)
     ap.add_argument("--worker", action=argparse.BooleanOptionalAction, default=True,
                     help="each fake train.py runs a helper process while it trains, as a data loader does (default on)")
+    ap.add_argument("--lookahead", type=int, choices=[0, 1], default=0,
+                    help="1: the queue proposes the next trial while one trains (#16), so kills also land with "
+                         "a candidate prepared or being prepared (default 0)")
     ap.add_argument("--data-dir", help="prepared data (default: autoloop's per-user cache)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp repo for inspection")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per kill")
     args = ap.parse_args()
+    LOOKAHEAD[1] = str(args.lookahead)
     work = Path(tempfile.mkdtemp(prefix="autoloop-soak-"))
     try:
         return soak(args, work)
