@@ -72,7 +72,9 @@ def test_a_note_from_another_process_reaches_the_next_prompt_and_the_report(base
     repo, prompts = baselined_repo, tmp_path / "prompts"
     agent = f"{FAKE / 'steered.py'} {prompts} {json.dumps(NOTE)} {LR_ARGS}"
     proc = autoloop(repo, "run", "--budget", BUDGET, "--timeout", "60", "--tag", "t", "--device", "cpu", "--resume",
-                    "--agent-cmd", agent, "--max-trials", "2", data_dir=tiny_data_dir)
+                    # Serial: this agent's two edits touch one line, so a look-ahead's second
+                    # proposal would conflict with the first's keep and be skipped (test_lookahead).
+                    "--agent-cmd", agent, "--max-trials", "2", "--lookahead", "0", data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = assert_invariants(repo)
     assert NOTE not in (prompts / "1.md").read_text()           # written during trial 1's call

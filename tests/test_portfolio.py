@@ -194,7 +194,9 @@ def keeps_and_trials(reason: str) -> dict[str, tuple[int, int]]:
 def test_portfolio_choices_are_recorded_and_survive_a_restart(tmp_path, tiny_data_dir):
     repo = init_repo(tmp_path / "repo", {"train.py": BOWL.read_text(), "program.md": "goal: lowest val_bpb\n"})
     agent = f"{sys.executable} {FAKE / 'improve.py'} LR=0.1"
-    args = ["run", "--portfolio", "agent,optuna,mutate", "--agent-cmd", agent, *FAST]
+    # Serial (--lookahead 0): with an agent member the portfolio looks ahead by default, and
+    # a choice made while trial n trains cannot count n; here every earlier trial must count.
+    args = ["run", "--portfolio", "agent,optuna,mutate", "--agent-cmd", agent, "--lookahead", "0", *FAST]
     first = autoloop(repo, *args, "--max-trials", "4", data_dir=tiny_data_dir)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "proposer: portfolio of agent, optuna, mutate" in first.stdout
