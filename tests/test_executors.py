@@ -8,6 +8,7 @@ are killed for real (SIGKILL of the worker running the trial).
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import signal
@@ -275,6 +276,23 @@ def fake_train(value: float, action: str = "") -> str:
     return f"VALUE = {value!r}\n" + textwrap.dedent(action) + 'print("---")\nprint(f"val_bpb: {VALUE:.6f}")\n'
 
 
+def two_knob_train(a: float, b: float) -> str:
+    """A train.py whose value is 1 + A + B, the two knobs far enough apart for git to merge
+    a change of one onto a change of the other."""
+    return (f"A = {a!r}\n\n# the knobs are apart so that their changes merge\n\nB = {b!r}\n"
+            'print("---")\nprint(f"val_bpb: {1.0 + A + B:.6f}")\n')
+
+
+def queue_patch(repo: Path, name: str, old: str, new: str, description: str) -> None:
+    """A unified diff of train.py in the queue: a change of some lines, which `git apply` puts on
+    whatever best the trial starts from (a whole-file .py would undo the other knob)."""
+    diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                "a/train.py", "b/train.py")
+    queue = repo / "results" / "queue"
+    queue.mkdir(parents=True, exist_ok=True)
+    (queue / name).write_text(f"{description}\n\n" + "".join(diff))
+
+
 def night(*extra: str) -> list[str]:
     return ["run", "--budget", "2", "--timeout", "25", "--proposer", "queue", "--tag", "t", "--device", "cpu",
             "--command", f"{sys.executable} train.py", "--executor", "slurm", "--slurm-cluster", "local", *extra]
@@ -303,10 +321,15 @@ def test_a_night_on_the_local_cluster(tmp_path, tiny_data_dir):
 
 def test_two_workers_on_the_local_cluster(tmp_path, tiny_data_dir):
     """--workers 2 with --executor slurm: each worker's trials are jobs, in its own worktree."""
-    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
-    queue_file(repo, "01_better.py", fake_train(0.9), "better")
-    queue_file(repo, "02_worse.py", fake_train(1.1), "worse")
-    queue_file(repo, "03_best.py", fake_train(0.8), "best")
+    # The two winning changes touch different lines, so whichever order the two workers
+    # finish in, the later winner merges onto the earlier one (directly or as a replay) and the
+    # night ends on both: 1.0 - 0.1 - 0.2. (Whole-file values would conflict when "best" runs
+    # on the baseline while "better" is kept, and that race made the outcome timing-dependent.)
+    base = two_knob_train(0.0, 0.0)
+    repo = init_repo(tmp_path / "repo", {"train.py": base})
+    queue_patch(repo, "01_better.patch", base, two_knob_train(-0.1, 0.0), "better")
+    queue_patch(repo, "02_worse.patch", base, two_knob_train(0.1, 0.0), "worse")
+    queue_patch(repo, "03_best.patch", base, two_knob_train(0.0, -0.2), "best")
     proc = autoloop(repo, *night("--workers", "2"), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 workers" in proc.stdout and "no more ideas" in proc.stdout
@@ -314,7 +337,7 @@ def test_two_workers_on_the_local_cluster(tmp_path, tiny_data_dir):
     judged = {r["description"]: r for r in ledger if r["kind"] == "candidate"}
     assert set(judged) == {"better", "worse", "best"}
     assert judged["worse"]["status"] == "discard"
-    assert ledger[-1]["best_metric"] == 0.8
+    assert ledger[-1]["best_metric"] == pytest.approx(0.7)
     assert {r["worker"] for r in ledger[1:]} <= {0, 1}
     job_ids = [r["extra"]["job_id"] for r in ledger]
     assert all(r["extra"]["executor"] == "slurm" for r in ledger) and len(set(job_ids)) == len(job_ids)
