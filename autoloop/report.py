@@ -342,75 +342,88 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
         raise ReportError("the ledger has no records yet: nothing to report")
     metric = records[-1].metric_name
     direction = queries.infer_direction(records)
-    before = best_before(records)
-    judged = [r for r in records if r.status != "skip"]
     baseline = queries.baseline(records)
-    best_commit, best_metric = queries.best(records)
-    kept = [(r, ref) for r, ref in zip(records, before)
-            if r.status == "keep" and r.kind != "baseline" and not is_noise_sample(r)]
-    crashes = [r for r in records if r.status == "crash"]
-    skips = [r for r in records if r.status == "skip"]
-    counts = Counter(r.status for r in records)
-    branch = branch_name(tag) if tag else "the autoloop branch"
-    first, last = min(r.started_at for r in records), max(r.ended_at for r in records)
-
-    out = [f"# autoloop report: {branch}", ""]
-    out.append(f"{len(judged)} attempts of {len({r.trial for r in judged})} trials from {_clock(first)} to "
-               f"{_clock(last)} ({whole_seconds(last - first)}); {metric}, {'lower' if direction == 'min' else 'higher'} "
-               f"is better. Written {_clock(now or time.time())} from `results/ledger.jsonl`.")
-    out.append("")
-
-    # -- result
-    out += ["## Result", ""]
-    if baseline is None or baseline.metric is None:
-        out.append("No baseline has been recorded yet.")
-    else:
-        out += [f"| | {metric} | commit | trial |", "|---|---:|---|---:|",
-                f"| baseline | {baseline.metric:.6f} | `{(baseline.commit or '-')[:7]}` | {baseline.trial} |"]
-        best_rec = queries.best_record(records) or baseline
-        if best_metric is not None:
-            out.append(f"| best | {best_metric:.6f} | `{(best_commit or '-')[:7]}` | {best_rec.trial} |")
-            delta = best_metric - baseline.metric
-            pct = f" ({100 * delta / baseline.metric:+.2f}%)" if baseline.metric else ""
-            out.append(f"| change | {delta:+.6f}{pct} | {len(kept)} kept change{'s' if len(kept) != 1 else ''} | |")
-            base_audit, best_audit = baseline.extra.get("audit_bpb"), best_rec.extra.get("audit_bpb")
-            if isinstance(base_audit, (int, float)) and isinstance(best_audit, (int, float)):
-                out += ["", f"Held-out audit slice (never used for a decision): baseline {base_audit:.6f}, "
-                            f"best {best_audit:.6f} ({best_audit - base_audit:+.6f}). A best that gains on "
-                            f"{metric} but not here has over-fitted the validation slice."]
-    out.append("")
+    kept = kept_changes(records)
+    spend = _spend(records)
+    out = header_lines(records, tag, metric, direction, now)
+    out += result_section(records, baseline, metric, len(kept))
     if picture:
         out += [f"![{metric} per attempt]({picture})", ""]
     if picture_note:
         out += [picture_note, ""]
-
-    # -- kept changes
-    out += ["## Kept changes", ""]
-    if not kept:
-        out.append("None: no change beat the baseline.")
-    else:
-        out += ["In the order they were kept; each delta is against the best before it.", "",
-                f"| # | trial | commit | {metric} | delta | confidence | description | hypothesis |",
-                "|---:|---:|---|---:|---:|---:|---|---|"]
-        for i, (r, ref) in enumerate(kept, 1):
-            delta = f"{r.metric - ref:+.6f}" if r.metric is not None and ref is not None else "-"
-            out.append(f"| {i} | {trial_label(r.trial, r.attempt)} | `{(r.commit or '-')[:7]}` | "
-                       f"{_fmt(r.metric, 6)} | {delta} | "
-                       f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} | "
-                       f"{_md(r.extra.get('hypothesis') or '-')} |")
-    out.append("")
+    out += kept_section(kept, metric)
     out += verification or []
-
     out += notes_section(notes)
-    spend = _spend(records)
     if spend:
         out += ["## Agent cost", "", spend_line(spend) + ".", ""]
+    out += proposers_section(records, direction, metric)   # yield per proposer (#18)
+    out += attempts_section(records, baseline)
+    out += crashes_section(records)
+    out += device_time_section(records, baseline)
+    out += integrity_section(records)
+    out += noise_section(records, baseline, metric)
+    out += time_section(time_split(records, evals))
+    return "\n".join(out)
 
-    # -- yield per proposer (#18)
-    out += proposers_section(records, direction, metric)
 
-    # -- counts
-    out += ["## Attempts", ""]
+def kept_changes(records: list[LedgerRecord]) -> list[tuple[LedgerRecord, float | None]]:
+    """The kept changes in the order they were kept, each with the best before it."""
+    return [(r, ref) for r, ref in zip(records, best_before(records))
+            if r.status == "keep" and r.kind != "baseline" and not is_noise_sample(r)]
+
+
+def header_lines(records: list[LedgerRecord], tag: str | None, metric: str, direction: str,
+                 now: float | None) -> list[str]:
+    judged = [r for r in records if r.status != "skip"]
+    branch = branch_name(tag) if tag else "the autoloop branch"
+    first, last = min(r.started_at for r in records), max(r.ended_at for r in records)
+    return [f"# autoloop report: {branch}", "",
+            f"{len(judged)} attempts of {len({r.trial for r in judged})} trials from {_clock(first)} to "
+            f"{_clock(last)} ({whole_seconds(last - first)}); {metric}, {'lower' if direction == 'min' else 'higher'} "
+            f"is better. Written {_clock(now or time.time())} from `results/ledger.jsonl`.", ""]
+
+
+def result_section(records: list[LedgerRecord], baseline: LedgerRecord | None, metric: str,
+                   n_kept: int) -> list[str]:
+    out = ["## Result", ""]
+    if baseline is None or baseline.metric is None:
+        return out + ["No baseline has been recorded yet.", ""]
+    best_commit, best_metric = queries.best(records)
+    out += [f"| | {metric} | commit | trial |", "|---|---:|---|---:|",
+            f"| baseline | {baseline.metric:.6f} | `{(baseline.commit or '-')[:7]}` | {baseline.trial} |"]
+    best_rec = queries.best_record(records) or baseline
+    if best_metric is not None:
+        out.append(f"| best | {best_metric:.6f} | `{(best_commit or '-')[:7]}` | {best_rec.trial} |")
+        delta = best_metric - baseline.metric
+        pct = f" ({100 * delta / baseline.metric:+.2f}%)" if baseline.metric else ""
+        out.append(f"| change | {delta:+.6f}{pct} | {n_kept} kept change{'s' if n_kept != 1 else ''} | |")
+        base_audit, best_audit = baseline.extra.get("audit_bpb"), best_rec.extra.get("audit_bpb")
+        if isinstance(base_audit, (int, float)) and isinstance(best_audit, (int, float)):
+            out += ["", f"Held-out audit slice (never used for a decision): baseline {base_audit:.6f}, "
+                        f"best {best_audit:.6f} ({best_audit - base_audit:+.6f}). A best that gains on "
+                        f"{metric} but not here has over-fitted the validation slice."]
+    return out + [""]
+
+
+def kept_section(kept: list[tuple[LedgerRecord, float | None]], metric: str) -> list[str]:
+    out = ["## Kept changes", ""]
+    if not kept:
+        return out + ["None: no change beat the baseline.", ""]
+    out += ["In the order they were kept; each delta is against the best before it.", "",
+            f"| # | trial | commit | {metric} | delta | confidence | description | hypothesis |",
+            "|---:|---:|---|---:|---:|---:|---|---|"]
+    for i, (r, ref) in enumerate(kept, 1):
+        delta = f"{r.metric - ref:+.6f}" if r.metric is not None and ref is not None else "-"
+        out.append(f"| {i} | {trial_label(r.trial, r.attempt)} | `{(r.commit or '-')[:7]}` | "
+                   f"{_fmt(r.metric, 6)} | {delta} | "
+                   f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} | "
+                   f"{_md(r.extra.get('hypothesis') or '-')} |")
+    return out + [""]
+
+
+def attempts_section(records: list[LedgerRecord], baseline: LedgerRecord | None) -> list[str]:
+    counts = Counter(r.status for r in records)
+    skips = [r for r in records if r.status == "skip"]
     words = {"keep": "kept", "discard": "discarded", "crash": "crashed"}
     parts = [f"{counts.get(s, 0)} {words[s]}" for s in ("keep", "discard", "crash") if counts.get(s)]
     line = ", ".join(parts) or "none"
@@ -418,102 +431,116 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
         line += " (the baseline counts as kept)"
     if skips:
         line += f"; {len(skips)} proposal{'s' if len(skips) != 1 else ''} skipped before anything ran"
-    out += [line + ".", ""]
+    out = ["## Attempts", "", line + ".", ""]
     if skips:
         reasons = Counter(" ".join(r.reason.split())[:120] or "-" for r in skips)
         out += ["Skipped proposals:", ""]
         out += [f"- {n} x {_md(reason)}" for reason, n in reasons.most_common()]
         out.append("")
+    return out
 
-    # -- crashes
-    out += ["## Crashes", ""]
+
+# What each crash class means, in the Crashes section; other classes are listed after these.
+CRASH_MEANING = {"trivial": "the edit was broken; sent back to the proposer to fix",
+                 "fundamental": "the idea failed (out of memory, NaN, a signal, interrupted)",
+                 "timeout": "ran past the hard limit; the process tree was killed"}
+
+
+def crashes_section(records: list[LedgerRecord]) -> list[str]:
+    crashes = [r for r in records if r.status == "crash"]
+    out = ["## Crashes", ""]
     if not crashes:
-        out += ["None.", ""]
-    else:
-        by_class: dict[str, list[LedgerRecord]] = {}
-        for r in crashes:
-            by_class.setdefault(r.crash or "fundamental", []).append(r)
-        meaning = {"trivial": "the edit was broken; sent back to the proposer to fix",
-                   "fundamental": "the idea failed (out of memory, NaN, a signal, interrupted)",
-                   "timeout": "ran past the hard limit; the process tree was killed"}
-        for cls in ("trivial", "fundamental", "timeout", *sorted(set(by_class) - {"trivial", "fundamental", "timeout"})):
-            if cls not in by_class:
-                continue
-            group = by_class[cls]
-            out += [f"### {cls} ({len(group)})", ""]
-            if cls in meaning:
-                out += [f"_{meaning[cls]}._", ""]
-            for r in group:
-                out.append(f"- #{trial_label(r.trial, r.attempt)} {_md(r.description)}: {_md(r.reason)}"
-                           + (f" (log `results/{r.log_path}`)" if r.log_path else ""))
-            out.append("")
+        return out + ["None.", ""]
+    by_class: dict[str, list[LedgerRecord]] = {}
+    for r in crashes:
+        by_class.setdefault(r.crash or "fundamental", []).append(r)
+    for cls in (*CRASH_MEANING, *sorted(set(by_class) - set(CRASH_MEANING))):
+        if cls not in by_class:
+            continue
+        group = by_class[cls]
+        out += [f"### {cls} ({len(group)})", ""]
+        if cls in CRASH_MEANING:
+            out += [f"_{CRASH_MEANING[cls]}._", ""]
+        for r in group:
+            out.append(f"- #{trial_label(r.trial, r.attempt)} {_md(r.description)}: {_md(r.reason)}"
+                       + (f" (log `results/{r.log_path}`)" if r.log_path else ""))
+        out.append("")
+    return out
 
-    # -- device time (#16)
+
+def device_time_section(records: list[LedgerRecord], baseline: LedgerRecord | None) -> list[str]:
+    """#16: the share of the night a trial was running, and what the proposer cost per trial."""
     fed = queries.pipeline(records, baseline.ended_at) if baseline is not None else None
-    if fed is not None and fed.busy_share is not None:
-        out += ["## Device time", "",
-                f"A trial was running {_pct(fed.busy_s, fed.span_s)} of the {whole_seconds(fed.span_s)} from the end "
-                f"of the baseline to the last attempt ({fed.trials} trials; the time between runs of a resumed "
-                "night counts as idle)."
-                + (f" The proposer took {fed.propose_s:.1f} s per trial on average; with look-ahead "
-                   "(`--lookahead 1`) that time overlaps the training of the trial before." if fed.propose_s is not None
-                   else ""), ""]
+    if fed is None or fed.busy_share is None:
+        return []
+    return ["## Device time", "",
+            f"A trial was running {_pct(fed.busy_s, fed.span_s)} of the {whole_seconds(fed.span_s)} from the end "
+            f"of the baseline to the last attempt ({fed.trials} trials; the time between runs of a resumed "
+            "night counts as idle)."
+            + (f" The proposer took {fed.propose_s:.1f} s per trial on average; with look-ahead "
+               "(`--lookahead 1`) that time overlaps the training of the trial before." if fed.propose_s is not None
+               else ""), ""]
 
-    # -- integrity
-    out += ["## Integrity", ""]
+
+def integrity_section(records: list[LedgerRecord]) -> list[str]:
+    out = ["## Integrity", ""]
     tampered = tampered_attempts(records)
     if not tampered:
-        out += ["No attempt changed the harness, `program.md` or the prepared data.", ""]
-    else:
-        out += [f"**{len(tampered)} attempt{'s' if len(tampered) != 1 else ''} changed an input of the measurement** "
-                "(the harness, `program.md` or the prepared data). Each was restored from "
-                "`results/.pristine/`; the changed versions are in `results/quarantine/<trial>-<attempt>-tampered/`. "
-                "Found during an attempt: that attempt is invalid (crash). Found before a run: a proposer made the "
-                "change, and the run, made on the restored inputs, stood.", ""]
-        for t in tampered:
-            out.append(f"- #{trial_label(t['trial'], t['attempt'])} {_md(t['description'])} ({t['when']} the "
-                       f"{'attempt' if t['when'] == 'during' else 'run'}, {t['status']}): "
-                       + ", ".join(f"`{p}`" for p in t["paths"]))
-        out.append("")
+        return out + ["No attempt changed the harness, `program.md` or the prepared data.", ""]
+    out += [f"**{len(tampered)} attempt{'s' if len(tampered) != 1 else ''} changed an input of the measurement** "
+            "(the harness, `program.md` or the prepared data). Each was restored from "
+            "`results/.pristine/`; the changed versions are in `results/quarantine/<trial>-<attempt>-tampered/`. "
+            "Found during an attempt: that attempt is invalid (crash). Found before a run: a proposer made the "
+            "change, and the run, made on the restored inputs, stood.", ""]
+    for t in tampered:
+        out.append(f"- #{trial_label(t['trial'], t['attempt'])} {_md(t['description'])} ({t['when']} the "
+                   f"{'attempt' if t['when'] == 'during' else 'run'}, {t['status']}): "
+                   + ", ".join(f"`{p}`" for p in t["paths"]))
+    return out + [""]
 
-    # -- noise
-    out += ["## Noise", ""]
+
+def noise_section(records: list[LedgerRecord], baseline: LedgerRecord | None, metric: str) -> list[str]:
+    out = ["## Noise", ""]
     noisy = [r for r in records if r.noise is not None and math.isfinite(r.noise)]
-    if noisy:
-        latest = noisy[-1]
-        values = [r.noise for r in noisy]
-        spread = f", ranging {min(values):.6f} to {max(values):.6f}" if min(values) != max(values) else ""
-        out.append(f"Noise estimate (the run-to-run spread of {metric} that the decisions allowed for): "
-                   f"{latest.noise:.6f} as of trial {trial_label(latest.trial, latest.attempt)}; "
-                   f"{len(noisy)} record{'s' if len(noisy) != 1 else ''} carry one{spread}.")
-        if best_metric is not None and baseline and baseline.metric is not None and latest.noise > 0:
-            out.append(f"The total change, {best_metric - baseline.metric:+.6f}, is "
-                       f"{abs(best_metric - baseline.metric) / latest.noise:.1f} times that estimate.")
-    else:
-        out.append("No record carries a noise estimate (no repeated runs of one commit were made), so "
-                   "small deltas may be noise.")
-    out.append("")
+    if not noisy:
+        return out + ["No record carries a noise estimate (no repeated runs of one commit were made), so "
+                      "small deltas may be noise.", ""]
+    latest = noisy[-1]
+    values = [r.noise for r in noisy]
+    spread = f", ranging {min(values):.6f} to {max(values):.6f}" if min(values) != max(values) else ""
+    out.append(f"Noise estimate (the run-to-run spread of {metric} that the decisions allowed for): "
+               f"{latest.noise:.6f} as of trial {trial_label(latest.trial, latest.attempt)}; "
+               f"{len(noisy)} record{'s' if len(noisy) != 1 else ''} carry one{spread}.")
+    _, best_metric = queries.best(records)
+    if best_metric is not None and baseline and baseline.metric is not None and latest.noise > 0:
+        out.append(f"The total change, {best_metric - baseline.metric:+.6f}, is "
+                   f"{abs(best_metric - baseline.metric) / latest.noise:.1f} times that estimate.")
+    return out + [""]
 
-    # -- time
-    split = time_split(records, evals)
+
+# The rows of "Where the time went": the TimeSplit field and how it is computed.
+TIME_ROWS = (
+    ("training", "training",
+     "sum of `training_seconds` that train.py reported (the timed training loop)"),
+    ("evaluation", "evaluation",
+     "sum of `eval_seconds` in `results/runs/<trial>-<attempt>.result.json`, where the file exists"),
+    ("trial start-up and the rest", "trial_other",
+     "trial process wall time (`wall_seconds`) minus the two rows above: interpreter start-up, imports, data "
+     "loading, compilation and warm-up steps, and all of a crashed trial's time"),
+    ("harness within attempts", "harness",
+     "attempt time (`started_at` to `ended_at`) minus the trial process: commit, git, judging, ledger"),
+    ("proposer and between attempts", "between",
+     "gaps from one record's `ended_at` to the next one's `started_at`: the proposer (agent, mutator, queue), "
+     "the scope guard, and any time no loop was running"),
+)
+
+
+def time_section(split: TimeSplit) -> list[str]:
     s = split.span
-    rows = [
-        ("training", split.training,
-         "sum of `training_seconds` that train.py reported (the timed training loop)"),
-        ("evaluation", split.evaluation,
-         "sum of `eval_seconds` in `results/runs/<trial>-<attempt>.result.json`, where the file exists"),
-        ("trial start-up and the rest", split.trial_other,
-         "trial process wall time (`wall_seconds`) minus the two rows above: interpreter start-up, imports, data "
-         "loading, compilation and warm-up steps, and all of a crashed trial's time"),
-        ("harness within attempts", split.harness,
-         "attempt time (`started_at` to `ended_at`) minus the trial process: commit, git, judging, ledger"),
-        ("proposer and between attempts", split.between,
-         "gaps from one record's `ended_at` to the next one's `started_at`: the proposer (agent, mutator, queue), "
-         "the scope guard, and any time no loop was running"),
-    ]
-    out += ["## Where the time went", "",
-            "| | time | share | how it is computed |", "|---|---:|---:|---|"]
-    for name, value, how in rows:
+    out = ["## Where the time went", "",
+           "| | time | share | how it is computed |", "|---|---:|---:|---|"]
+    for name, field, how in TIME_ROWS:
+        value = getattr(split, field)
         out.append(f"| {name} | {whole_seconds(value)} | {_pct(value, s)} | {how} |")
     if abs(split.unaccounted) >= 1:
         out.append(f"| overlap / unaccounted | {whole_seconds(abs(split.unaccounted))} | {_pct(abs(split.unaccounted), s)} | "
@@ -523,7 +550,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     if split.longest_gap >= 1800:
         out += [f"The longest gap between two attempts, {whole_seconds(split.longest_gap)} from {_clock(split.longest_gap_at)}, "
                 "is probably time when no loop was running; it is counted in the last row.", ""]
-    return "\n".join(out)
+    return out
 
 
 _HOLDS = {True: "holds", False: "does not hold", None: "-"}
