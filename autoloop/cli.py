@@ -261,9 +261,6 @@ def _repo_root(directory: str) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoloop.data import DEFAULT_AUDIT_BYTES, DEFAULT_VAL_BYTES
-    from autoloop.flags import add_setting_flags
-
     parser = argparse.ArgumentParser(
         prog="autoloop",
         description="Autonomous experiment loop: propose one change to train.py, train for a fixed "
@@ -271,6 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"autoloop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # One function per subcommand, in the order --help lists them.
+    for add in (_add_prepare, _add_run, _add_trial, _add_verify, _add_doctor, _add_status, _add_report,
+                _add_note, _add_finalize, _add_dashboard, _add_init):
+        add(sub)
+    return parser
+
+
+def _directory_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+
+
+def _add_prepare(sub) -> None:
+    from autoloop.data import DEFAULT_AUDIT_BYTES, DEFAULT_VAL_BYTES
 
     p = sub.add_parser(
         "prepare", help="build the train/val/audit split of a corpus (idempotent)",
@@ -290,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"size of the held-out audit slice (default {DEFAULT_AUDIT_BYTES:,})")
     p.set_defaults(func=cmd_prepare)
 
+
+def _add_run(sub) -> None:
+    from autoloop.flags import add_setting_flags
+
     p = sub.add_parser(
         "run", help="run the experiment loop (the main job)",
         description="Ask the proposer for one change to the target, commit it, train for the budget, keep "
@@ -304,8 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
                "Example: autoloop run --budget 5m --hours 8",
     )
     add_setting_flags(p, "run")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_run)
+
+
+def _add_trial(sub) -> None:
+    from autoloop.flags import add_setting_flags
 
     p = sub.add_parser(
         "trial", help="judge the current edit of the target as one trial (for agents that drive themselves)",
@@ -316,8 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-m", "--message", required=True, help="one line: what this change tries")
     add_setting_flags(p, "trial")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_trial)
+
+
+def _add_verify(sub) -> None:
+    from autoloop.flags import add_setting_flags
 
     p = sub.add_parser(
         "verify", help="the morning verdict: which kept changes really matter, and do they hold at scale",
@@ -336,8 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "autoloop/TAG branch)")
     p.add_argument("--resume", action="store_true",
                    help="recover a killed verification and run the repeats it has not recorded yet")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_verify)
+
+
+def _add_doctor(sub) -> None:
+    from autoloop.flags import add_setting_flags
 
     p = sub.add_parser(
         "doctor", help="check that this repository and machine are ready for a night (one line per check)",
@@ -350,16 +376,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: autoloop doctor --agent claude",
     )
     add_setting_flags(p, "run")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_doctor)
 
+
+def _add_status(sub) -> None:
     p = sub.add_parser("status", help="where the loop stands (safe while it runs)",
                        description="Current trial and phase, best and baseline metric, counts by status and "
                                    "crash class, pace and time left. Reads results/ only.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_status)
 
+
+def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write the morning summary: results/report.md and results/progress.png",
                        description="Baseline vs best, the kept changes with their deltas, crashes by class with "
                                    "their reasons, the noise estimate and where the wall time went, in report.md; "
@@ -369,9 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since-last", action="store_true",
                    help="print only the results.tsv rows added since the previous report, each kept change "
                         "with its code diff (writes no files)")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_report)
 
+
+def _add_note(sub) -> None:
     p = sub.add_parser("note", help="tell the agent something: a note every later prompt carries (safe while the loop runs)",
                        description="Add a timestamped note that every later agent prompt carries, in the research "
                                    "digest, until autoloop note --clear; without arguments, list the notes in force. "
@@ -380,9 +412,11 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog='example: autoloop note "try SwiGLU; leave the learning rates alone"')
     p.add_argument("text", nargs="*", metavar="TEXT", help="the note (one line; quote it)")
     p.add_argument("--clear", action="store_true", help="drop the notes in force (the report still lists them)")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_note)
 
+
+def _add_finalize(sub) -> None:
     p = sub.add_parser("finalize", help="the kept changes as a clean branch: one commit each, metrics in the messages",
                        description="Create a new branch (default autoloop/<tag>-final) from the baseline commit "
                                    "with one commit per kept change, in ledger order, each message giving the "
@@ -401,10 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-unproven", action="store_true",
                    help="leave out the kept changes that autoloop verify did not confirm (contribution within "
                         "noise, or harmful); needs a finished autoloop verify of the best")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_finalize)
 
+
+def _add_dashboard(sub) -> None:
     from autoloop.dashboard.server import DEFAULT_PORT, TOKEN_ENV
+
     p = sub.add_parser("dashboard", help="a live, read-only web page of the night (safe while the loop runs)",
                        description="Serve a web page that shows the night as it runs and afterwards: the metric per "
                                    "attempt with the running best and crashes by class, the sortable table of every "
@@ -419,15 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every "
                         "interface, with a token)")
-    p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
+    _directory_flag(p)
     p.set_defaults(func=cmd_dashboard)
 
+
+def _add_init(sub) -> None:
     p = sub.add_parser("init", help="create a fresh experiment repository",
                        description="Create DIR with train.py, program.md, .gitignore and a first commit, "
                                    "ready for autoloop run.")
     p.add_argument("path", metavar="DIR", help="folder to create (must not exist or be empty)")
     p.set_defaults(func=cmd_init)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
