@@ -6,11 +6,15 @@ during the run hits every side alike, all on the same prepared bytes (the finger
 every run is checked). Prints each run as it finishes (val_bpb, steps, tokens/s), then per
 budget and side the mean, sample standard deviation and range of val_bpb over the seeds,
 the mean steps, the ratio of each side's mean to A's, and the bits per byte that gzip -9,
-bz2 -9 and xz -9e reach on exactly the validation bytes val_bpb is measured on.
+bz2 -9 and xz -9e reach on exactly the validation bytes val_bpb is measured on. With 3 or
+more seeds it also fits val_bpb against ln(steps) per side: how much a run that did 10 %
+more steps gained (a shared machine gives some seeds fewer steps), and the spread the
+steps do not explain (the seed itself).
 
     python benchmarks/bpb.py                                   # A alone, budgets 60 s and 300 s
     python benchmarks/bpb.py --budgets 30                      # a quick look
     python benchmarks/bpb.py --vs old.py port.py --seeds 4 --budgets 60 300
+    python benchmarks/bpb.py --summarize runs.jsonl            # the tables of an earlier --json runs.jsonl
 
 Every run gets AUTOLOOP_BUDGET_S, AUTOLOOP_SEED, AUTOLOOP_DATA_DIR and AUTOLOOP_RESULT, and
 imports the harness of this checkout. Timing on a shared machine moves with the load:
@@ -24,6 +28,7 @@ import bz2
 import gzip
 import json
 import lzma
+import math
 import os
 import re
 import statistics
@@ -122,6 +127,75 @@ def summary_table(sides: list[Side], budget: float, xz: float) -> list[str]:
     return lines
 
 
+# A slope fitted over steps that differ by less than this factor is mostly the seed's noise.
+MIN_STEPS_SPREAD = 1.08
+
+
+def steps_fit(values: list[float], steps: list[float]) -> tuple[float, float] | None:
+    """val_bpb against ln(steps) within one side: (change per 10 % more steps, sd of what the
+    steps do not explain), or None below 3 runs or when every run did the same steps.
+
+    A shared machine runs some seeds faster than others, and a run that did fewer steps ends
+    worse; the slope says how much a side suffers from that, the residual sd how much of its
+    spread is the seed itself. With n runs the residual has n - 2 degrees of freedom: rough."""
+    if len(values) < 3:
+        return None
+    xs = [math.log(n) for n in steps]
+    mx, my = statistics.fmean(xs), statistics.fmean(values)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, values))
+    return slope * math.log(1.1), math.sqrt(residual / (len(values) - 2))
+
+
+def steps_table(sides: list[Side], budget: float) -> list[str]:
+    """Per side: the spread of steps done, how val_bpb moved with them, and the spread left."""
+    lines = ["  how val_bpb moved with the steps done (least squares on ln steps, per side):",
+             f"  {'side':<28} {'steps min-max':>14} {'per +10% steps':>15} {'sd | steps':>11}"]
+    for side in sides:
+        ok = [r for r in side.runs.get(budget, []) if "error" not in r]
+        fit = steps_fit([r["val_bpb"] for r in ok], [r["num_steps"] for r in ok])
+        if fit is None:
+            continue
+        steps = [r["num_steps"] for r in ok]
+        if max(steps) < MIN_STEPS_SPREAD * min(steps):
+            lines.append(f"  {side.label:<28} {f'{min(steps):.0f}-{max(steps):.0f}':>14}  steps too alike to fit")
+            continue
+        lines.append(f"  {side.label:<28} {f'{min(steps):.0f}-{max(steps):.0f}':>14} {fit[0]:>+15.4f} {fit[1]:>11.4f}")
+    return lines if len(lines) > 2 else []
+
+
+def summarize(path: Path) -> int:
+    """The summary tables of an earlier run, from the JSON lines its --json wrote."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: cannot read {path}: {e}")
+    sides: dict[str, Side] = {}
+    for row in rows:
+        try:
+            side = sides.setdefault(row["side"], Side(row["side"], Path(row["path"])))
+            side.runs.setdefault(float(row["budget"]), []).append(row)
+        except (KeyError, TypeError, ValueError):
+            sys.exit(f"error: {path} is not a file that bpb.py --json wrote")
+    ordered = [sides[k] for k in sorted(sides)]
+    budgets = sorted({b for side in ordered for b in side.runs})
+    try:
+        dataset = load_data()
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    if any(r.get("fingerprint", dataset.fingerprint) != dataset.fingerprint for r in rows):
+        sys.exit(f"error: {path} holds runs on other data than the prepared {dataset.fingerprint}")
+    xz = compressor_bpb(bytes(dataset.split("val")))["xz -9e"]
+    for budget in budgets:
+        for line in summary_table(ordered, budget, xz) + steps_table(ordered, budget):
+            print(line)
+        print()
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vs", type=Path, nargs="+", default=[], metavar="PATH",
@@ -134,7 +208,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42, help="first seed; the others follow it (default 42)")
     parser.add_argument("--device", help="AUTOLOOP_DEVICE for every run (default: each train.py detects one)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also append every run to FILE as JSON lines")
+    parser.add_argument("--summarize", type=Path, metavar="FILE",
+                        help="train nothing: print the summary tables of the runs an earlier --json FILE holds")
     args = parser.parse_args(argv)
+    if args.summarize:
+        return args
     for path in [args.train, *args.vs]:
         if not path.is_file():
             parser.error(f"no such file: {path}")
@@ -147,6 +225,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.summarize:
+        return summarize(args.summarize)
     sides = [Side(chr(ord("A") + i), path.resolve()) for i, path in enumerate([args.train, *args.vs])]
     seeds = [args.seed + i for i in range(args.seeds)]
     try:
@@ -183,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                         f.write(json.dumps({"side": side.letter, "path": str(side.path), "budget": budget,
                                             "seed": seed, **s}) + "\n")
         print()
-        for line in summary_table(sides, budget, xz):
+        for line in summary_table(sides, budget, xz) + steps_table(sides, budget):
             print(line)
         print(flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
