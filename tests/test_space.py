@@ -44,7 +44,8 @@ def test_train_py_space_keeps_the_mutators_rules():
     current = {c.name: c.value for c in find_constants(source)}
     names = {d.constant for d in space.dimensions}
     assert {"MATRIX_LR", "WIDTH", "HEAD_DIM", "SEQ_LEN", "ADAM_BETAS", "WARMDOWN_FRAC"} <= names
-    assert not names & {"LOG_EVERY_S", "EVAL_BATCH", "COMPILE_ON_CPU"}   # mutate.SKIP
+    assert "\nDATA_SEED = " in source.decode()
+    assert not names & {"LOG_EVERY_S", "EVAL_BATCH", "COMPILE_ON_CPU", "DATA_SEED"}   # mutate.SKIP
     for d, value in corners(space):
         old = current[d.constant]
         old = old[d.index] if d.index is not None else old

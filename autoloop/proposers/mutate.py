@@ -54,6 +54,7 @@ SKIP = frozenset({
     "EVAL_BATCH",      # evaluation batch: no effect on val_bpb, only on evaluation memory
     "COMPILE_ON_CPU",  # torch.compile costs ~50 s cold on CPU: a whole short budget
     "CUDA_FULL_BATCH_GIB",  # fits the GPU batch to the GPU's memory: a safety margin, not a learning knob
+    "DATA_SEED",       # the order of the training windows: another order is luck, not learning
 })
 # Upper bounds that keep the harness contract: evaluation uses 512-byte windows, and
 # train.py's position tables need not be longer than what evaluation uses.
