@@ -99,7 +99,8 @@ SEED = int(os.environ.get("AUTOLOOP_SEED", "42"))
 # The seed draws the initial weights; the order of the training windows stays the same for
 # every seed (DATA_SEED), so two runs of one commit differ by their initialisation alone and
 # two commits of a night see the same bytes in the same order. At 120 s on 2 CPU cores the
-# data order moved val_bpb about as much as the initialisation did. None: follow SEED.
+# order moved val_bpb three times as much as the initialisation did (sd over four seeds
+# 0.020 with the order following the seed, 0.006 with it fixed). None: follow SEED.
 DATA_SEED = 0
 
 
