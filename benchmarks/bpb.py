@@ -156,10 +156,10 @@ def steps_table(sides: list[Side], budget: float) -> list[str]:
              f"  {'side':<28} {'steps min-max':>14} {'per +10% steps':>15} {'sd | steps':>11}"]
     for side in sides:
         ok = [r for r in side.runs.get(budget, []) if "error" not in r]
-        fit = steps_fit([r["val_bpb"] for r in ok], [r["num_steps"] for r in ok])
+        steps = [r["num_steps"] for r in ok]
+        fit = steps_fit([r["val_bpb"] for r in ok], steps)
         if fit is None:
             continue
-        steps = [r["num_steps"] for r in ok]
         if max(steps) < MIN_STEPS_SPREAD * min(steps):
             lines.append(f"  {side.label:<28} {f'{min(steps):.0f}-{max(steps):.0f}':>14}  steps too alike to fit")
             continue

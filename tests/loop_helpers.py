@@ -9,6 +9,7 @@ training through the loop is tested where the model is the point (REAL_TRAIN, te
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -39,10 +40,23 @@ LR_ARGS = " ".join(f"{name}={value}" for name, value in LRS.items())
 REAL_TRAIN = TRAIN_PY.read_text()   # the real model: only where training itself is under test
 
 
-def queue_file(repo: Path, name: str, source: str, description: str) -> None:
+def queue_dir(repo: Path) -> Path:
     queue = repo / "results" / "queue"
     queue.mkdir(parents=True, exist_ok=True)
-    (queue / name).write_text(f"# autoloop: {description}\n{source}")
+    return queue
+
+
+def queue_file(repo: Path, name: str, source: str, description: str) -> None:
+    """A whole-file replacement of train.py in the queue."""
+    (queue_dir(repo) / name).write_text(f"# autoloop: {description}\n{source}")
+
+
+def queue_patch(repo: Path, name: str, old: str, new: str, description: str) -> None:
+    """A unified diff of train.py in the queue: a change of some lines, which `git apply` puts on
+    whatever best the trial starts from (a whole-file .py replaces every line)."""
+    diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                "a/train.py", "b/train.py")
+    (queue_dir(repo) / name).write_text(f"{description}\n\n" + "".join(diff))
 
 
 def night_queue(repo: Path) -> None:

@@ -8,7 +8,6 @@ are killed for real (SIGKILL of the worker running the trial).
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import signal
@@ -24,7 +23,7 @@ import psutil
 import pytest
 
 from conftest import init_repo
-from loop_helpers import assert_invariants, autoloop, queue_file
+from loop_helpers import assert_invariants, autoloop, queue_file, queue_patch
 
 from autoloop import procs
 from autoloop.classify import classify
@@ -281,16 +280,6 @@ def two_knob_train(a: float, b: float) -> str:
     a change of one onto a change of the other."""
     return (f"A = {a!r}\n\n# the knobs are apart so that their changes merge\n\nB = {b!r}\n"
             'print("---")\nprint(f"val_bpb: {1.0 + A + B:.6f}")\n')
-
-
-def queue_patch(repo: Path, name: str, old: str, new: str, description: str) -> None:
-    """A unified diff of train.py in the queue: a change of some lines, which `git apply` puts on
-    whatever best the trial starts from (a whole-file .py would undo the other knob)."""
-    diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                "a/train.py", "b/train.py")
-    queue = repo / "results" / "queue"
-    queue.mkdir(parents=True, exist_ok=True)
-    (queue / name).write_text(f"{description}\n\n" + "".join(diff))
 
 
 def night(*extra: str) -> list[str]:
