@@ -20,6 +20,8 @@ import tokenize
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from autoloop import module_constants
+
 # Tokens that carry no meaning for Python (comments, blank lines, the encoding marker).
 _IGNORED = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
 
@@ -69,16 +71,11 @@ def changed_constants(base: str, candidate: str) -> list[str]:
 
 
 def _constants(source: str) -> dict[str, str] | None:
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    tree = module_constants.parse(source)
+    if tree is None:
         return None
-    out = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
-                and stmt.targets[0].id.isupper():
-            out[stmt.targets[0].id] = ast.unparse(stmt.value)   # values as Python reads them: 6e-2 is 0.06
-    return out
+    # Values as Python reads them: 6e-2 is 0.06.
+    return {name: ast.unparse(value) for name, value in module_constants.assignments(tree)}
 
 
 def _number(text: str) -> str:

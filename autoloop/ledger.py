@@ -135,7 +135,8 @@ class LedgerRecord(BaseModel):
     worker: int | None = None          # parallel worker that ran it; None: the single loop
     # What the decision asked for next in this trial: "confirm" (the same commit once more,
     # another seed) or "replay" (its change merged onto a best another worker set); None:
-    # the decision was final. A record of what was decided, not an instruction to read back.
+    # the decision was final. A record of what was decided; read back only by the next start,
+    # for a step decided and never run (queries.pending_next).
     next: Literal["confirm", "replay"] | None = None
 
 

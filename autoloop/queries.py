@@ -129,13 +129,14 @@ def infer_direction(records: list[LedgerRecord]) -> str:
     return "min"
 
 
-def pending_replays(records: list[LedgerRecord]) -> list[LedgerRecord]:
-    """Records whose decision asked for a replay that never ran: the last record of their
-    trial (a kill came between the decision and the replay's run)."""
+def pending_next(records: list[LedgerRecord]) -> list[LedgerRecord]:
+    """Records whose decision asked for a confirmation or a replay that never ran: the last
+    record of their trial. A kill came between the decision and the next run, or the night
+    was stopped (Ctrl-C, ``autoloop stop``) right after the decision."""
     last: dict[int, LedgerRecord] = {}
     for r in records:
         last[r.trial] = r
-    return [r for r in last.values() if r.next == "replay"]
+    return [r for r in last.values() if r.next in ("confirm", "replay")]
 
 
 def replays_of(records: list[LedgerRecord], trial: int) -> int:

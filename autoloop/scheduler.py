@@ -243,8 +243,8 @@ class Scheduler:
                 with night.arbiter.lock:
                     # The prepared trial's reservation becomes this slot's (below), so it does not
                     # count twice toward --max-trials.
-                    replay = None if prepared else self._pending_replay()
-                    if prepared is None and replay is None and self.pending:
+                    unfinished = None if prepared else self._pending_next()
+                    if prepared is None and unfinished is None and self.pending:
                         prepared = self.pending.pop(0)
                         self.reserved.pop(f"prepared-{prepared.trial}", None)
                     elif prepared is not None:
@@ -254,7 +254,7 @@ class Scheduler:
                     if reason:   # a prepared candidate stays in results/prepared/: --resume runs it
                         self.reason = self.reason or reason
                         return
-                    trial = (replay.trial if replay else prepared.trial if prepared else
+                    trial = (unfinished.trial if unfinished else prepared.trial if prepared else
                              self._next_trial())
                     self.reserved[slot.worker] = trial
                     start = night.arbiter.best()
@@ -263,7 +263,7 @@ class Scheduler:
                 outcome = "failed"
                 try:
                     this = Trial(night, slot, runner, self.proposer, trial, start, self.claims)
-                    outcome = (this.resume_replay(replay) if replay else
+                    outcome = (this.resume(unfinished) if unfinished else
                                self._run_trial(this, ahead, prepared, start))
                 finally:
                     self._release(slot.worker, outcome)
@@ -310,11 +310,11 @@ class Scheduler:
         """A trial number no record and no reservation has (callers hold the arbiter's lock)."""
         return max([queries.next_trial(self.night.arbiter.records()), *(t + 1 for t in self.reserved.values())])
 
-    def _pending_replay(self):
-        """A replay a kill interrupted between its decision and its run, not taken by another
-        slot: run before any new trial (callers hold the arbiter's lock)."""
+    def _pending_next(self):
+        """A confirmation or replay decided but never run (a kill or a stop came between), not
+        taken by another slot: run before any new trial (callers hold the arbiter's lock)."""
         taken = set(self.reserved.values())
-        return next((r for r in queries.pending_replays(self.night.arbiter.records()) if r.trial not in taken), None)
+        return next((r for r in queries.pending_next(self.night.arbiter.records()) if r.trial not in taken), None)
 
     def _release(self, worker: int | str | None, outcome: str, counted: bool = True) -> None:
         with self.night.arbiter.lock:

@@ -13,7 +13,8 @@ After each attempt, :meth:`Trial.after` reads the decision (never the record's e
 picks the next step, in this order: a stop request ends the trial; ``confirm`` re-runs the
 same commit with another seed; ``replay`` merges the change onto the best another worker
 set and runs it there; a trivial crash goes back as a fix request while fixes are left;
-anything else ends the trial. Proposing (``candidate.prepare``) and running are separate
+anything else ends the trial. A confirm or replay that a stop or a kill cut off after its
+decision is taken up at the next start (:meth:`Trial.resume`). Proposing (``candidate.prepare``) and running are separate
 steps, so a candidate can be prepared ahead and run later.
 
 Besides: the baseline and its noise samples (attempts of trial 0 before any proposal), and
@@ -146,11 +147,15 @@ class Trial:
 
     def _confirmation(self, done: Recorded) -> AttemptPlan:
         """A within-noise gain: the same commit once more with a new seed, judged on the mean."""
-        attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         again = replace(done.plan.candidate, commit=done.record.commit, outside_changes=(), git_events=(),
                         replay_of=None, extra=carried(done.record.extra))
+        return self._confirm_plan(done.record, again, done.plan.replays)
+
+    def _confirm_plan(self, first: LedgerRecord, again: Candidate, replays: int) -> AttemptPlan:
+        """``again`` (first's commit) run with the next seed, judged on the mean with first's run."""
+        attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         return AttemptPlan(self.number, attempt, "confirm", again, self.night.settings.seed + attempt - 1,
-                           prior_runs=(done.record.metric,), can_confirm=False, replays=done.plan.replays)
+                           prior_runs=(first.metric,), can_confirm=False, replays=replays)
 
     def _replay(self, done: Recorded) -> AttemptPlan:
         """Its change merged onto the best another worker set (the attempt left the work tree
@@ -166,6 +171,24 @@ class Trial:
                           record.extra.get("source"), replay_of=record.commit, extra=carried(record.extra))
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         return self.plan("confirm", moved, attempt, replays=replays)
+
+    def resume(self, record: LedgerRecord) -> str:
+        """The step a decision asked for and the night never took (``queries.pending_next``)."""
+        return self.resume_confirmation(record) if record.next == "confirm" else self.resume_replay(record)
+
+    def resume_confirmation(self, record: LedgerRecord) -> str:
+        """A within-noise gain whose confirmation a stop or a kill cut off after the decision
+        (the ledger's last word on the trial is ``next: confirm``): the same commit once more
+        with a new seed, judged on the mean, as it would have been. If the best has moved
+        since, the mean is judged as any win on a moved best is: replayed or stale."""
+        # A confirm decision leaves the best where the trial started: its record carries it.
+        self.start = (record.best, record.best_metric)
+        (self.slot.console or self.night.console).line(
+            f"#{record.trial}: resuming its confirmation (decided, not run before the night stopped)")
+        again = Candidate(record.commit, record.best, record.best_metric, record.description, record.proposer,
+                          record.extra.get("source"), extra=carried(record.extra))
+        replays = queries.replays_of(self.night.arbiter.records(), self.number)
+        return self.finish(Run(self._confirm_plan(record, again, replays)))
 
     def resume_replay(self, record: LedgerRecord) -> str:
         """A replay that a kill interrupted between its decision and its run (the ledger's

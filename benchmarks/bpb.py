@@ -15,6 +15,7 @@ steps do not explain (the seed itself).
     python benchmarks/bpb.py --budgets 30                      # a quick look
     python benchmarks/bpb.py --vs old.py port.py --seeds 4 --budgets 60 300
     python benchmarks/bpb.py --summarize runs.jsonl            # the tables of an earlier --json runs.jsonl
+    python benchmarks/bpb.py --summarize day1.jsonl day2.jsonl # and the seed spread pooled over both
 
 Every run gets AUTOLOOP_BUDGET_S, AUTOLOOP_SEED, AUTOLOOP_DATA_DIR and AUTOLOOP_RESULT, and
 imports the harness of this checkout. Timing on a shared machine moves with the load:
@@ -167,8 +168,8 @@ def steps_table(sides: list[Side], budget: float) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
-def summarize(path: Path) -> int:
-    """The summary tables of an earlier run, from the JSON lines its --json wrote."""
+def read_runs(path: Path) -> list[Side]:
+    """The sides of an earlier invocation, from the JSON lines its --json wrote."""
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as e:
@@ -180,19 +181,74 @@ def summarize(path: Path) -> int:
             side.runs.setdefault(float(row["budget"]), []).append(row)
         except (KeyError, TypeError, ValueError):
             sys.exit(f"error: {path} is not a file that bpb.py --json wrote")
-    ordered = [sides[k] for k in sorted(sides)]
-    budgets = sorted({b for side in ordered for b in side.runs})
+    return [sides[k] for k in sorted(sides)]
+
+
+def pooled_table(invocations: list[list[Side]], budget: float) -> list[str]:
+    """Per side letter over several invocations: the seed spread pooled within each one.
+
+    Each invocation's own mean is set aside (the machine's speed moves between days, and so
+    does every side's mean with it); what is left is how far seeds of one side fall apart
+    under like conditions, on sum(n - 1) degrees of freedom instead of one file's n - 1.
+    The spread the steps do not explain is pooled the same way, on sum(n - 2)."""
+    pooled: dict[str, list] = {}
+    for sides in invocations:
+        for side in sides:
+            ok = [r for r in side.runs.get(budget, []) if "error" not in r]
+            if len(ok) < 2:
+                continue
+            values = [r["val_bpb"] for r in ok]
+            entry = pooled.setdefault(side.letter, [side.label, 0, 0, 0.0, 0, 0.0])
+            entry[1] += 1
+            entry[2] += len(ok) - 1
+            entry[3] += statistics.variance(values) * (len(ok) - 1)
+            steps = [r["num_steps"] for r in ok]
+            fit = steps_fit(values, steps)
+            if fit is not None and max(steps) >= MIN_STEPS_SPREAD * min(steps):
+                entry[4] += len(ok) - 2
+                entry[5] += fit[1] ** 2 * (len(ok) - 2)
+    if not pooled:
+        return []
+    lines = [f"budget {budget:g} s, pooled over {len(invocations)} files (each file's mean set aside)",
+             f"  {'side':<28} {'files':>5} {'sd':>7} {'df':>3} {'sd | steps':>11} {'df':>3}"]
+    sds = {}
+    for letter in sorted(pooled):
+        label, files, df, ss, rdf, rss = pooled[letter]
+        sds[letter] = math.sqrt(ss / df)
+        resid = f"{math.sqrt(rss / rdf):>11.4f} {rdf:>3}" if rdf else f"{'-':>11} {'-':>3}"
+        lines.append(f"  {label:<28} {files:>5} {sds[letter]:>7.4f} {df:>3} {resid}")
+    if sds.get("A"):
+        for letter in sorted(sds):
+            if letter != "A" and sds[letter] > 0:
+                lines.append(f"  A / {letter}: pooled sd ratio {sds['A'] / sds[letter]:.2f}")
+    return lines
+
+
+def summarize(paths: list[Path]) -> int:
+    """The summary tables of earlier runs, from the JSON lines their --json wrote; with
+    several files, each file's tables and then the spread pooled over them."""
+    invocations = [read_runs(path) for path in paths]
     try:
         dataset = load_data()
     except DataError as e:
         sys.exit(f"error: {e}")
-    if any(r.get("fingerprint", dataset.fingerprint) != dataset.fingerprint for r in rows):
-        sys.exit(f"error: {path} holds runs on other data than the prepared {dataset.fingerprint}")
+    for path, sides in zip(paths, invocations):
+        if any(r.get("fingerprint", dataset.fingerprint) != dataset.fingerprint
+               for side in sides for runs in side.runs.values() for r in runs):
+            sys.exit(f"error: {path} holds runs on other data than the prepared {dataset.fingerprint}")
     xz = compressor_bpb(bytes(dataset.split("val")))["xz -9e"]
-    for budget in budgets:
-        for line in summary_table(ordered, budget, xz) + steps_table(ordered, budget):
-            print(line)
-        print()
+    for path, sides in zip(paths, invocations):
+        if len(paths) > 1:
+            print(f"== {path}")
+        for budget in sorted({b for side in sides for b in side.runs}):
+            for line in summary_table(sides, budget, xz) + steps_table(sides, budget):
+                print(line)
+            print()
+    if len(paths) > 1:
+        for budget in sorted({b for sides in invocations for side in sides for b in side.runs}):
+            for line in pooled_table(invocations, budget):
+                print(line)
+            print()
     return 0
 
 
@@ -208,8 +264,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42, help="first seed; the others follow it (default 42)")
     parser.add_argument("--device", help="AUTOLOOP_DEVICE for every run (default: each train.py detects one)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also append every run to FILE as JSON lines")
-    parser.add_argument("--summarize", type=Path, metavar="FILE",
-                        help="train nothing: print the summary tables of the runs an earlier --json FILE holds")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="FILE",
+                        help="train nothing: print the summary tables of the runs earlier --json FILEs hold; "
+                             "with several, also each side's seed spread pooled over them")
     args = parser.parse_args(argv)
     if args.summarize:
         return args

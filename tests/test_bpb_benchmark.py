@@ -74,3 +74,32 @@ def test_summarize_prints_the_tables_of_a_json_file(tmp_path, tiny_data_dir):
     other = subprocess.run([sys.executable, str(SCRIPT), "--summarize", str(runs)], env=env,
                            capture_output=True, text=True, timeout=120)
     assert other.returncode != 0 and "other data" in other.stderr
+
+
+def test_summarize_pools_the_seed_spread_over_files(tmp_path, tiny_data_dir):
+    """Two invocations on different days: each file's mean is set aside, the spread within
+    each is pooled on its degrees of freedom (by hand: A sqrt((0.02 + 0.02) / 3))."""
+    from autoloop.data import load_data
+
+    fingerprint = load_data(tiny_data_dir).fingerprint
+    files = []
+    for day, (a_values, b_values) in enumerate((([1.0, 1.1, 1.2], [1.0, 1.2, 1.4]), ([2.0, 2.2], [2.0, 2.4]))):
+        rows = [{"side": side, "path": path, "budget": 300.0, "seed": 42 + i, "fingerprint": fingerprint,
+                 "val_bpb": v, "num_steps": 900.0}
+                for side, path, values in (("A", "/x/train.py", a_values), ("B", "/x/port.py", b_values))
+                for i, v in enumerate(values)]
+        files.append(tmp_path / f"day{day}.jsonl")
+        files[-1].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--summarize", *map(str, files)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.count("== ") == 2 and "pooled over 2 files" in out
+    pooled = out[out.index("pooled over 2 files"):]
+    line_a = next(line.split() for line in pooled.splitlines() if line.strip().startswith("A train.py"))
+    line_b = next(line.split() for line in pooled.splitlines() if line.strip().startswith("B port.py"))
+    assert float(line_a[3]) == pytest.approx(math.sqrt(0.04 / 3), abs=1e-4) and line_a[4] == "3"
+    assert float(line_b[3]) == pytest.approx(math.sqrt(0.16 / 3), abs=1e-4)
+    assert line_a[5] == "-"   # every run did the same steps: no residual to pool
+    assert "A / B: pooled sd ratio 0.50" in pooled

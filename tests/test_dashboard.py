@@ -284,6 +284,34 @@ def test_live_view_of_parallel_workers(night):
     assert 4 < live["now"] - attempt["attempt_started_at"] < 120
 
 
+def test_live_view_shows_the_look_ahead_proposal_and_the_prepared_candidates(night):
+    """#16: while trial n trains, the proposal of n+1 is in flight in its own state file,
+    and a candidate prepared earlier waits in results/prepared/: both are in the live view."""
+    import json as _json
+
+    from autoloop.dashboard.views import WorkspaceViews
+
+    results = night.results
+    state = _json.loads((results / "state.json").read_text())
+    (results / "state.json").write_text(_json.dumps({
+        **state, "phase": "running", "trial": 40, "attempt": 1, "kind": "candidate", "description": "n",
+        "attempt_started_at": time.time() - 30, "pid": os.getpid()}))
+    (results / "state-ahead.json").write_text(_json.dumps({
+        "tag": "t", "phase": "proposing", "trial": 41, "attempt": 1, "kind": "candidate", "proposer": "agent",
+        "attempt_started_at": time.time() - 5}))
+    (results / "prepared").mkdir(exist_ok=True)
+    (results / "prepared" / "39.json").write_text("{}")
+    live = WorkspaceViews(night.repo).live()
+    running, ahead = live["attempts"]
+    assert running["label"] == "40" and not running.get("lookahead")
+    assert ahead["label"] == "41" and ahead["lookahead"] is True and ahead["kind"] == "look-ahead"
+    assert ahead["phase"] == "proposing" and ahead["proposer"] == "agent" and ahead["log"] is None
+    assert live["prepared"] == [39]
+    # An idle look-ahead (its proposal saved) is not shown as in flight.
+    (results / "state-ahead.json").write_text(_json.dumps({"tag": "t", "phase": "idle"}))
+    assert [a["label"] for a in WorkspaceViews(night.repo).live()["attempts"]] == ["40"]
+
+
 def test_a_diverged_number_goes_out_as_null(night):
     from autoloop.ledger import Ledger, LedgerRecord
 

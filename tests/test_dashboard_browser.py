@@ -174,3 +174,41 @@ def test_verify_runs_are_listed_as_verify_and_left_out_of_the_chart(tmp_path, ti
         assert note.startswith("2 attempts:") and "0 discarded" in note, note
         logs = browser.get_log("browser")
         assert [entry for entry in logs if entry["level"] in ("SEVERE", "WARNING")] == [], logs
+
+
+def test_the_live_view_shows_the_look_ahead_and_the_prepared_candidates(tmp_path, tiny_data_dir, browser):
+    """#16: the next trial's proposal, made while one trains, gets a card of its own, and the
+    candidates prepared and waiting are named; an agent's text there is text too."""
+    import json
+
+    repo = fake_repo(tmp_path)
+    queue(repo, "01_better.py", fake(A=0.5), "a real gain")
+    proc = subprocess.run(run_args(), cwd=repo, env=cli_env(tiny_data_dir), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The state files as a night with --lookahead 1 leaves them mid-trial: 2 trains, 3 is proposed.
+    results = repo / "results"
+    now = time.time()
+    state = json.loads((results / "state.json").read_text())
+    (results / "state.json").write_text(json.dumps({**state, "phase": "running", "trial": 2, "attempt": 1,
+                                                    "kind": "candidate", "description": "trains now",
+                                                    "attempt_started_at": now - 20}))
+    (results / "state-ahead.json").write_text(json.dumps({"tag": "t", "phase": "proposing", "trial": 3, "attempt": 1,
+                                                          "kind": "candidate", "description": EVIL,
+                                                          "attempt_started_at": now - 4}))
+    (results / "prepared").mkdir(exist_ok=True)
+    (results / "prepared" / "4.json").write_text("{}")
+
+    with DashboardProcess(repo) as dash:
+        browser.get(dash.url)
+        cards = wait(lambda: (lambda c: c if len(c) == 2 else None)(browser.execute_script(
+            "return [...document.querySelectorAll('#live .live-card')].map(c => c.textContent)")), "two live cards")
+        assert "#2" in cards[0] and "trains now" in cards[0]
+        assert "#3" in cards[1] and "look-ahead" in cards[1] and "prepares the next trial" in cards[1]
+        assert EVIL in cards[1] and browser.execute_script("return window.__pwned") is None
+        assert browser.find_elements("css selector", "#live img, #live b, #live script") == []
+        prepared = browser.execute_script("const p = document.querySelector('#live .live-prepared'); "
+                                          "return p ? p.textContent : ''")
+        assert prepared == "prepared, waiting to run: #4"
+        logs = browser.get_log("browser")
+        assert [entry for entry in logs if entry["level"] in ("SEVERE", "WARNING")] == [], logs

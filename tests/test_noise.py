@@ -14,7 +14,8 @@ import statistics
 import pytest
 
 from autoloop.ledger import TSV_COLUMNS
-from loop_helpers import BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_tsv
+from loop_helpers import (BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_ledger,
+                          read_tsv)
 from conftest import init_repo
 
 
@@ -96,3 +97,34 @@ def test_kill_during_a_confirmation_is_recovered(tmp_path, tiny_data_dir):
         (1, 2, "confirm", "crash")]
     assert ledger[-1]["reason"].startswith("interrupted") and ledger[-1]["commit"] == ledger[2]["commit"]
     assert ledger[-1]["best"] == ledger[0]["commit"]
+
+
+def test_a_confirmation_cut_off_after_its_decision_runs_at_resume(tmp_path, tiny_data_dir):
+    """kill -9 just after the record that says next: confirm (the window a Ctrl-C also
+    leaves: the night stops before the re-run): --resume runs the confirmation, once."""
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
+    args = ["run", "--budget", BUDGET, "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t", "--device", "cpu",
+            "--noise-runs", "1", "--noise-z", "1e6"]
+    killed = autoloop(repo, *args, data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "recorded:1"})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    first = read_ledger(repo)[-1]
+    assert (first["trial"], first["attempt"], first["next"]) == (1, 1, "confirm")
+
+    resumed = autoloop(repo, *args, "--resume", data_dir=tiny_data_dir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "#1: resuming its confirmation" in resumed.stdout
+    ledger = assert_invariants(repo)
+    assert [(r["trial"], r["attempt"], r["kind"], r["status"]) for r in ledger] == [
+        (0, 1, "baseline", "keep"), (0, 2, "confirm", "keep"), (1, 1, "candidate", "discard"),
+        (1, 2, "confirm", "discard")]
+    conf = ledger[-1]
+    # the same commit with the next seed, judged on the mean of both runs, as without the kill
+    assert conf["commit"] == first["commit"] and conf["seed"] == first["seed"] + 1
+    assert conf["reason"].startswith("within noise (mean of 2 runs")
+    assert conf["extra"]["runs"] == pytest.approx([first["metric"], conf["metric"]])
+    assert conf["best"] == ledger[0]["commit"]
+    # Taken up once: a further start finds nothing decided and not run.
+    again = autoloop(repo, *args, "--resume", data_dir=tiny_data_dir)
+    assert again.returncode == 0 and "resuming its confirmation" not in again.stdout, again.stdout + again.stderr
+    assert len(read_ledger(repo)) == len(ledger)

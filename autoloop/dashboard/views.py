@@ -153,7 +153,18 @@ class WorkspaceViews:
                         "attempt_started_at": st.attempt_started_at, "phase_started_at": st.phase_started_at,
                         "log": log_tail(self.results, rel, lines=80) if st.phase in ("running", "judging") else None,
                         **{k: v for k, v in parse_progress(st.progress).items() if k in ("percent", "loss")}})
-        return {"now": time.time(), "attempts": out}
+        # #16: the next trial's proposal, made while the one above trains, and the candidates
+        # prepared that wait for their turn: what the device does next.
+        for k, path in self.layout.ahead_states():
+            st = load_state(self.results, path.name)
+            if st.in_flight and st.trial is not None:
+                out.append({"worker": None if k is None else f"w{k}", "label": trial_label(st.trial, st.attempt or 1),
+                            "trial": st.trial, "attempt": st.attempt or 1, "kind": "look-ahead", "phase": st.phase,
+                            "description": st.description, "proposer": st.proposer, "progress": None,
+                            "attempt_started_at": st.attempt_started_at, "phase_started_at": st.phase_started_at,
+                            "log": None, "lookahead": True})
+        prepared = sorted(int(p.stem) for p in self.layout.prepared_dir.glob("*.json") if p.stem.isdigit())
+        return {"now": time.time(), "attempts": out, "prepared": prepared}
 
 
 def _row(index: int, r: LedgerRecord, reference: float | None) -> dict:

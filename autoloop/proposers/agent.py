@@ -42,6 +42,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoloop import module_constants
 from autoloop.console import plain
 from autoloop.digest import InFlight, research_digest
 from autoloop.layout import RESULTS, Layout
@@ -176,18 +177,14 @@ def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_fi
 
 def _constants(text: str) -> dict[str, str] | None:
     """Module-level UPPER_CASE name -> source of its value; None when it does not parse."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    tree = module_constants.parse(text)
+    if tree is None:
         return None
     out: dict[str, str] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            name = stmt.targets[0].id
-            if name.isupper():
-                segment = ast.get_source_segment(text, stmt.value)
-                if segment is not None:
-                    out[name] = " ".join(segment.split())
+    for name, value in module_constants.assignments(tree):
+        segment = ast.get_source_segment(text, value)
+        if segment is not None:
+            out[name] = " ".join(segment.split())
     return out
 
 

@@ -44,6 +44,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoloop import module_constants
 from autoloop.layout import Layout
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 
@@ -62,7 +63,6 @@ UPPER_BOUNDS = {"SEQ_LEN": 512}
 FLOAT_FACTORS = (1.4, 0.7, 2.0, 0.5)
 ZERO_FLOAT_MOVES = (0.1, 0.01)
 MAX_STRING = 40
-_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _FRACTION_NAME = re.compile(r"FRAC|MOMENTUM|BETA|DROPOUT|PROB")
 _DESCRIPTION = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*) (?P<old>.+) -> (?P<new>.+)$")
 
@@ -157,16 +157,9 @@ def find_constants(source: bytes) -> list[Constant]:
         raise MutateError(f"cannot parse the target as Python ({e.__class__.__name__}: {e})") from None
     lines = source.split(b"\n")
     found: list[Constant] = []
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-            target, value = stmt.targets[0], stmt.value
-        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None and stmt.simple:
-            target, value = stmt.target, stmt.value
-        else:
+    for name, value in module_constants.assignments(tree):
+        if name in SKIP:
             continue
-        if not isinstance(target, ast.Name) or not _NAME.match(target.id) or target.id in SKIP:
-            continue
-        name = target.id
         if isinstance(value, ast.Tuple) and value.elts:
             elements = [_literal(e, lines) for e in value.elts]
             if all(e is not None and not isinstance(e.value, bool) for e in elements):

@@ -135,10 +135,13 @@ function renderLive(live) {
       el('span', { className: 'muted', text: `${a.phase}, ${dur(elapsed)} in${a.loss !== null && a.loss !== undefined ? ', loss ' + fmt(a.loss) : ''}` }));
     const bar = el('div', { className: 'bar' }, el('div'));
     bar.firstChild.style.width = `${Math.min(100, a.percent || 0)}%`;
+    const idle = a.lookahead ? 'the proposer prepares the next trial while this one trains'
+      : a.phase === 'proposing' ? 'the proposer is at work' : '';
     const log = a.log ? el('pre', { className: 'log live-log', text: a.log.text || a.log.error || '' })
-      : el('div', { className: 'muted', text: a.phase === 'proposing' ? 'the proposer is at work' : '' });
+      : el('div', { className: 'muted', text: idle });
     return el('section', { className: 'panel live-card', 'data-label': a.label }, head, bar, log);
-  }));
+  }), ...(live.prepared && live.prepared.length ? [el('div', { className: 'muted live-prepared',
+    text: `prepared, waiting to run: ${live.prepared.map((t) => '#' + t).join(', ')}` })] : []));
   for (const pre of box.querySelectorAll('pre')) pre.scrollTop = pre.scrollHeight;
 }
 
