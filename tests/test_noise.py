@@ -81,13 +81,20 @@ def test_strict_rule_keeps_without_confirmation(baselined_repo, tiny_data_dir):
     assert cand["noise"] == sample["noise"] and cand["confidence"] is not None and cand["confidence"] > 0
 
 
-def test_kill_during_a_confirmation_is_recovered(tmp_path, tiny_data_dir):
+def killed_within_noise(tmp_path, tiny_data_dir, point: str) -> tuple:
+    """A night whose one candidate is a gain "within noise" (a huge --noise-z), SIGKILLed at
+    ``point``: the repo and the arguments that resume it."""
     repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
     queue_file(repo, "01_good.py", GOOD, "restore learning rates")
     args = ["run", "--budget", BUDGET, "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t", "--device", "cpu",
             "--noise-runs", "1", "--noise-z", "1e6"]
-    killed = autoloop(repo, *args, data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "running:1.2"})
+    killed = autoloop(repo, *args, data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": point})
     assert killed.returncode == -9, killed.stdout + killed.stderr
+    return repo, args
+
+
+def test_kill_during_a_confirmation_is_recovered(tmp_path, tiny_data_dir):
+    repo, args = killed_within_noise(tmp_path, tiny_data_dir, "running:1.2")
     # killed with the candidate checked out for its re-run
     resumed = autoloop(repo, *args, "--resume", data_dir=tiny_data_dir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -102,12 +109,7 @@ def test_kill_during_a_confirmation_is_recovered(tmp_path, tiny_data_dir):
 def test_a_confirmation_cut_off_after_its_decision_runs_at_resume(tmp_path, tiny_data_dir):
     """kill -9 just after the record that says next: confirm (the window a Ctrl-C also
     leaves: the night stops before the re-run): --resume runs the confirmation, once."""
-    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
-    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
-    args = ["run", "--budget", BUDGET, "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t", "--device", "cpu",
-            "--noise-runs", "1", "--noise-z", "1e6"]
-    killed = autoloop(repo, *args, data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "recorded:1"})
-    assert killed.returncode == -9, killed.stdout + killed.stderr
+    repo, args = killed_within_noise(tmp_path, tiny_data_dir, "recorded:1")
     first = read_ledger(repo)[-1]
     assert (first["trial"], first["attempt"], first["next"]) == (1, 1, "confirm")
 
