@@ -14,8 +14,9 @@ picks the next step, in this order: a stop request ends the trial; ``confirm`` r
 same commit with another seed; ``replay`` merges the change onto the best another worker
 set and runs it there; a trivial crash goes back as a fix request while fixes are left;
 anything else ends the trial. A confirm or replay that a stop or a kill cut off after its
-decision is taken up at the next start (:meth:`Trial.resume`). Proposing (``candidate.prepare``) and running are separate
-steps, so a candidate can be prepared ahead and run later.
+decision is taken up at the next start (:meth:`Trial.resume`). Proposing
+(``candidate.prepare``) and running are separate steps, so a candidate can be prepared
+ahead and run later.
 
 Besides: the baseline and its noise samples (attempts of trial 0 before any proposal), and
 ``autoloop trial``'s one self-driven trial.

@@ -184,43 +184,56 @@ def read_runs(path: Path) -> list[Side]:
     return [sides[k] for k in sorted(sides)]
 
 
+@dataclass
+class Pool:
+    """One side's spread summed over invocations: squares about each file's own mean."""
+    label: str
+    files: int = 0
+    df: int = 0              # sum of n - 1
+    squares: float = 0.0
+    steps_df: int = 0        # sum of n - 2, over the files whose steps spread enough to fit
+    steps_squares: float = 0.0
+
+
 def pooled_table(invocations: list[list[Side]], budget: float) -> list[str]:
-    """Per side letter over several invocations: the seed spread pooled within each one.
+    """Per side over several invocations: the seed spread pooled within each one.
 
     Each invocation's own mean is set aside (the machine's speed moves between days, and so
     does every side's mean with it); what is left is how far seeds of one side fall apart
     under like conditions, on sum(n - 1) degrees of freedom instead of one file's n - 1.
-    The spread the steps do not explain is pooled the same way, on sum(n - 2)."""
-    pooled: dict[str, list] = {}
+    The spread the steps do not explain is pooled the same way, on sum(n - 2). Sides are
+    matched by letter and file name, so another file under the same letter is not pooled in."""
+    pools: dict[str, Pool] = {}
     for sides in invocations:
         for side in sides:
             ok = [r for r in side.runs.get(budget, []) if "error" not in r]
             if len(ok) < 2:
                 continue
-            values = [r["val_bpb"] for r in ok]
-            entry = pooled.setdefault(side.letter, [side.label, 0, 0, 0.0, 0, 0.0])
-            entry[1] += 1
-            entry[2] += len(ok) - 1
-            entry[3] += statistics.variance(values) * (len(ok) - 1)
-            steps = [r["num_steps"] for r in ok]
+            values, steps = [r["val_bpb"] for r in ok], [r["num_steps"] for r in ok]
+            pool = pools.setdefault(side.label, Pool(side.label))
+            pool.files += 1
+            pool.df += len(ok) - 1
+            pool.squares += statistics.variance(values) * (len(ok) - 1)
             fit = steps_fit(values, steps)
             if fit is not None and max(steps) >= MIN_STEPS_SPREAD * min(steps):
-                entry[4] += len(ok) - 2
-                entry[5] += fit[1] ** 2 * (len(ok) - 2)
-    if not pooled:
+                pool.steps_df += len(ok) - 2
+                pool.steps_squares += fit[1] ** 2 * (len(ok) - 2)
+    if not pools:
         return []
     lines = [f"budget {budget:g} s, pooled over {len(invocations)} files (each file's mean set aside)",
              f"  {'side':<28} {'files':>5} {'sd':>7} {'df':>3} {'sd | steps':>11} {'df':>3}"]
     sds = {}
-    for letter in sorted(pooled):
-        label, files, df, ss, rdf, rss = pooled[letter]
-        sds[letter] = math.sqrt(ss / df)
-        resid = f"{math.sqrt(rss / rdf):>11.4f} {rdf:>3}" if rdf else f"{'-':>11} {'-':>3}"
-        lines.append(f"  {label:<28} {files:>5} {sds[letter]:>7.4f} {df:>3} {resid}")
-    if sds.get("A"):
-        for letter in sorted(sds):
-            if letter != "A" and sds[letter] > 0:
-                lines.append(f"  A / {letter}: pooled sd ratio {sds['A'] / sds[letter]:.2f}")
+    for label in sorted(pools):
+        pool = pools[label]
+        sds[label] = math.sqrt(pool.squares / pool.df)
+        resid = (f"{math.sqrt(pool.steps_squares / pool.steps_df):>11.4f} {pool.steps_df:>3}" if pool.steps_df
+                 else f"{'-':>11} {'-':>3}")
+        lines.append(f"  {label:<28} {pool.files:>5} {sds[label]:>7.4f} {pool.df:>3} {resid}")
+    first = next((label for label in sorted(sds) if label.startswith("A ")), None)
+    if first and sds[first] > 0:
+        for label in sorted(sds):
+            if label != first and sds[label] > 0:
+                lines.append(f"  {first} / {label}: pooled sd ratio {sds[first] / sds[label]:.2f}")
     return lines
 
 

@@ -102,4 +102,4 @@ def test_summarize_pools_the_seed_spread_over_files(tmp_path, tiny_data_dir):
     assert float(line_a[3]) == pytest.approx(math.sqrt(0.04 / 3), abs=1e-4) and line_a[4] == "3"
     assert float(line_b[3]) == pytest.approx(math.sqrt(0.16 / 3), abs=1e-4)
     assert line_a[5] == "-"   # every run did the same steps: no residual to pool
-    assert "A / B: pooled sd ratio 0.50" in pooled
+    assert "A train.py / B port.py: pooled sd ratio 0.50" in pooled
