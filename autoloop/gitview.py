@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 from autoloop.ledger import LedgerRecord
+from autoloop.procs import run_own_group
 
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
 MAX_DIFF_BYTES = 2 * 2**20    # a diff beyond this is cut (a generated file, a vendored blob)
@@ -24,7 +25,7 @@ def is_sha(text: str | None) -> bool:
 
 def _git(root: Path, *args: str) -> bytes | None:
     try:
-        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=60)
+        proc = run_own_group(["git", *args], cwd=root, capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None

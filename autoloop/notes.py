@@ -35,7 +35,7 @@ from pathlib import Path
 from autoloop.console import format_verdict, plain
 from autoloop.errors import AutoloopError
 from autoloop.ledger import LedgerRecord, trial_label
-from autoloop.procs import OWN_GROUP
+from autoloop.procs import run_own_group
 from autoloop.queries import best_before
 from autoloop.workspace import FALLBACK_EMAIL, FALLBACK_NAME
 
@@ -97,16 +97,16 @@ class Notes:
         git identity must not lose its notes to "Please tell me who you are"."""
         if self._env is None:
             self._env = dict(os.environ)
-            probe = subprocess.run(["git", "var", "GIT_COMMITTER_IDENT"], cwd=self.root, env=self._env,
-                                   capture_output=True, **OWN_GROUP)
+            probe = run_own_group(["git", "var", "GIT_COMMITTER_IDENT"], cwd=self.root, env=self._env,
+                                  capture_output=True)
             if probe.returncode != 0:
                 self._env.update(GIT_AUTHOR_NAME=FALLBACK_NAME, GIT_COMMITTER_NAME=FALLBACK_NAME,
                                  GIT_AUTHOR_EMAIL=FALLBACK_EMAIL, GIT_COMMITTER_EMAIL=FALLBACK_EMAIL)
         return self._env
 
     def _git(self, *args: str, stdin: str = "") -> str:
-        proc = subprocess.run(["git", *args], cwd=self.root, env=self._identity(), input=stdin.encode("utf-8"),
-                              capture_output=True, **OWN_GROUP)
+        proc = run_own_group(["git", *args], cwd=self.root, env=self._identity(), input=stdin.encode("utf-8"),
+                             capture_output=True)
         if proc.returncode != 0:
             lines = [line.strip() for line in proc.stderr.decode(errors="replace").splitlines() if line.strip()]
             why = lines[-1] if lines else f"exit code {proc.returncode}"

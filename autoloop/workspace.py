@@ -20,7 +20,7 @@ from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchP
 
 from autoloop.errors import AutoloopError
 from autoloop.layout import RESULTS, branch_name, trial_ref, trial_ref_prefix
-from autoloop.procs import OWN_GROUP
+from autoloop.procs import OWN_GROUP, run_own_group, terminal_signal_held
 
 # Used for candidate commits when the user has no git identity configured (a fresh
 # machine, a container): git would refuse to commit, and the night would be lost.
@@ -58,13 +58,15 @@ class _OwnGroupGit(git.Git):
 
     GitPython keeps `git cat-file --batch` helpers alive between object lookups; in the
     terminal's foreground group a Ctrl-C killed them with the orchestrator's SIGINT, and the
-    next lookup (judging the interrupted attempt) died of a BrokenPipeError.
+    next lookup (judging the interrupted attempt) died of a BrokenPipeError; a short command
+    started by a worker thread just as Ctrl-C landed died of it too (`terminal_signal_held`).
     """
 
     def execute(self, command, *args, **kwargs):
         for key, value in OWN_GROUP.items():
             kwargs.setdefault(key, value)
-        return super().execute(command, *args, **kwargs)
+        with terminal_signal_held():
+            return super().execute(command, *args, **kwargs)
 
 
 class Repository(git.Repo):
@@ -556,5 +558,5 @@ class Workspace:
                 path.write_text(text)
                 paths.append(str(path))
             # Exit code: the number of conflicts (0: clean), negative (255) on an error.
-            out = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True, text=True, **OWN_GROUP)
+            out = run_own_group(["git", "merge-file", "-p", *paths], capture_output=True, text=True)
         return out.stdout if out.returncode == 0 else None

@@ -14,7 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from autoloop.procs import OWN_GROUP
+from autoloop.procs import run_own_group
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 
 PATCH_SUFFIXES = (".patch", ".diff")
@@ -153,9 +153,9 @@ class QueueProposer:
         """
         errors: list[str] = []
         for extra in ([], ["-p0"]):
-            result = subprocess.run(
+            result = run_own_group(
                 ["git", "apply", "--whitespace=nowarn", *extra, str(patch.resolve())],
-                cwd=workspace, capture_output=True, text=True, **OWN_GROUP,
+                cwd=workspace, capture_output=True, text=True,
             )
             if result.returncode == 0:
                 return
