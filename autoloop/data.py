@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoloop.errors import AutoloopError
+from autoloop.core.errors import AutoloopError
 
 FORMAT_VERSION = 1
 DEFAULT_VAL_BYTES = 512 * 1024

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from autoloop.runner import READ_CHUNK, TrialSpec, run_trial
+from autoloop.execution.runner import READ_CHUNK, TrialSpec, run_trial
 
 FLOOD = ("import sys\nblock = (b'x' * 1023 + b'\\n') * 1024\nfor _ in range({mb}):\n"
          "    sys.stdout.buffer.write(block)\nsys.stdout.buffer.flush()\nprint('val_bpb: 1.0')\n")

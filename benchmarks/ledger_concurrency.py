@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoloop.ledger import Ledger, LedgerRecord
+from autoloop.store.ledger import Ledger, LedgerRecord
 
 
 def worker(results_dir: str, w: int, count: int, fsync: bool, start) -> None:

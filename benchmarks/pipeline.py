@@ -5,7 +5,7 @@ temporary repositories, with a fake coding agent (tests/fake_agents/scripted.py)
 thinks AGENT_S seconds before each edit, and reads the ledgers: trials per hour and the
 device-busy share (wall time with a trial running / wall time, from the end of the
 baseline to the end of the last trial: the first proposal, which nothing can hide, is in
-it), computed by ``autoloop.queries.pipeline``, as `autoloop status` shows it.
+it), computed by ``autoloop.store.queries.pipeline``, as `autoloop status` shows it.
 
 Two trial kinds (``--kind``):
 
@@ -35,9 +35,10 @@ sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autoloop import queries  # noqa: E402
-from autoloop.ledger import Ledger  # noqa: E402
 from parallel import make_repo, prepare_small_data  # noqa: E402   (a fresh repository; the data)
+
+from autoloop.store import queries  # noqa: E402
+from autoloop.store.ledger import Ledger  # noqa: E402
 
 AGENT = REPO / "tests" / "fake_agents" / "scripted.py"
 CONSTANTS = 12

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from autoloop.runner import TrialSpec, run_trial
+from autoloop.execution.runner import TrialSpec, run_trial
 
 FIRST_BYTE = "import sys; sys.stdout.write('step 0\\n'); sys.stdout.flush()"
 EXIT_STAMP = "import os, time; print('exit', time.monotonic(), flush=True); os._exit(0)"

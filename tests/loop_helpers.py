@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import psutil
-
 from conftest import TRAIN_PY, git
 
 BUDGET = "2"

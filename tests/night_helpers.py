@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import git, init_repo
 
-from autoloop.ledger import Ledger, LedgerRecord
+from autoloop.store.ledger import Ledger, LedgerRecord
 
 CONSTANTS = {
     "DEPTH": "4", "WIDTH": "128", "HEADS": "4", "SEQ_LEN": "256",

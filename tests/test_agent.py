@@ -15,15 +15,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from autoloop.cli import build_parser, settings_from
-from autoloop.config import Settings
-from autoloop.proposers import ProposerError, make_proposer
-from autoloop.ledger import LedgerRecord
-from autoloop.proposers.agent import PRESETS, AgentProposer, describe_change, split_command
-from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest
 from conftest import git, init_repo
 from loop_helpers import BUDGET, GOOD, LR_ARGS, LRS, SLOW, assert_invariants, autoloop, queue_file, set_constants
+
+from autoloop.cli.main import build_parser, settings_from
+from autoloop.config.settings import Settings
+from autoloop.proposers import ProposerError, make_proposer
+from autoloop.proposers.agent import PRESETS, AgentProposer, describe_change, split_command
+from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest
+from autoloop.store.ledger import LedgerRecord
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 PROGRAM = "# program.md\nGoal: the lowest val_bpb. Edit train.py only.\n"

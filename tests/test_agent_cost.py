@@ -9,9 +9,9 @@ from pathlib import Path
 
 from loop_helpers import BUDGET, LR_ARGS, assert_invariants, autoloop
 
-from autoloop.ledger import LedgerRecord
 from autoloop.proposers.usage import read_usage
-from autoloop.queries import agent_spend
+from autoloop.store.ledger import LedgerRecord
+from autoloop.store.queries import agent_spend
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 

@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from autoloop.config import Settings
-from autoloop.console import shorten
+from autoloop.config.presets import PRESETS, preset_for
+from autoloop.config.settings import Settings
+from autoloop.observe.console import shorten
 from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.preflight import agent_checks
-from autoloop.proposers.presets import PRESETS, preset_for
 
 
 class Clock:
@@ -224,7 +224,7 @@ def test_an_unknown_agent_command_is_only_found(tmp_path):
 
 @pytest.mark.parametrize("value,expected", [("90s", 90.0), ("2m", 120.0), (0, 0.0), ("0", 0.0), ("off", 0.0)])
 def test_stall_timeout_setting(tmp_path, value, expected):
-    from autoloop.config import load_settings
+    from autoloop.config.settings import load_settings
 
     (tmp_path / "autoloop.toml").write_text(f"agent-stall-timeout = {json.dumps(value)}\nskip-preflight = true\n")
     settings = load_settings(tmp_path)
@@ -236,7 +236,7 @@ def test_stall_timeout_setting(tmp_path, value, expected):
     ("soon", "--agent-stall-timeout: cannot read 'soon' as a duration (use 300, 300s, 5m or 1h30m)"),
 ])
 def test_bad_stall_timeout_is_one_line(tmp_path, value, message):
-    from autoloop.config import ConfigError, load_settings
+    from autoloop.config.settings import ConfigError, load_settings
 
     with pytest.raises(ConfigError) as info:
         load_settings(tmp_path, {"agent_stall_timeout": float(value) if value.lstrip("-").isdigit() else value})

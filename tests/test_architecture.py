@@ -1,5 +1,5 @@
-"""The shape of the package, checked: no import cycles, one error base class, nothing in
-the repository pointing at a file outside it. docs/architecture.md says why."""
+"""The shape of the package, checked: its layers, no import cycles, one error base class,
+nothing in the repository pointing at a file outside it. docs/architecture.md says why."""
 
 from __future__ import annotations
 
@@ -12,13 +12,30 @@ import subprocess
 from pathlib import Path
 
 import autoloop
-from autoloop.errors import AutoloopError
+from autoloop.core.errors import AutoloopError
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "autoloop"
 # Exceptions that never reach the user: control flow between two parts of the harness.
 INTERNAL = {"ProposalFailed", "PlotUnavailable", "IsolationError",
             "NotFound"}   # the dashboard's 404, answered to the browser, never raised to the CLI
+
+
+# The layers, bottom first: a module may import its own layer and those before it, never
+# one after it. This is the one list; docs/architecture.md shows it in the same order
+# (checked below). "contract" is train.py's side: autoloop.data and autoloop.evaluate,
+# whose import paths train.py fixes.
+LAYERS = ["core", "contract", "config", "store", "execution", "repo", "observe", "proposers",
+          "engine", "verification", "review", "cli"]
+CONTRACT = {"autoloop.data", "autoloop.evaluate"}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a module belongs to; None for the package itself."""
+    if module in CONTRACT:
+        return "contract"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
 
 
 def modules() -> dict[str, Path]:
@@ -70,13 +87,15 @@ def test_no_import_cycles():
 def test_every_user_facing_error_derives_from_one_base():
     seen = []
     for name in modules():
+        if name.endswith(".__main__"):
+            continue   # running it is its job
         module = importlib.import_module(name)
         for cls_name, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == name and issubclass(cls, Exception) and cls_name not in INTERNAL:
                 seen.append(cls_name)
                 assert issubclass(cls, AutoloopError), f"{name}.{cls_name} does not derive from AutoloopError"
     assert len(seen) >= 10, seen
-    cli = (PACKAGE / "cli.py").read_text()
+    cli = (PACKAGE / "cli" / "main.py").read_text()
     assert "except AutoloopError" in cli and not re.search(r"except \(\w+Error, ", cli)
 
 
@@ -100,3 +119,28 @@ def test_the_architecture_document_names_every_module():
             leaf = name.rsplit(".", 1)[1]   # the tree names a package's modules indented under it
             assert re.search(rf"(^|\s){re.escape(leaf)}(\.py|/)\s", text, re.MULTILINE), f"docs/architecture.md does not name {name}"
     assert autoloop.__file__
+
+
+def test_every_module_is_in_a_layer():
+    for name in modules():
+        if name != "autoloop":
+            assert layer_of(name) in LAYERS, f"{name} is in no layer (autoloop/<layer>/ or train.py's contract)"
+
+
+def test_no_module_imports_a_higher_layer():
+    found = modules()
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward = []
+    for name, path in found.items():
+        if name == "autoloop":
+            continue
+        for target in imports_of(name, path, set(found)):
+            if target != "autoloop" and rank[layer_of(target)] > rank[layer_of(name)]:
+                upward.append(f"{name} ({layer_of(name)}) imports {target} ({layer_of(target)})")
+    assert not upward, "imports of a higher layer:\n" + "\n".join(sorted(upward))
+
+
+def test_the_architecture_document_lists_the_layers_in_order():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    listed = re.findall(r"^\| (\d+) \| `(\w+)` \|", text, re.MULTILINE)
+    assert [layer for _, layer in listed] == LAYERS[::-1], listed

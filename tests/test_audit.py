@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-from autoloop.config import Settings
-from autoloop.ledger import Ledger, LedgerRecord
-from autoloop.candidate import proposal_request, strip_audit
-from autoloop.layout import Layout
-from autoloop.proposers.agent import build_prompt
 from conftest import TRAIN_PY, init_repo
+
+from autoloop.config.settings import Settings
+from autoloop.core.layout import Layout
+from autoloop.engine.candidate import proposal_request, strip_audit
+from autoloop.proposers.agent import build_prompt
+from autoloop.store.ledger import Ledger, LedgerRecord
 
 AUDIT = 3.14159265
 
@@ -36,8 +37,8 @@ def test_audit_never_reaches_a_proposer_or_the_tsv(tmp_path):
     tsv = (repo / "results" / "results.tsv").read_text()
     assert "audit" not in tsv and "3.14" not in tsv
 
-    from autoloop import queries
-    from autoloop.workspace import Workspace
+    from autoloop.repo.workspace import Workspace
+    from autoloop.store import queries
 
     records = ledger.records()
     request = proposal_request(Settings(), Workspace(repo), Layout.of(repo), records, 3, 1, queries.best(records))

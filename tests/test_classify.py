@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autoloop.classify import RULES, classify
-from autoloop.runner import TrialOutcome
+from autoloop.core.classify import RULES, classify
+from autoloop.execution.runner import TrialOutcome
 
 
 def failed(log_tail: str, exit_code: int | None = 1, signal: int | None = None, **fields) -> TrialOutcome:

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from autoloop.config import (ConfigError, Settings, date_tag, format_duration, load_settings,
-                             parse_duration)
+from autoloop.config.settings import ConfigError, Settings, date_tag, format_duration, load_settings, parse_duration
 
 
 def load(tmp_path, own: str | None = None, pyproject: str | None = None, **overrides) -> Settings:

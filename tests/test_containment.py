@@ -1,4 +1,4 @@
-"""Containment (autoloop.procs): each run in a cgroup of its own, where the machine allows.
+"""Containment (autoloop.execution.procs): each run in a cgroup of its own, where the machine allows.
 
 Real cgroups, real processes: a daemon that calls setsid, double-forks and clears its
 environment is invisible to session, token and tree tracking; only its cgroup holds it.
@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autoloop import procs
-from autoloop.runner import TOKEN_VAR, TrialSpec, run_trial
+from autoloop.execution import procs
+from autoloop.execution.runner import TOKEN_VAR, TrialSpec, run_trial
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 CONTAINMENT, SAYS = procs.containment()

@@ -14,14 +14,18 @@ import threading
 import time
 
 import pytest
-
 from conftest import git
 from night_helpers import build_night, realistic_steps
 from watch_helpers import DashboardProcess
 
-from autoloop.dashboard.server import (host_header_is_loopback, is_loopback_client, is_loopback_host, make_server,
-                                       resolve_token)
-from autoloop.dashboard.views import confined
+from autoloop.review.dashboard.server import (
+    host_header_is_loopback,
+    is_loopback_client,
+    is_loopback_host,
+    make_server,
+    resolve_token,
+)
+from autoloop.review.dashboard.views import confined
 
 
 def request(port: int, path: str, method: str = "GET", headers: dict | None = None,
@@ -90,7 +94,7 @@ def test_read_only_and_nothing_but_its_own_files(night):
 def test_a_log_path_outside_the_workspace_is_refused(night, tmp_path):
     """The ledger is the only source of paths; a hand-edited one naming a file outside
     results/ (directly, or through a symlink) gets no byte of it."""
-    from autoloop.ledger import Ledger, LedgerRecord
+    from autoloop.store.ledger import Ledger, LedgerRecord
 
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP SECRET\n")
@@ -267,7 +271,7 @@ def test_live_view_of_parallel_workers(night):
     """Each worker's attempt in flight, with the tail of its own log."""
     import json as _json
 
-    from autoloop.dashboard.views import WorkspaceViews
+    from autoloop.review.dashboard.views import WorkspaceViews
 
     results = night.results
     state = _json.loads((results / "state.json").read_text())
@@ -289,7 +293,7 @@ def test_live_view_shows_the_look_ahead_proposal_and_the_prepared_candidates(nig
     and a candidate prepared earlier waits in results/prepared/: both are in the live view."""
     import json as _json
 
-    from autoloop.dashboard.views import WorkspaceViews
+    from autoloop.review.dashboard.views import WorkspaceViews
 
     results = night.results
     state = _json.loads((results / "state.json").read_text())
@@ -313,7 +317,7 @@ def test_live_view_shows_the_look_ahead_proposal_and_the_prepared_candidates(nig
 
 
 def test_a_diverged_number_goes_out_as_null(night):
-    from autoloop.ledger import Ledger, LedgerRecord
+    from autoloop.store.ledger import Ledger, LedgerRecord
 
     base = night.records[-1]
     Ledger(night.results, fsync=False).append(LedgerRecord(

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from loop_helpers import read_ledger
 from watch_helpers import DashboardProcess, cli_env, fake, fake_repo, queue, run_args
 
@@ -152,7 +151,7 @@ def test_verify_runs_are_listed_as_verify_and_left_out_of_the_chart(tmp_path, ti
     """`autoloop verify`'s re-runs (kind verify, status discard) are measurements of the
     best, not proposals the night turned down: the table says "verify", the chart and its
     note count only the night's attempts."""
-    from autoloop.ledger import Ledger, LedgerRecord
+    from autoloop.store.ledger import Ledger, LedgerRecord
 
     repo = fake_repo(tmp_path)
     queue(repo, "01_better.py", fake(A=0.5), "a real gain")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from autoloop.digest import BEGIN, DEFAULT_BYTES, END, InFlight, Note, quote, research_digest
-from autoloop.ledger import LedgerRecord
 from autoloop.proposers.agent import AgentProposer
 from autoloop.proposers.base import ProposalRequest
+from autoloop.store.digest import BEGIN, DEFAULT_BYTES, END, InFlight, Note, quote, research_digest
+from autoloop.store.ledger import LedgerRecord
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 CONSTANTS = ["MATRIX_LR", "EMBED_LR", "WARMDOWN_FRAC", "DEPTH", "WIDTH"]

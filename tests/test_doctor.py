@@ -114,7 +114,7 @@ def test_doctor_outside_a_repository(tmp_path, tiny_data_dir):
 
 
 def test_an_interrupted_worker_is_a_warning_and_run_flags_are_taken(tmp_path, tiny_data_dir):
-    from autoloop.state import RunState, save_state
+    from autoloop.store.state import RunState, save_state
 
     repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
     save_state(repo / "results", RunState(tag="t", phase="running", trial=3, attempt=1), "state-w1.json")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from loop_helpers import BUDGET, assert_invariants, autoloop
 
-from autoloop.duplicate_gate import Earlier, changed_constants, normalise, same_as
+from autoloop.core.duplicate_gate import Earlier, changed_constants, normalise, same_as
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 BASE = "# the learning rate\nLR = 0.04\nDEPTH = 4\n\ndef main():\n    print(LR * DEPTH)\n"

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import git, init_repo
 from loop_helpers import assert_invariants, autoloop, read_tsv
 

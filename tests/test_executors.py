@@ -21,19 +21,18 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import init_repo
 from loop_helpers import assert_invariants, autoloop, queue_file, queue_patch
 
-from autoloop import procs
-from autoloop.classify import classify
-from autoloop.config import ConfigError, build_settings
-from autoloop.executors import ExecutorError, LocalExecutor, make_executor
-from autoloop.runner import TOKEN_VAR, TrialSpec
+from autoloop.config.settings import ConfigError, build_settings
+from autoloop.core.classify import classify
+from autoloop.execution import procs
+from autoloop.execution.executors import ExecutorError, LocalExecutor, make_executor
+from autoloop.execution.runner import TOKEN_VAR, TrialSpec
 
 pytest.importorskip("submitit")
 
-from autoloop.executors.slurm import SlurmExecutor  # noqa: E402
+from autoloop.execution.executors.slurm import SlurmExecutor  # noqa: E402
 
 # ------------------------------------------------------------------------------ fake trials
 
@@ -121,7 +120,7 @@ def test_sbatch_parameters_come_from_the_settings(tmp_path, fake_sbatch):
 def test_local_is_the_default_and_never_needs_submitit(tmp_path):
     assert isinstance(make_executor(build_settings({}), tmp_path), LocalExecutor)
     code = ("import sys; sys.modules['submitit'] = None\n"
-            "from autoloop.config import build_settings\nfrom autoloop.executors import make_executor\n"
+            "from autoloop.config.settings import build_settings\nfrom autoloop.execution.executors import make_executor\n"
             "print(type(make_executor(build_settings({}), '.')).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "LocalExecutor"

@@ -40,9 +40,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from autoloop import procs
 from conftest import git, init_repo
 from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger, read_tsv
+
+from autoloop.execution import procs
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 AGENTS = Path(__file__).parent / "fake_agents"
@@ -570,7 +571,7 @@ def test_kill_9_during_an_agent_call_puts_back_the_refs_it_moved(night_templates
 def test_recovery_rewrites_a_results_tsv_left_a_row_short(night_templates, tiny_data_dir, tmp_path):
     """Soak finding: a kill between the ledger append and the results.tsv rewrite left the
     table a row short after --resume (nothing rewrote it until the next record)."""
-    from autoloop.ledger import Ledger, LedgerRecord
+    from autoloop.store.ledger import Ledger, LedgerRecord
 
     repo = tmp_path / "repo"
     shutil.copytree(night_templates["stdout"], repo, symlinks=True)

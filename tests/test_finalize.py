@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import git
 from night_helpers import Step, build_night, realistic_steps
 
-from autoloop.finalize import changed_ranges, commit_message, kept_changes, ranges_overlap
+from autoloop.review.finalize import changed_ranges, commit_message, kept_changes, ranges_overlap
 
 
 def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -139,8 +138,9 @@ def test_finalize_applies_a_change_built_on_an_older_best(tmp_path):
     """Two kept changes both built on the baseline (as parallel workers would make them):
     the second is applied as a patch on top of the first, and finalize says that the
     result differs from the ledger's best commit (which lacks the first change)."""
-    from autoloop.ledger import Ledger, LedgerRecord
     from night_helpers import set_values
+
+    from autoloop.store.ledger import Ledger, LedgerRecord
 
     n = build_night(tmp_path, [])
     repo = n.repo
@@ -167,8 +167,8 @@ def test_finalize_ends_with_the_results_commit_and_notes_the_final_commits(night
     """The last commit adds results.tsv (its rows equal the ledger's), report.md and
     progress.png, past .gitignore, on the final branch only; each kept-change commit carries
     the git note of the trial commit it replays."""
-    from autoloop.ledger import format_tsv
-    from autoloop.notes import NOTES_REF, notes_by_commit
+    from autoloop.observe.notes import NOTES_REF, notes_by_commit
+    from autoloop.store.ledger import format_tsv
 
     repo = night.repo
     before = snapshot(repo)

@@ -1,4 +1,4 @@
-"""The flags of `run` and `trial` are generated from the settings (autoloop.flags): every
+"""The flags of `run` and `trial` are generated from the settings (autoloop.cli.flags): every
 setting has one, in its section of --help, with the field's own default; values are
 checked by the field, so a bad one reads the same from a flag as from a file."""
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from autoloop.cli import build_parser, settings_from
-from autoloop.config import SECTIONS, Settings, flag_of
+from autoloop.cli.main import build_parser, settings_from
+from autoloop.config.settings import SECTIONS, Settings, flag_of
 
 
 def help_of(command: str) -> str:

@@ -1,6 +1,6 @@
 """Integrity of the measurement (autoloop/integrity.py, the sanity bound in decide.py).
 
-The guard is tested on small folders of its own, then end to end: the real CLI in a real
+The snapshot is tested on small folders of its own, then end to end: the real CLI in a real
 git repo with a fake train.py (``--command "python train.py"``: its metric is the
 ``val_bpb:`` line it prints) that also tampers with program.md, a COPY of the prepared
 data, or a COPY of the autoloop package (PYTHONPATH points the whole night at it, so
@@ -17,13 +17,19 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, init_repo
 from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger
 
-from autoloop.decide import judge_runs
-from autoloop.integrity import (DATA_LABEL, Guard, IntegrityError, open_guard, prepared_mismatch, recover_inputs,
-                                tampered_reason)
+from autoloop.core.decide import judge_runs
+from autoloop.execution.integrity import (
+    DATA_LABEL,
+    InputsSnapshot,
+    IntegrityError,
+    open_snapshot,
+    prepared_mismatch,
+    recover_inputs,
+    tampered_reason,
+)
 
 # ------------------------------------------------------------------------------ the sanity bound
 
@@ -65,7 +71,7 @@ def test_after_the_re_run_the_gain_must_be_reproduced_and_clear_the_rule():
     assert j.status == "keep"
 
 
-# ------------------------------------------------------------------------------ the guard on small folders
+# ------------------------------------------------------------------------------ the snapshot on small folders
 
 
 def make_inputs(root: Path) -> tuple[Path, Path, Path]:
@@ -91,9 +97,9 @@ def make_inputs(root: Path) -> tuple[Path, Path, Path]:
     return pkg, ws, data
 
 
-def snap(tmp_path, **kw) -> tuple[Guard, Path, Path, Path]:
+def snap(tmp_path, **kw) -> tuple[InputsSnapshot, Path, Path, Path]:
     pkg, ws, data = make_inputs(tmp_path)
-    guard = Guard.snapshot(tmp_path / "results" / ".pristine", harness=pkg, workspace=ws, data_dir=data, tag="t", **kw)
+    guard = InputsSnapshot.snapshot(tmp_path / "results" / ".pristine", harness=pkg, workspace=ws, data_dir=data, tag="t", **kw)
     return guard, pkg, ws, data
 
 
@@ -179,7 +185,7 @@ def test_a_fifo_or_folder_put_among_the_data_never_blocks_the_check(tmp_path):
 def test_program_md_created_by_a_trial_is_removed(tmp_path):
     pkg, ws, data = make_inputs(tmp_path)
     (ws / "program.md").unlink()
-    guard = Guard.snapshot(tmp_path / "store", workspace=ws)
+    guard = InputsSnapshot.snapshot(tmp_path / "store", workspace=ws)
     (ws / "program.md").write_text("new instructions for the agent\n")
     found = guard.check(tmp_path / "evidence")
     assert found.paths == ["program.md"] and not (ws / "program.md").exists()
@@ -213,10 +219,10 @@ def test_the_snapshot_persists_for_recovery(tmp_path):
     guard, pkg, ws, data = snap(tmp_path)
     with open(data / "val.bin", "ab") as f:
         f.write(b"x")
-    loaded = Guard.load(guard.store)
+    loaded = InputsSnapshot.load(guard.store)
     assert loaded is not None and loaded.entries == guard.entries
     assert loaded.verify() == [f"{DATA_LABEL}/val.bin"]
-    assert Guard.load(tmp_path / "nowhere") is None
+    assert InputsSnapshot.load(tmp_path / "nowhere") is None
     # recover_inputs reads the same store (the harness there is not this process's: left out)
     found = recover_inputs(tmp_path / "results", tmp_path / "evidence")
     assert found.paths == [f"{DATA_LABEL}/val.bin"] and prepared_mismatch(data) == []
@@ -230,25 +236,25 @@ def test_session_start_never_takes_tampered_data_as_pristine(tmp_path):
     assert prepared_mismatch(data) == ["val.bin"]
     with pytest.raises(IntegrityError, match=r"does not match its meta.json \(val.bin changed\); delete .* and run "
                                              r"`autoloop prepare`"):
-        open_guard(results, ws, data, "t")
+        open_snapshot(results, ws, data, "t")
     # with an earlier pristine copy it is put back instead
     (data / "val.bin").write_bytes(bytes(range(256)) * 8)
-    open_guard(results, ws, data, "t")
+    open_snapshot(results, ws, data, "t")
     with open(data / "val.bin", "ab") as f:
         f.write(b"x")
-    open_guard(results, ws, data, "t", evidence_dir=tmp_path / "evidence")
+    open_snapshot(results, ws, data, "t", evidence_dir=tmp_path / "evidence")
     assert prepared_mismatch(data) == [] and (tmp_path / "evidence" / "AUTOLOOP_DATA_DIR" / "val.bin").exists()
 
 
 def test_autoloop_trial_keeps_the_snapshot_between_calls(tmp_path):
     pkg, ws, data = make_inputs(tmp_path)
     results = tmp_path / "results"
-    first = open_guard(results, ws, data, "t", reuse=True)
+    first = open_snapshot(results, ws, data, "t", reuse=True)
     (ws / "program.md").write_text("the agent rewrote its instructions between calls\n")
-    again = open_guard(results, ws, data, "t", reuse=True)
+    again = open_snapshot(results, ws, data, "t", reuse=True)
     assert again.entries == first.entries and again.verify() == ["program.md"]
-    assert open_guard(results, ws, data, "other-tag", reuse=True).verify() == []   # another branch: fresh
-    assert open_guard(results, ws, data, "t").verify() == []                        # autoloop run: fresh
+    assert open_snapshot(results, ws, data, "other-tag", reuse=True).verify() == []   # another branch: fresh
+    assert open_snapshot(results, ws, data, "t").verify() == []                        # autoloop run: fresh
 
 
 def test_tampered_reason_names_three_paths_at_most():

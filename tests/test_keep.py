@@ -1,11 +1,11 @@
-"""The keep decision (autoloop.keep.decide) as a table: facts in, status / action / best /
+"""The keep decision (autoloop.core.keep.decide) as a table: facts in, status / action / best /
 reason out, one row per case the engine meets. Pure: no git, no ledger, no trial."""
 
 from __future__ import annotations
 
 import pytest
 
-from autoloop.keep import MAX_REPLAYS, Decision, Facts, Rules, decide
+from autoloop.core.keep import MAX_REPLAYS, Decision, Facts, Rules, decide
 
 A, B, C = "a" * 40, "b" * 40, "c" * 40   # the best it started from, the candidate, a newer best
 STRICT = Rules(keep_rule="strict")

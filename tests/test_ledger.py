@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from autoloop import ledger as ledger_mod
-from autoloop import queries
-from autoloop.ledger import TSV_COLUMNS, Ledger, LedgerError, LedgerRecord, format_tsv
+from autoloop.store import ledger as ledger_mod
+from autoloop.store import queries
+from autoloop.store.ledger import TSV_COLUMNS, Ledger, LedgerError, LedgerRecord, format_tsv
 
 
 def rec(trial: int = 0, attempt: int = 1, **kw) -> LedgerRecord:
@@ -260,7 +260,7 @@ def test_format_tsv_is_pure():
 
 
 # ---------------------------------------------------------------------------------------------
-# the queries the orchestrator asks (autoloop.queries), on a real ledger
+# the queries the orchestrator asks (autoloop.store.queries), on a real ledger
 
 
 def test_queries(tmp_path):

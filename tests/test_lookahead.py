@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import git, init_repo
 from loop_helpers import assert_invariants, autoloop, read_ledger
 

@@ -17,11 +17,22 @@ import time
 
 import psutil
 import pytest
+from conftest import TRAIN_PY, git, init_repo
+from loop_helpers import (
+    BUDGET,
+    GOOD,
+    REAL_TRAIN,
+    SLOW,
+    assert_invariants,
+    autoloop,
+    night_queue,
+    queue_file,
+    read_tsv,
+    run_args,
+    set_constants,
+)
 
 from autoloop.data import read_meta
-from conftest import TRAIN_PY, git, init_repo
-from loop_helpers import (BUDGET, GOOD, REAL_TRAIN, SLOW, assert_invariants, autoloop, night_queue, queue_file, read_tsv,
-                          run_args, set_constants)
 
 
 @pytest.mark.slow

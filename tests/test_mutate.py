@@ -7,12 +7,18 @@ import time
 from pathlib import Path
 
 import pytest
-
-from autoloop.ledger import Ledger, LedgerRecord
-from autoloop.proposers.base import FixContext, ProposalRequest
-from autoloop.proposers.mutate import (SKIP, MutateProposer, apply_move, constant_moves, find_constants,
-                                       parse_description)
 from conftest import TRAIN_PY
+
+from autoloop.proposers.base import FixContext, ProposalRequest
+from autoloop.proposers.mutate import (
+    SKIP,
+    MutateProposer,
+    apply_move,
+    constant_moves,
+    find_constants,
+    parse_description,
+)
+from autoloop.store.ledger import Ledger, LedgerRecord
 
 BEST = "b" * 40
 

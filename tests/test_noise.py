@@ -12,11 +12,10 @@ from __future__ import annotations
 import statistics
 
 import pytest
-
-from autoloop.ledger import TSV_COLUMNS
-from loop_helpers import (BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_ledger,
-                          read_tsv)
 from conftest import init_repo
+from loop_helpers import BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_ledger, read_tsv
+
+from autoloop.store.ledger import TSV_COLUMNS
 
 
 def test_noise_runs_confidence_and_confirmation(tmp_path, tiny_data_dir):

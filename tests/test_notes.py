@@ -12,8 +12,8 @@ from loop_helpers import read_ledger
 from night_helpers import build_night, realistic_steps
 from watch_helpers import cli_env, fake, fake_repo, queue, run_args, run_night
 
-from autoloop.ledger import LedgerRecord
-from autoloop.notes import NOTES_REF, Notes, attempt_block, blob_sha, notes_by_commit
+from autoloop.observe.notes import NOTES_REF, Notes, attempt_block, blob_sha, notes_by_commit
+from autoloop.store.ledger import LedgerRecord
 
 
 def note(repo, commit: str) -> str:
@@ -71,7 +71,7 @@ def test_notes_follow_recovery_after_kill_9(tmp_path, tiny_data_dir):
     assert note(repo, first["commit"]).startswith("#1 keep")
     # Everything the ledger names has exactly the note the ledger says.
     notes = Notes(repo)
-    from autoloop.ledger import Ledger
+    from autoloop.store.ledger import Ledger
 
     records = Ledger(repo / "results").records()
     assert {c: blob_sha(t) for c, t in notes_by_commit(records).items()} == \

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import git, init_repo
+from loop_helpers import assert_invariants, autoloop, read_ledger
 
 from autoloop.proposers.mutate import find_constants
 from autoloop.proposers.optuna_search import STUDY_FILE
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_ledger
 
 BOWL = Path(__file__).resolve().parent / "trial_scripts" / "bowl.py"
 FAST = ["--budget", "1", "--timeout", "30", "--command", f"{sys.executable} train.py", "--tag", "t", "--device", "cpu"]

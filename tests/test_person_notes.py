@@ -14,7 +14,7 @@ import pytest
 from conftest import init_repo
 from loop_helpers import BUDGET, LR_ARGS, assert_invariants, autoloop, read_tsv
 
-from autoloop.person_notes import PersonNotesError, active_notes, add_note, clear_notes, history, notes_path
+from autoloop.store.person_notes import PersonNotesError, active_notes, add_note, clear_notes, history, notes_path
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
 NOTE = "try SwiGLU; leave the LRs alone"
@@ -48,7 +48,7 @@ def test_a_damaged_notes_file_is_one_line_and_never_overwritten(tmp_path):
 
 def test_writers_in_parallel_processes_lose_nothing(tmp_path):
     """Eight processes adding five notes each at once: all forty are there, the file whole."""
-    code = ("import sys; from autoloop.person_notes import add_note\n"
+    code = ("import sys; from autoloop.store.person_notes import add_note\n"
             "for i in range(5): add_note(sys.argv[1], f'{sys.argv[2]}-{i}')\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), f"p{k}"]) for k in range(8)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 8

@@ -11,13 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import init_repo
+from loop_helpers import assert_invariants, autoloop
 
-from autoloop.ledger import LedgerRecord
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 from autoloop.proposers.outcomes import portfolio_skip_reason, proposer_yields, trial_outcomes
 from autoloop.proposers.portfolio import Arm, PortfolioProposer, evidence, thompson
-from conftest import init_repo
-from loop_helpers import assert_invariants, autoloop, read_ledger
+from autoloop.store.ledger import LedgerRecord
 
 BOWL = Path(__file__).resolve().parent / "trial_scripts" / "bowl.py"
 FAKE = Path(__file__).resolve().parent / "fake_agents"
@@ -272,7 +272,7 @@ def test_a_member_whose_edit_cannot_run_is_charged_for_its_skip(tmp_path, tiny_d
 
 
 def test_the_report_shows_what_each_proposer_brought():
-    from autoloop.report import report_markdown
+    from autoloop.review.report import report_markdown
 
     records = [rec(0, kind="baseline", proposer="-", status="keep", metric=1.0, best="0" * 10, best_metric=1.0),
                rec(1, status="keep", metric=0.9, best="11" * 5, best_metric=0.9, extra=chosen("optuna")),

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import git, init_repo
 
 from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest
 from autoloop.proposers.queue import QueueProposer, description_from_name, description_from_patch
-from conftest import git, init_repo
 
 TRAIN = "lr = 0.1\nsteps = 10\nwidth = 64\nprint('train')\n"
 

@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from night_helpers import Step, build_night, realistic_steps
 
-from autoloop.console import Console, format_verdict, live_line, parse_progress, plain
-from autoloop.ledger import LedgerRecord
-from autoloop.report import eval_seconds, report_markdown, time_split, write_report
+from autoloop.observe.console import Console, format_verdict, live_line, parse_progress, plain
+from autoloop.review.report import eval_seconds, report_markdown, time_split, write_report
+from autoloop.store.ledger import LedgerRecord
 
 PROGRESS = ("step 00123 (41.0%) | loss: 2.3450 | lrm: 1.00 | dt: 52ms | tok/sec: 78,769 | remaining: 177s")
 
@@ -241,7 +240,7 @@ def test_report_since_last_lists_exactly_the_new_rows_with_the_kept_diffs(tmp_pa
     from conftest import git
     from night_helpers import set_values
 
-    from autoloop.ledger import Ledger, tsv_row
+    from autoloop.store.ledger import Ledger, tsv_row
 
     steps = realistic_steps()
     night = build_night(tmp_path, steps[:8])

@@ -26,11 +26,11 @@ import pytest
 from conftest import git, init_repo
 from loop_helpers import assert_invariants, autoloop, read_tsv, run_args
 
-from autoloop import isolate
-from autoloop.classify import classify
-from autoloop.diskspace import low_disk_reason
-from autoloop.runlog import LINE_WINDOW, PIECE_INFIX, RunLog, finish_log
-from autoloop.runner import TrialSpec, run_trial
+from autoloop.core.classify import classify
+from autoloop.execution import isolate
+from autoloop.execution.diskspace import low_disk_reason
+from autoloop.execution.runner import TrialSpec, run_trial
+from autoloop.store.runlog import LINE_WINDOW, PIECE_INFIX, RunLog, finish_log
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 MARKER = re.compile(rb"\[autoloop: (\d+) bytes(?: \((\d+) lines\))? of output cut here\]\n")
@@ -130,7 +130,7 @@ def test_kill_9_mid_trial_leaves_a_bounded_log_that_recovery_completes(tmp_path)
     and at most two spill pieces; finish_log (called by recovery) puts it together."""
     cap = 2**20
     log_path = tmp_path / "runs" / "1-1.log"
-    driver = (f"from pathlib import Path; import sys; from autoloop.runner import TrialSpec, run_trial; "
+    driver = (f"from pathlib import Path; import sys; from autoloop.execution.runner import TrialSpec, run_trial; "
               f"run_trial(TrialSpec(command=[sys.executable, {str(SCRIPTS / 'slow_flood.py')!r}], "
               f"cwd={str(tmp_path)!r}, log_path=Path({str(log_path)!r}), log_cap_bytes={cap}))")
     orchestrator = subprocess.Popen([sys.executable, "-c", driver])
@@ -257,11 +257,11 @@ def test_low_disk_stops_the_loop_cleanly(tmp_path, tiny_data_dir):
 def test_low_disk_is_checked_before_every_trial(tmp_path, tiny_data_dir):
     """Between trials too, not only at start (where the test above sees it): the
     scheduler's stop conditions, asked before each trial, include the free space."""
-    from autoloop.config import build_settings
-    from autoloop.console import Console
-    from autoloop.night import open_night
+    from autoloop.config.settings import build_settings
+    from autoloop.engine.night import open_night
+    from autoloop.engine.scheduler import Scheduler
+    from autoloop.observe.console import Console
     from autoloop.proposers import make_proposer
-    from autoloop.scheduler import Scheduler
 
     repo = foreign_repo(tmp_path, QUIET_OR_FLOOD_TRAIN)
     reasons = []
@@ -335,7 +335,7 @@ def test_isolation_unavailable_is_one_line_before_anything_runs(tmp_path, tiny_d
     assert outcome.exit_code == 126 and outcome.launch_error.startswith("--isolate: cannot enter a network namespace")
     assert classify(outcome).kind == "fundamental"
 
-    from autoloop.cli import main
+    from autoloop.cli.main import main
 
     repo = foreign_repo(tmp_path, QUIET_OR_FLOOD_TRAIN)
     monkeypatch.setenv("AUTOLOOP_DATA_DIR", str(tiny_data_dir))

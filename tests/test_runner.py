@@ -14,9 +14,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autoloop.classify import classify
-from autoloop.runner import (TAIL_BYTES, TrialOutcome, TrialSpec, build_env, default_command, default_timeout,
-                             run_trial)
+from autoloop.core.classify import classify
+from autoloop.execution.runner import (
+    TAIL_BYTES,
+    TrialOutcome,
+    TrialSpec,
+    build_env,
+    default_command,
+    default_timeout,
+    run_trial,
+)
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 

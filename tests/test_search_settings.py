@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-
-from autoloop.config import ConfigError, load_settings
-from autoloop.proposers import ProposerError, make_proposer
 from conftest import TRAIN_PY, init_repo
+
+from autoloop.config.settings import ConfigError, load_settings
+from autoloop.proposers import ProposerError, make_proposer
 
 
 def test_defaults(tmp_path):

@@ -7,10 +7,10 @@ import itertools
 import math
 
 import pytest
+from conftest import TRAIN_PY
 
 from autoloop.proposers.mutate import find_constants
 from autoloop.proposers.space import Space, build_space
-from conftest import TRAIN_PY
 
 AWKWARD = b"""\
 import os

@@ -10,11 +10,10 @@ import sys
 import time
 
 import pytest
-
 from night_helpers import build_night, realistic_steps
 
-from autoloop.report import status_data, status_json, status_text
-from autoloop.state import RunState, save_state
+from autoloop.review.report import status_data, status_json, status_text
+from autoloop.store.state import RunState, save_state
 
 PROGRESS = "step 00123 (41.0%) | loss: 2.3450 | lrm: 1.00 | dt: 52ms | tok/sec: 78,769 | remaining: 177s"
 

@@ -10,12 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import git
 from loop_helpers import read_ledger
 from watch_helpers import fake, fake_repo, queue, run_night
 
-from autoloop.trackers import loss_curve
+from autoloop.observe.trackers import loss_curve
 
 
 def night_queue(repo: Path) -> None:

@@ -21,9 +21,9 @@ import pytest
 from conftest import git, init_repo, private_copy
 from loop_helpers import autoloop, read_ledger
 
-from autoloop.contributions import paired, ratio, t975
-from autoloop.verify import VerifyError, revert_groups, scaled_source
-from autoloop.workspace import Workspace
+from autoloop.core.contributions import paired, ratio, t975
+from autoloop.repo.workspace import Workspace
+from autoloop.verification.verify import VerifyError, revert_groups, scaled_source
 
 KNOWN = Path(__file__).parent / "trial_scripts" / "known_value.py"
 SOURCE = KNOWN.read_text()
@@ -351,7 +351,7 @@ def test_run_verify_at_end_verifies_the_night_it_just_ran(tmp_path, tiny_data_di
 def test_verify_at_end_keeps_its_time_out_of_hours(tmp_path, tiny_data_dir):
     """--hours 0.01 (36 s) fits the baseline; 100 repeats of three variants do not fit in
     what is left, so no trial starts: the time is kept for the verification."""
-    from autoloop.verify_plan import expected_seconds
+    from autoloop.core.durations import expected_seconds
 
     assert expected_seconds(0, 3, 10.0, {}, 300, None) == 0.0
     assert expected_seconds(2, 3, 10.0, {}, 300, None) == 3 * 4 * 10.0

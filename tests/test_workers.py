@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import git, init_repo
 from loop_helpers import assert_invariants, autoloop, read_ledger, read_tsv
 
@@ -353,9 +352,9 @@ def test_an_agent_works_in_its_worker_worktree(repo, tiny_data_dir):
 
 
 def test_worker_devices(monkeypatch):
-    from autoloop.config import Settings
-    from autoloop.devices import worker_envs
-    from autoloop.errors import NightError
+    from autoloop.config.settings import Settings
+    from autoloop.core.errors import NightError
+    from autoloop.execution.devices import worker_envs
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     envs, why = worker_envs(Settings(workers=2, devices=[3, 5]), 2)

@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from autoloop.workspace import Workspace, WorkspaceError
 from conftest import git, init_repo
+
+from autoloop.repo.workspace import Workspace, WorkspaceError
 
 TRAIN = "lr = 0.1\nsteps = 10\nprint('train')\n"
 
@@ -166,14 +166,14 @@ def test_detached_head(ws):
 # ------------------------------------------------------------------ commits
 
 
-def test_commit_only_the_target_after_scope_guard(ws, repo, tmp_path):
+def test_commit_only_the_target_after_revert_out_of_scope(ws, repo, tmp_path):
     ws.start_branch("t", resume=False)
     base = ws.head()
     edit_target(ws)
     (repo / "util.py").write_text("x = 99\n")
     git(repo, "add", "util.py")
     assert ws.target_changed()
-    assert ws.scope_guard(tmp_path / "q") == ["util.py"]
+    assert ws.revert_out_of_scope(tmp_path / "q") == ["util.py"]
     sha = ws.commit_candidate("raise lr")
     assert sha == ws.head() != base
     assert git(repo, "diff", "--name-only", base, sha).splitlines() == ["train.py"]
@@ -308,10 +308,10 @@ def test_reset_to_unknown_commit(ws):
         ws.reset_to("deadbeef")
 
 
-# -------------------------------------------------------------- scope guard
+# -------------------------------------------------------------- scope check
 
 
-def test_scope_guard(ws, repo, tmp_path):
+def test_revert_out_of_scope(ws, repo, tmp_path):
     q = tmp_path / "quarantine"
     edit_target(ws)
     (repo / "util.py").write_text("x = 'agent'\n")          # modified
@@ -324,7 +324,7 @@ def test_scope_guard(ws, repo, tmp_path):
     (repo / "staged_new.py").write_text("z = 1\n")            # added to the index
     git(repo, "add", "staged_new.py")
 
-    touched = ws.scope_guard(q)
+    touched = ws.revert_out_of_scope(q)
 
     assert touched == [".gitignore", "deep/er/notes.md", "helper.py", "pkg/mod.py", "staged_new.py", "util.py"]
     # Tracked files are back to HEAD, in the index too.
@@ -343,39 +343,39 @@ def test_scope_guard(ws, repo, tmp_path):
     assert ws.dirty_paths() == ["train.py"]
 
 
-def test_scope_guard_nothing_to_do(ws, tmp_path):
+def test_revert_out_of_scope_nothing_to_do(ws, tmp_path):
     edit_target(ws)
-    assert ws.scope_guard(tmp_path / "q") == []
+    assert ws.revert_out_of_scope(tmp_path / "q") == []
     assert not (tmp_path / "q").exists()
 
 
-def test_scope_guard_keeps_staged_target_and_never_overwrites_quarantine(ws, repo, tmp_path):
+def test_revert_out_of_scope_keeps_staged_target_and_never_overwrites_quarantine(ws, repo, tmp_path):
     q = tmp_path / "q"
     (q).mkdir()
     (q / "helper.py").write_text("earlier\n")
     edit_target(ws)
     git(repo, "add", "train.py")
     (repo / "helper.py").write_text("later\n")
-    assert ws.scope_guard(q) == ["helper.py"]
+    assert ws.revert_out_of_scope(q) == ["helper.py"]
     assert (q / "helper.py").read_text() == "earlier\n"
     assert (q / "helper.py.1").read_text() == "later\n"
     assert ws.target_changed()
 
 
-def test_scope_guard_undoes_agent_commits(ws, repo, tmp_path):
+def test_revert_out_of_scope_undoes_agent_commits(ws, repo, tmp_path):
     ws.start_branch("t", resume=False)
     base = ws.head()
     edit_target(ws)
     (repo / "util.py").write_text("x = 'agent'\n")
     git(repo, "commit", "-q", "-am", "agent committed by itself")
-    assert ws.scope_guard(tmp_path / "q", base=base) == ["util.py"]
+    assert ws.revert_out_of_scope(tmp_path / "q", base=base) == ["util.py"]
     assert ws.head() == base
     assert ws.current_branch() == "autoloop/t"
     assert ws.target_changed()
     assert ws.dirty_paths() == ["train.py"]
 
 
-def test_scope_guard_sees_through_ignore_tricks(ws, repo, tmp_path):
+def test_revert_out_of_scope_sees_through_ignore_tricks(ws, repo, tmp_path):
     q = tmp_path / "q"
     (repo / "results").mkdir()
     (repo / "results" / "ledger.jsonl").write_text("{}\n")
@@ -386,7 +386,7 @@ def test_scope_guard_sees_through_ignore_tricks(ws, repo, tmp_path):
     (repo / "nested").mkdir()
     git(repo / "nested", "init", "-q")  # a nested repository moves as a whole
     (repo / "nested" / "f").write_text("f\n")
-    touched = ws.scope_guard(q)
+    touched = ws.revert_out_of_scope(q)
     assert touched == [".gitignore", "hidden/.gitignore", "hidden/payload.py", "nested"]
     assert (repo / "results" / "ledger.jsonl").read_text() == "{}\n"
     assert (q / "hidden" / "payload.py").read_text() == "secret\n"

@@ -108,7 +108,7 @@ class DashboardProcess:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> "DashboardProcess":
+    def __enter__(self) -> DashboardProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -23,7 +23,7 @@ __all__ = ["Proposer", "ProposerError", "make_proposer"]
 
 def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
     """The proposer the settings ask for, and one line saying which was chosen and why."""
-    from autoloop.console import plural
+    from autoloop.observe.console import plural
     from autoloop.proposers.queue import QueueProposer
 
     root = Path(workspace_root)
@@ -55,7 +55,7 @@ def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
 
 
 def _agent(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
-    from autoloop.durations import format_duration
+    from autoloop.core.durations import format_duration
     from autoloop.proposers.agent import make_agent_proposer
 
     proposer, command = make_agent_proposer(settings, root)   # AgentSetupError is a ProposerError

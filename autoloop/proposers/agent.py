@@ -28,12 +28,11 @@ meaning the call cannot succeed ends it at once, and so does a CLI that only kee
 retrying its API. A run that fails, is ended so, times out or leaves the target
 unchanged raises ProposalFailed with a reason quoting the CLI (the loop records a `skip`
 and counts it towards ``max_agent_failures``); changes outside the target are the loop's
-scope guard's job. The checks before the night are preflight.py's.
+scope check's job. The checks before the night are preflight.py's.
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import os
 import shlex
@@ -42,15 +41,15 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop import module_constants
-from autoloop.console import plain
-from autoloop.digest import InFlight, research_digest
-from autoloop.layout import RESULTS, Layout
+from autoloop.config.presets import PRESETS as AGENT_PRESETS
+from autoloop.config.presets import Preset, preset_for
+from autoloop.core import module_constants
+from autoloop.core.layout import RESULTS, Layout
+from autoloop.observe.console import plain
 from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
-from autoloop.proposers.presets import PRESETS as AGENT_PRESETS
-from autoloop.proposers.presets import Preset, preset_for
 from autoloop.proposers.usage import read_usage
+from autoloop.store.digest import InFlight, research_digest
 
 LOG_TAIL_LINES = 60        # of a crashed run, in a fix request
 MAX_DESCRIPTION = 200
@@ -175,17 +174,6 @@ def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_fi
 # ------------------------------------------------------------------------------ descriptions
 
 
-def _constants(text: str) -> dict[str, str] | None:
-    """Module-level UPPER_CASE name -> source of its value; None when it does not parse."""
-    tree = module_constants.parse(text)
-    if tree is None:
-        return None
-    out: dict[str, str] = {}
-    for name, value in module_constants.assignments(tree):
-        segment = ast.get_source_segment(text, value)
-        if segment is not None:
-            out[name] = " ".join(segment.split())
-    return out
 
 
 def describe_change(before: str, after: str, target: str) -> str:
@@ -195,7 +183,7 @@ def describe_change(before: str, after: str, target: str) -> str:
     added = sum(1 for l in diff if l.startswith("+") and not l.startswith("+++"))
     removed = sum(1 for l in diff if l.startswith("-") and not l.startswith("---"))
     counts = f"edit {target}: +{added} -{removed} lines"
-    old, new = _constants(before), _constants(after)
+    old, new = module_constants.sources(before), module_constants.sources(after)
     if old is None or new is None:
         return counts
     changed = [f"{name} {old[name]} -> {new[name]}" for name in new if name in old and old[name] != new[name]]
@@ -243,8 +231,8 @@ class AgentProposer:
     can_fix = True
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
-        from autoloop.durations import format_duration
-        from autoloop.runner import TOKEN_VAR, TrialSpec, run_trial
+        from autoloop.core.durations import format_duration
+        from autoloop.execution.runner import TOKEN_VAR, TrialSpec, run_trial
 
         workspace = Path(request.workspace)
         layout = Layout(Path(request.results_dir)) if request.results_dir else Layout.of(workspace)

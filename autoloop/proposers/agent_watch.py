@@ -24,9 +24,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from autoloop.console import plain
-from autoloop.durations import format_duration
-from autoloop.proposers.presets import Fatal, Preset
+from autoloop.config.presets import Fatal, Preset
+from autoloop.core.durations import format_duration
+from autoloop.observe.console import plain
 
 MAX_LINE = 4096     # longer lines are not messages of the CLI; not carried over
 MAX_QUOTE = 400     # of a line quoted in a reason (the ledger keeps reasons up to ~500)

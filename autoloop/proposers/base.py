@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from autoloop.digest import DEFAULT_BYTES, Note
-from autoloop.errors import AutoloopError
-from autoloop.ledger import LedgerRecord
+from autoloop.core.errors import AutoloopError
+from autoloop.store.digest import DEFAULT_BYTES, Note
+from autoloop.store.ledger import LedgerRecord
 
 
 @dataclass

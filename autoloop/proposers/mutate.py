@@ -44,8 +44,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop import module_constants
-from autoloop.layout import Layout
+from autoloop.core import module_constants
+from autoloop.core.layout import Layout
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 
 # Constants the mutator never touches: they change what is measured or how it is
@@ -327,7 +327,7 @@ def _records(request: ProposalRequest) -> list[dict]:
     """The whole ledger when the loop says where it is (memory must survive restarts and
     outlast the short tail), else the tail it passed."""
     if request.results_dir is not None and Layout(Path(request.results_dir)).ledger.exists():
-        from autoloop.ledger import Ledger
+        from autoloop.store.ledger import Ledger
 
         return [r.model_dump(mode="json") for r in Ledger(Path(request.results_dir)).records()] + request.in_flight
     return list(request.ledger_tail) + request.in_flight

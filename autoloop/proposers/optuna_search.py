@@ -40,14 +40,14 @@ import hashlib
 import warnings
 from pathlib import Path
 
-from autoloop import queries
-from autoloop.layout import OPTUNA_STUDY, Layout
-from autoloop.ledger import Ledger
+from autoloop.core.layout import OPTUNA_STUDY, Layout
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 from autoloop.proposers.mutate import MutateError, _canon
 from autoloop.proposers.outcomes import TrialOutcome, trial_outcomes
 from autoloop.proposers.space import Space, build_space
-from autoloop.workspace import Workspace, WorkspaceError
+from autoloop.repo.workspace import Workspace, WorkspaceError
+from autoloop.store import queries
+from autoloop.store.ledger import Ledger
 
 STUDY_FILE = OPTUNA_STUDY   # under results/ (layout.py)
 SAMPLERS = ("tpe", "cmaes", "gp")
@@ -147,7 +147,7 @@ class OptunaProposer:
         if request.results_dir is None:
             raise ProposalFailed("optuna: the loop gave no results folder for the study")
         optuna = _optuna()
-        from sqlalchemy.exc import SQLAlchemyError   # Optuna's storage layer
+        from sqlalchemy.exc import SQLAlchemyError  # Optuna's storage layer
 
         records = Ledger(Path(request.results_dir)).records()
         baseline = queries.baseline(records)

@@ -1,6 +1,6 @@
 """What each trial of a ledger came to: who proposed it, the value judged, the gain it made, its time.
 
-Pure functions over ledger records, built on :mod:`autoloop.queries` (the best in force
+Pure functions over ledger records, built on :mod:`autoloop.store.queries` (the best in force
 before each record, what a noise sample is), shared by the Optuna proposer (the value it tells the
 study), the portfolio (the bandit's evidence) and the morning report (yield per proposer).
 The ledger is the truth, so all three agree and all survive a restart.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Literal
 
-from autoloop import queries
-from autoloop.ledger import LedgerRecord
+from autoloop.store import queries
+from autoloop.store.ledger import LedgerRecord
 
 Status = Literal["measured", "crash", "interrupted", "skip"]
 

@@ -32,9 +32,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop.ledger import Ledger
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, Proposer
 from autoloop.proposers.outcomes import TrialOutcome, portfolio_skip_reason, trial_outcomes
+from autoloop.store.ledger import Ledger
 
 # What a member did long ago says less about what it will do next: the mutator runs out of
 # moves at a best, Optuna's model converges, an agent's ideas dry up. Evidence is discounted

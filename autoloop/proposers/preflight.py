@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoloop.checks import Check, fail, failures, ok, warn
-from autoloop.console import plural
+from autoloop.config.presets import PRESETS, Preset, preset_for
+from autoloop.core.checks import Check, fail, failures, ok, warn
+from autoloop.observe.console import plural
 from autoloop.proposers.agent import (
     AgentSetupError,
     agent_command,
@@ -34,7 +35,6 @@ from autoloop.proposers.agent import (
     split_command,
 )
 from autoloop.proposers.base import ProposerError
-from autoloop.proposers.presets import PRESETS, Preset, preset_for
 
 PROBE_TIMEOUT_S = 30.0   # per probe command; a CLI's start-up takes seconds on a loaded machine
 

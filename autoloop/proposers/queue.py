@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
-from autoloop.procs import run_own_group
+from autoloop.execution.procs import run_own_group
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 
 PATCH_SUFFIXES = (".patch", ".diff")

@@ -35,8 +35,18 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from autoloop.proposers.mutate import (_FRACTION_NAME, UPPER_BOUNDS, Constant, _canon, _is_power_of_two, _round,
-                                       apply_move, find_constants, make_move, value_moves)
+from autoloop.proposers.mutate import (
+    _FRACTION_NAME,
+    UPPER_BOUNDS,
+    Constant,
+    _canon,
+    _is_power_of_two,
+    _round,
+    apply_move,
+    find_constants,
+    make_move,
+    value_moves,
+)
 
 # Floats: log-uniform within this factor either way of the current value. As far as two of
 # the mutator's largest steps (x2, x0.5) go, and narrow enough that a random point of the

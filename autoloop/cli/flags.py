@@ -1,0 +1,118 @@
+"""The command-line flags of `autoloop run` and `autoloop trial`, generated from the settings.
+
+Every setting is declared once, as a field of :class:`autoloop.config.settings.Settings` (its
+default, its checks, its help text and its section). This module turns those fields into
+argparse flags, one argument group per section, and the parsed flags back into the
+overrides ``load_settings`` takes. A flag's value is passed on as the user typed it: the
+field validates it, so a bad value reads the same from a flag as from a config file
+(``--budget: cannot read '5 minutes' as a duration``), one line, no usage dump.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import Any
+
+from pydantic.fields import FieldInfo
+
+from autoloop.config.settings import SECTIONS, Settings, flag_of
+from autoloop.core.durations import format_duration
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, command: str, sections: tuple[str, ...] | None = None) -> None:
+    """One argument group per section, with the flag of every setting `command` takes;
+    ``sections``: only these (`autoloop verify` takes how a trial runs, not the night's search)."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for section, title in SECTIONS.items():
+        if sections is not None and section not in sections:
+            continue
+        fields = [(n, f) for n, f in Settings.model_fields.items() if _meta(f)["section"] == section
+                  and (command == "run" or not _meta(f)["run_only"])]
+        if fields:
+            groups[section] = parser.add_argument_group(title)
+        for name, field in fields:
+            _add(groups[section], name, field)
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the flags gave (None: not given), as load_settings takes them."""
+    out: dict[str, Any] = {}
+    for name, field in Settings.model_fields.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if _origin(field.annotation) is dict:
+            value = dict(value)   # [(key, value)] from a repeatable KEY=VALUE flag
+        out[name] = value
+    return out
+
+
+# ------------------------------------------------------------------------------ one flag
+
+
+def _meta(field: FieldInfo) -> dict:
+    return field.json_schema_extra or {}
+
+
+def _origin(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    inner = args[0] if len(args) == 1 and typing.get_origin(annotation) is not dict else annotation
+    return typing.get_origin(inner) or inner
+
+
+def _choices(field: FieldInfo) -> list[str] | None:
+    declared = _meta(field).get("choices")
+    if declared is not None:
+        return list(declared())
+    args = [a for a in typing.get_args(field.annotation) if a is not type(None)]
+    literal = args[0] if len(args) == 1 else field.annotation
+    if typing.get_origin(literal) is typing.Literal:
+        return list(typing.get_args(literal))
+    return None
+
+
+def _default_text(field: FieldInfo) -> str | None:
+    meta = _meta(field)
+    if meta.get("default_text"):
+        return meta["default_text"]
+    default = field.get_default(call_default_factory=True)
+    if default is None or default is False or default in ({}, []):
+        return None
+    if meta.get("metavar") == "DURATION":
+        return format_duration(default)
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def _help(field: FieldInfo) -> str:
+    text, default = field.description or "", _default_text(field)
+    if "{default}" in text:
+        text = text.replace("{default}", default or "none")
+    elif default is not None:
+        text += f" (default {default})"
+    return text.replace("%", "%%")   # argparse formats help with %
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def _add(group: argparse._ArgumentGroup, name: str, field: FieldInfo) -> None:
+    kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _help(field)}
+    if field.annotation is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction   # --isolate / --no-isolate over the file
+    elif _origin(field.annotation) is dict:
+        kwargs.update(action="append", type=_key_value, metavar=_meta(field).get("metavar"))
+    elif _meta(field).get("repeatable"):
+        # --track wandb --track mlflow, or --track wandb,mlflow: the validator splits and checks
+        kwargs.update(action="append", metavar=_meta(field).get("metavar"))
+    else:
+        choices = _choices(field)
+        if choices:
+            kwargs["choices"] = choices
+        else:
+            kwargs["metavar"] = _meta(field).get("metavar")
+    group.add_argument(flag_of(name), **kwargs)

@@ -1,0 +1,682 @@
+"""Settings: pydantic models, loaded from [tool.autoloop] / autoloop.toml, then CLI overrides.
+
+Where settings come from, lowest priority first:
+
+1. the defaults in :class:`Settings`;
+2. ONE config file in the workspace root: either ``autoloop.toml`` (settings as
+   top-level keys) or the ``[tool.autoloop]`` table of ``pyproject.toml``. When both
+   define settings, loading fails with a ConfigError asking to keep one: silently
+   preferring one file would leave the user editing the one that is ignored. An
+   empty ``autoloop.toml`` or a pyproject.toml without ``[tool.autoloop]`` counts as
+   not defining settings.
+3. CLI overrides: a dict of setting name -> value where None means "flag not given".
+
+Keys are the field names of :class:`Settings`; in TOML ``-`` may be written for
+``_`` (``max-trials = 20``). Durations (budget, timeout, agent_timeout) accept a number
+of seconds or a string: ``300``, ``"300s"``, ``"5m"``, ``"1h30m"``.
+
+Every problem is a :class:`ConfigError` with one line that names where the bad value
+came from, ``<file>: <key>: <problem>`` or ``--<flag>: <problem>``, e.g.::
+
+    pyproject.toml [tool.autoloop]: unknown setting 'bugdet' (did you mean 'budget'?)
+    --budget: cannot read '5 minutes' as a duration (use 300, 300s, 5m or 1h30m)
+    autoloop.toml: budget: must be positive
+    autoloop.toml: invalid TOML: Expected '=' after a key in a key/value pair (at line 2, column 8)
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+import sys
+import time
+import typing
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from autoloop.config.presets import PRESETS
+from autoloop.core.durations import DURATION_HINT, default_timeout, format_duration, parse_duration
+from autoloop.core.durations import show as _show
+from autoloop.core.errors import ConfigError
+from autoloop.core.layout import DEFAULT_QUEUE_DIR, DEFAULT_SLURM_DIR, branch_name
+
+__all__ = ["ConfigError", "DURATION_HINT", "Settings", "build_settings", "format_duration", "load_settings",
+           "parse_duration"]
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+# ---------------------------------------------------------------------------------------------
+# the settings model
+
+_METRIC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TAG = re.compile(r"^[A-Za-z0-9._-]+$")
+_DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|mps)$")
+_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+
+
+def date_tag(now: float | None = None) -> str:
+    """Today's tag, e.g. 'nov29' (month names fixed, not locale-dependent)."""
+    t = time.localtime(now)
+    return f"{_MONTHS[t.tm_mon - 1]}{t.tm_mday}"
+
+
+# The proposers a portfolio can share a night among (#18, proposers/portfolio.py).
+PORTFOLIO_MEMBERS = ("agent", "optuna", "mutate", "queue")
+# A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
+MIN_LOG_CAP_MB = 0.125
+
+
+# The sections of `autoloop run --help`, in order: key -> title.
+SECTIONS = {
+    "night": "the night (branch, when to stop)",
+    "trial": "one trial (what runs, for how long, on what data)",
+    "noise": "noise and the keep rule",
+    "proposer": "proposer and agent",
+    "safety": "safety (memory, logs, disk, network)",
+    "workers": "parallel workers",
+    "slurm": "where trials run (slurm)",
+    "watch": "watching the night (trackers)",
+    "verify": "verification (autoloop verify, run --verify-at-end)",
+}
+
+
+def agent_presets() -> list[str]:
+    """The known coding agents (config/presets.py: their commands, flags and environment)."""
+    return list(PRESETS)
+
+
+def setting(default: Any, section: str, help: str, *, metavar: str | None = None, run_only: bool = False,
+            default_text: str | None = None, choices: Any = None, flag: str | None = None,
+            repeatable: bool = False, **checks: Any) -> Any:
+    """One setting's field: its default and checks (pydantic), and what its flag needs.
+
+    ``help`` is the --help text; the default is added to it (``{default}`` places it, else
+    it goes at the end), written as the user would type it, or as ``default_text`` says.
+    ``run_only``: a flag of `autoloop run`, not of `autoloop trial`. ``choices``: a callable
+    giving the values the flag accepts (the Literal's values are used when it is one).
+    ``flag``: the flag's name when it is not --<name-with-dashes>. ``repeatable``: a list
+    setting whose flag may be given several times (each value is appended; the field's
+    validator splits and checks them).
+    """
+    if section not in SECTIONS:
+        raise ValueError(f"unknown settings section {section!r}")
+    extra = {"section": section, "metavar": metavar, "run_only": run_only, "default_text": default_text,
+             "choices": choices, "flag": flag, "repeatable": repeatable}
+    if isinstance(default, (dict, list)):
+        return Field(default_factory=type(default), description=help, json_schema_extra=extra, **checks)
+    return Field(default=default, description=help, json_schema_extra=extra, **checks)
+
+
+class Settings(BaseModel):
+    """Every autoloop setting. Field names are the TOML keys and, with '-', the CLI flags."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # Each field is one setting: its TOML key, its flag (--max-trials), its --help text and
+    # section, its default and its checks. autoloop.cli.flags builds the CLI from these.
+
+    # -- the night ------------------------------------------------------------------------------
+    tag: str | None = setting(
+        None, "night", "work on branch autoloop/TAG", metavar="TAG", default_text="today, e.g. nov29")
+    resume: bool = setting(
+        False, "night", "continue the existing branch, recovering an interrupted trial first", run_only=True)
+    hours: float | None = setting(
+        None, "night", "start no trial that could not finish within H hours", metavar="H", run_only=True, gt=0)
+    max_trials: int | None = setting(
+        None, "night", "stop after N trials in this run; a failed proposal (a skip) counts as one", metavar="N",
+        run_only=True, ge=1)
+    verify_at_end: bool = setting(
+        False, "night", "when the trials stop, run autoloop verify (settings: the verification section); with "
+        "--hours, no trial starts that would eat the time the verification needs", run_only=True)
+
+    # -- one trial ------------------------------------------------------------------------------
+    budget: float = setting(
+        300.0, "trial", "training time per trial: 300, 300s, 5m, 1h30m", metavar="DURATION")
+    timeout: float | None = setting(
+        None, "trial", "hard limit per trial, start-up and evaluation included", metavar="DURATION",
+        default_text="max(2 x budget, budget + 2m)")
+    target: str = setting("train.py", "trial", "the one file a proposer may edit", metavar="FILE")
+    command: str | None = setting(
+        None, "trial", "trial command, e.g. 'uv run train.py'", metavar="CMD",
+        default_text="this Python on the target")
+    metric: str = setting("val_bpb", "trial", "metric name the trial prints as 'NAME: value'", metavar="NAME")
+    direction: Literal["min", "max"] = setting("min", "trial", "whether lower or higher is better")
+    seed: int = setting(42, "trial", "seed handed to every trial", metavar="N")
+    corpus: str = setting("stdlib", "trial", "'stdlib' or a directory, file or glob of text", metavar="SOURCE")
+    data_dir: str | None = setting(None, "trial", "prepared data folder", metavar="DIR", default_text="per-user cache")
+    device: str | None = setting(
+        None, "trial", "cpu, cuda, cuda:N or mps", metavar="DEV", default_text="auto-detect")
+
+    # -- noise and the keep rule (README "Noise") -----------------------------------------------
+    min_delta: float = setting(0.0, "noise", "a keep must beat the best by more than X", metavar="X", ge=0)
+    noise_runs: int = setting(
+        2, "noise", "extra runs of the baseline with seeds seed+1.. to estimate the noise (default {default}; 0: off)",
+        metavar="N", ge=0)
+    keep_rule: Literal["auto", "noise", "strict"] = setting(
+        "auto", "noise", "noise: keep only beyond max(min-delta, z x noise), confirm borderline gains with a "
+        "re-run; strict: keep any gain > min-delta (default {default}: noise once an estimate exists)")
+    noise_z: float = setting(2.0, "noise", "z of the noise rule", metavar="Z", gt=0)
+    remeasure: bool = setting(
+        False, "noise", "re-run the best commit --noise-runs times first and re-estimate the noise", run_only=True)
+    # A single-run gain over sanity_bound x |best| is re-run before it can be kept (README "Safety").
+    sanity_bound: float = setting(
+        0.1, "noise", "re-run a trial whose gain exceeds X x |best| before keeping it, and keep it only if the "
+        "re-run beats the best too (default {default}, i.e. 10%; 0: off)", metavar="X", ge=0, allow_inf_nan=False)
+
+    # -- the proposer and the agent (README "Proposers") ----------------------------------------
+    proposer: Literal["auto", "queue", "mutate", "agent", "optuna", "portfolio"] = setting(
+        "auto", "proposer", "where changes come from (default {default}: the portfolio when --portfolio is given, "
+        "else the agent when one is configured, else the queue when patches are waiting, else mutate); optuna: "
+        "Bayesian or evolutionary search over the target's constants, several per trial (needs pip install "
+        "'autoloop[hpo]'); portfolio: a bandit shares the night among proposers", run_only=True)
+    queue_dir: str = setting(
+        DEFAULT_QUEUE_DIR, "proposer", "folder of *.patch / *.py changes for the queue proposer", metavar="DIR",
+        run_only=True)
+    agent: str | None = setting(
+        None, "proposer", "coding agent preset: Claude Code, Codex CLI, Aider or Gemini CLI (commands in the "
+        "README)", choices=agent_presets, run_only=True)
+    agent_cmd: str | None = setting(
+        None, "proposer", "any other agent command, run in the workspace with the prompt on stdin; "
+        "{prompt_file}, {description_file}, {target} are filled in", metavar="CMD", run_only=True)
+    agent_timeout: float = setting(
+        900.0, "proposer", "kill the agent's whole process tree after this long per call", metavar="DURATION",
+        run_only=True)
+    max_fix_attempts: int = setting(
+        2, "proposer", "fix requests for a trivially-crashed trial (default {default}; 0: no fixing)", metavar="N",
+        run_only=True, ge=0)
+    max_agent_failures: int = setting(
+        5, "proposer", "stop after the agent failed N times in a row", metavar="N", run_only=True, ge=1)
+    max_proposer_failures: int = setting(
+        5, "proposer", "stop after N failed proposals in a row (the queue, the mutator)", metavar="N",
+        run_only=True, ge=1)
+    # The agent's preflight before the baseline and the watch that ends a call whose CLI only
+    # keeps retrying (README "A coding agent"; proposers/preflight.py, proposers/agent_watch.py).
+    skip_preflight: bool = setting(
+        False, "proposer", "start without the agent's preflight checks (executable, version, login or API key; "
+        "autoloop doctor shows them) for setups they do not know", run_only=True)
+    agent_stall_timeout: float = setting(
+        90.0, "proposer", "end an agent call whose CLI has kept printing only its retry messages this long "
+        "(codex 'Reconnecting...', gemini 'Retrying with backoff'; default {default}; 0: off)",
+        metavar="DURATION", run_only=True)
+
+    # #17: what the agent is told about the night (autoloop/digest.py).
+    digest_kb: float = setting(
+        8.0, "proposer", "the research digest in each agent prompt (kept changes, directions tried, crashes, "
+        "notes) holds at most this many kB however long the night", metavar="KB", run_only=True, ge=1,
+        allow_inf_nan=False)
+
+    max_agent_cost: float | None = setting(
+        None, "proposer", "stop the night cleanly once the agent calls of this tag have cost this many US dollars, "
+        "as the CLIs report it (Claude Code and Aider do, Codex only tokens; nothing is estimated; calls in flight "
+        "finish)", metavar="USD", run_only=True, default_text="no limit", gt=0, allow_inf_nan=False)
+
+    # #16: propose the next trial while the current one trains (README "Look-ahead").
+    lookahead: int | None = setting(
+        None, "proposer", "1: while a trial trains, the proposer already prepares the next one in a worktree of its "
+        "own (worktrees/ahead), so the device never waits for it; 0: propose, then train", metavar="0|1",
+        run_only=True, ge=0, le=1, default_text="1 when the proposer is an agent, 0 for the mutator and the queue")
+
+    # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
+    # portfolio's members (README "Proposers").
+    sampler: Literal["tpe", "cmaes", "gp"] = setting(
+        "tpe", "proposer", "Optuna's sampler for --proposer optuna and a portfolio's optuna: tpe (Bayesian), "
+        "cmaes (evolution strategy), gp (Gaussian process)", run_only=True)
+    portfolio: list[str] | None = setting(
+        None, "proposer", "the proposers that share the night, e.g. agent,optuna,mutate; giving it implies "
+        "--proposer portfolio", metavar="LIST", run_only=True,
+        default_text="with --proposer portfolio: agent if configured, optuna, mutate")
+
+    @field_validator("portfolio", mode="before")
+    @classmethod
+    def _portfolio(cls, v: Any) -> Any:
+        if isinstance(v, str):   # "agent,optuna,mutate" from the command line
+            v = [p.strip() for p in v.split(",") if p.strip()]
+        if isinstance(v, list):
+            for name in v:
+                if name not in PORTFOLIO_MEMBERS:
+                    raise ValueError(f"unknown proposer {name!r} (a portfolio takes {', '.join(PORTFOLIO_MEMBERS)})")
+            if len(set(v)) != len(v):
+                raise ValueError(f"a proposer is listed twice: {','.join(v)}")
+            if len(v) < 2:
+                raise ValueError(f"a portfolio needs at least two proposers, got {','.join(v) or 'none'}")
+        return v
+
+    @model_validator(mode="after")
+    def _portfolio_needs_its_proposer(self) -> Settings:
+        if self.portfolio is not None and self.proposer not in ("portfolio", "auto"):
+            raise ValueError(f"portfolio: only used with proposer 'portfolio' (the proposer is '{self.proposer}')")
+        return self
+
+    # -- what a trial may use (README "Safety") -------------------------------------------------
+    max_rss_gb: float | None = setting(
+        None, "safety", "kill a trial whose processes use more memory than this", metavar="GB", gt=0)
+    log_cap_mb: float = setting(
+        32.0, "safety", "keep each run log under MB: its first and last halves around a line saying what was "
+        "cut (default {default}; 0: no cap)", metavar="MB", ge=0, allow_inf_nan=False)
+    min_free_gb: float = setting(
+        2.0, "safety", "stop before a trial when the workspace, results or data disk has less free "
+        "(default {default}; 0: off)", metavar="GB", ge=0, allow_inf_nan=False)
+    isolate: bool = setting(
+        False, "safety", "run trials without network access, in a network namespace of their own (Linux)")
+
+    # -- parallel workers (README "More than one GPU") ------------------------------------------
+    workers: int = setting(
+        1, "workers", "run N trials at once, each in its own git worktree under worktrees/", metavar="N",
+        run_only=True, ge=1, le=64)
+    devices: list[int] | None = setting(
+        None, "workers", "CUDA devices of the workers, one each: 0,1,2,3", metavar="LIST", run_only=True,
+        default_text="one GPU per worker when there are enough, else all on CPU, sharing the cores")
+
+    # -- where trials run (README "Running trials on a cluster") --------------------------------
+    executor: Literal["local", "slurm"] = setting(
+        "local", "slurm", "where trials run: local, or slurm (one job per trial through submitit)")
+    slurm_cluster: Literal["slurm", "local", "debug"] = setting(
+        "slurm", "slurm", "submitit cluster: slurm (sbatch), or local/debug to try it without a cluster")
+    slurm_partition: str | None = setting(None, "slurm", "sbatch --partition", metavar="NAME")
+    slurm_gpus_per_trial: int = setting(1, "slurm", "GPUs per trial job", metavar="N", ge=0)
+    slurm_time_limit: float | None = setting(
+        None, "slurm", "the job's time limit, e.g. 20m", metavar="DURATION",
+        default_text="the trial timeout + 5m, rounded up to minutes")
+    slurm_options: dict[str, str | int | float | bool] = setting(
+        {}, "slurm", "extra sbatch option as submitit names it, e.g. account=myproj or mem=64G (repeatable)",
+        metavar="KEY=VALUE", flag="--slurm-option")
+    slurm_folder: str = setting(DEFAULT_SLURM_DIR, "slurm", "submitit's job files", metavar="DIR")
+    slurm_pending_timeout: float | None = setting(
+        3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and record it as a "
+        "crash, so that a stuck queue cannot hold the night (default {default}; 0: wait forever)",
+        metavar="DURATION")
+
+    @field_validator("slurm_time_limit", mode="before")
+    @classmethod
+    def _slurm_time_limit(cls, v: Any) -> float | None:
+        return None if v is None else cls._duration(v)
+
+    @field_validator("slurm_pending_timeout", mode="before")
+    @classmethod
+    def _slurm_pending_timeout(cls, v: Any) -> float | None:
+        if v is None or (not isinstance(v, bool) and str(v).strip() in ("0", "0s", "0.0")):
+            return None   # 0: no limit
+        return cls._duration(v)
+
+    @model_validator(mode="after")
+    def _slurm_limit_after_timeout(self) -> Settings:
+        # The scheduler would kill every trial before the harness's own timeout could.
+        if self.slurm_time_limit is not None and self.slurm_time_limit <= self.timeout_s:
+            raise ValueError(f"slurm_time_limit: must be longer than the trial timeout ({format_duration(self.timeout_s)}), "
+                             f"got {format_duration(self.slurm_time_limit)}")
+        return self
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, v: Any) -> Any:
+        if isinstance(v, str):   # "0,1,2" from the command line
+            parts = [p.strip() for p in v.split(",")]
+            if not all(p.isdigit() for p in parts):
+                raise ValueError(f"must be CUDA device numbers separated by commas (e.g. 0,1), got {v!r}")
+            v = [int(p) for p in parts]
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError(f"a device is listed twice: {v}")
+        return v
+
+    # -- watching the night (#20, README "Watching the night") ----------------------------------
+    track: list[Literal["wandb", "mlflow"]] = setting(
+        [], "watch", "send every attempt to an experiment tracker as one run, grouped by the night: "
+        "wandb or mlflow (optional extras autoloop[wandb], autoloop[mlflow]); repeat or list with "
+        "commas. A tracker failure is one warning, never a stop", metavar="NAME", run_only=True,
+        repeatable=True)
+
+    @field_validator("track", mode="before")
+    @classmethod
+    def _track(cls, v: Any) -> Any:
+        # "wandb,mlflow" from one flag, several --track flags, a TOML string or list.
+        items = [v] if isinstance(v, str) else v
+        if isinstance(items, list) and all(isinstance(i, str) for i in items):
+            names = [n.strip().lower() for i in items for n in i.split(",") if n.strip()]
+            return list(dict.fromkeys(names))
+        return v
+
+    # -- verification (#19, README "The morning verdict"; verify.py) ----------------------------
+    verify_repeats: int = setting(
+        3, "verify", "runs of each variant (the best, the baseline, the best without each kept change), with "
+        "new seeds; the intervals need 2 or more", metavar="R", flag="--repeats", run_only=True, ge=1, le=100)
+    verify_scale: dict[str, str] = setting(
+        {}, "verify", "transfer: also run the baseline, the best and the best without each confirmed change with "
+        "the target's constant KEY set to VALUE (repeat the flag: --scale DEPTH=6 --scale WIDTH=256)",
+        metavar="KEY=VALUE", flag="--scale", run_only=True)
+    verify_budget: float | None = setting(
+        None, "verify", "transfer: the training time of the runs at scale, e.g. 15m", metavar="DURATION",
+        flag="--scale-budget", run_only=True, default_text="the night's budget")
+
+    @field_validator("verify_scale", mode="before")
+    @classmethod
+    def _scale(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for key in v:
+                if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
+                    raise ValueError(f"{key!r} is not a constant's name")
+            return {str(k): str(val) for k, val in v.items()}
+        return v
+
+    # Where the file settings came from (for messages); not a setting itself.
+    _source: str | None = PrivateAttr(default=None)
+
+    # -- validators ----------------------------------------------------------------------------
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, data: Any) -> Any:
+        # bool is an int subclass: without this, `budget = true` would mean 1 second.
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if isinstance(value, bool) and key in numeric_fields():
+                    raise ValueError(f"{key}: must be a number, got {_show(value)}")
+        return data
+
+    @field_validator("budget", "agent_timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        try:
+            return parse_duration(v)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("agent_stall_timeout", mode="before")
+    @classmethod
+    def _stall_timeout(cls, v: Any) -> float:
+        # 0 or "off" turns the watch off; anything else is a duration like the others.
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if v < 0:
+                raise ValueError(f"must be 0 (off) or a duration, got {_show(v)}")
+            if v == 0:
+                return 0.0
+        if isinstance(v, str) and v.strip().lower() in ("0", "off"):
+            return 0.0
+        return cls._duration(v)
+
+    @field_validator("timeout", "verify_budget", mode="before")
+    @classmethod
+    def _optional_duration(cls, v: Any) -> float | None:
+        return None if v is None else cls._duration(v)
+
+    @field_validator("target")
+    @classmethod
+    def _relative_target(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a file")
+        if PurePosixPath(v).is_absolute() or PureWindowsPath(v).is_absolute() or PureWindowsPath(v).drive:
+            raise ValueError(f"must be a path relative to the repository, got {v!r}")
+        parts = PurePosixPath(v.replace("\\", "/")).parts
+        if ".." in parts:
+            raise ValueError(f"must stay inside the repository (no '..'), got {v!r}")
+        return PurePosixPath(*parts).as_posix()   # './train.py' -> 'train.py'
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, v: Any) -> Any:
+        if isinstance(v, list):   # TOML: command = ["python", "train.py"] is natural too
+            if not v or not all(isinstance(a, str) for a in v):
+                raise ValueError("must be a string or a list of strings")
+            return shlex.join(v)
+        if isinstance(v, str):
+            try:
+                argv = shlex.split(v)
+            except ValueError as e:
+                raise ValueError(f"cannot split {v!r} into arguments ({e})") from None
+            if not argv:
+                raise ValueError("must not be empty")
+        return v
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        if not _METRIC.match(v):
+            raise ValueError(f"must be a name of letters, digits and _ (like val_bpb), got {v!r}")
+        return v
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        # It becomes a git ref component: keep to what git check-ref-format accepts, simply.
+        if (not _TAG.match(v) or ".." in v or v.startswith((".", "-"))
+                or v.endswith((".", ".lock"))):
+            raise ValueError(f"must be letters, digits, '.', '_' or '-' usable in a git branch "
+                             f"name (no '..', not starting with '.' or '-'), got {v!r}")
+        return v
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip().lower()
+            if v == "auto":
+                return None
+            if not _DEVICE.match(v):
+                raise ValueError(f"must be cpu, cuda, cuda:N, mps or auto, got {v!r}")
+        return v
+
+    @field_validator("log_cap_mb")
+    @classmethod
+    def _log_cap(cls, v: float) -> float:
+        if 0 < v < MIN_LOG_CAP_MB:
+            raise ValueError(f"must be 0 (no cap) or at least {MIN_LOG_CAP_MB:g}, got {v:g}")
+        return v
+
+    @model_validator(mode="after")
+    def _devices_per_worker(self) -> Settings:
+        if self.devices is not None and len(self.devices) < self.workers:
+            raise ValueError(f"devices: {len(self.devices)} listed for {self.workers} workers; "
+                             f"give one per worker")
+        return self
+
+    @model_validator(mode="after")
+    def _timeout_after_budget(self) -> Settings:
+        # The hard limit also covers start-up and evaluation, so at or under the budget
+        # it would kill every trial.
+        if self.timeout is not None and self.timeout <= self.budget:
+            raise ValueError(f"timeout: must be longer than the budget ({format_duration(self.budget)}), "
+                             f"got {format_duration(self.timeout)}")
+        return self
+
+    # -- derived values ------------------------------------------------------------------------
+
+    @property
+    def timeout_s(self) -> float:
+        """The hard limit per trial: the configured timeout, else max(2 x budget, budget + 120 s)."""
+        return self.timeout if self.timeout is not None else default_timeout(self.budget)
+
+    @property
+    def command_argv(self) -> list[str]:
+        """The trial command as argv: shlex-split ``command``, else [this python, target]."""
+        if self.command is None:
+            return [sys.executable, self.target]
+        return shlex.split(self.command)
+
+    @property
+    def run_tag(self) -> str:
+        """The tag in force: the configured one, else today's date ('nov29')."""
+        return self.tag or date_tag()
+
+    @property
+    def branch(self) -> str:
+        """The loop's branch for the tag in force (layout.branch_name)."""
+        return branch_name(self.run_tag)
+
+    @property
+    def source(self) -> str | None:
+        """The config file the settings came from ('autoloop.toml', 'pyproject.toml
+        [tool.autoloop]'), or None when only defaults and overrides apply."""
+        return self._source
+
+
+SETTING_NAMES = tuple(Settings.model_fields)
+
+
+def flag_of(name: str) -> str:
+    """The flag of a setting: its declared one, else --<name with dashes>."""
+    extra = Settings.model_fields[name].json_schema_extra or {}
+    return extra.get("flag") or f"--{name.replace('_', '-')}"
+
+
+def numeric_fields() -> frozenset[str]:
+    """Settings that take numbers (durations included): a TOML true/false there is a
+    mistake, not 1/0."""
+    return _NUMERIC
+
+
+def _is_number(annotation: Any) -> bool:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return all(a in (int, float) for a in args)
+
+
+_NUMERIC = frozenset(name for name, f in Settings.model_fields.items() if _is_number(f.annotation))
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+PYPROJECT = "pyproject.toml"
+AUTOLOOP_TOML = "autoloop.toml"
+PYPROJECT_LABEL = "pyproject.toml [tool.autoloop]"
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path.name}: invalid TOML: {_one_line(str(e))}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path.name}: invalid TOML: not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"{path.name}: cannot read: {e.strerror or e}") from None
+
+
+def read_config_file(workdir: Path) -> tuple[str | None, dict]:
+    """(label of the file, its settings table) from the workspace root; (None, {}) when none."""
+    workdir = Path(workdir)
+    found: list[tuple[str, dict]] = []
+    own = workdir / AUTOLOOP_TOML
+    if own.is_file():
+        table = _read_toml(own)
+        if table:
+            found.append((AUTOLOOP_TOML, table))
+    pyproject = workdir / PYPROJECT
+    if pyproject.is_file():
+        tool = _read_toml(pyproject).get("tool", {})
+        table = tool.get("autoloop") if isinstance(tool, dict) else None
+        if table is not None:
+            if not isinstance(table, dict):
+                raise ConfigError(f"{PYPROJECT}: tool.autoloop must be a table ([tool.autoloop])")
+            if table:
+                found.append((PYPROJECT_LABEL, table))
+    if len(found) > 1:
+        raise ConfigError(f"settings in both {AUTOLOOP_TOML} and {PYPROJECT_LABEL}; keep them in one")
+    return found[0] if found else (None, {})
+
+
+def _normalise(table: dict, where: str, flag_style: bool) -> dict[str, tuple[Any, str]]:
+    """key -> (value, location label). '-' accepted for '_'; unknown keys rejected with a hint."""
+    out: dict[str, tuple[Any, str]] = {}
+    for raw_key, value in table.items():
+        key = str(raw_key).replace("-", "_")
+        label = (flag_of(key) if key in SETTING_NAMES else f"--{raw_key}") if flag_style else f"{where}: {raw_key}"
+        if key not in SETTING_NAMES:
+            hint = difflib.get_close_matches(key, SETTING_NAMES, n=1, cutoff=0.6)
+            suggestion = ""
+            if hint:
+                name = hint[0]
+                if flag_style:
+                    name = f"--{name.replace('_', '-')}"
+                elif "-" in str(raw_key):
+                    name = name.replace("_", "-")
+                suggestion = f" (did you mean '{name}'?)"
+            if flag_style:
+                raise ConfigError(f"--{raw_key}: unknown setting{suggestion}")
+            raise ConfigError(f"{where}: unknown setting {str(raw_key)!r}{suggestion}")
+        if key in out:
+            raise ConfigError(f"{label}: given twice (as '{key}' and with '-')")
+        out[key] = (value, label)
+    return out
+
+
+def load_settings(workdir: Path, overrides: dict | None = None) -> Settings:
+    """Settings from the workspace's config files, with non-None overrides applied on top."""
+    source, table = read_config_file(workdir)
+    merged = _normalise(table, source or "", flag_style=False)
+    cli = {k: v for k, v in (overrides or {}).items() if v is not None}
+    cli_values = _normalise(cli, "", flag_style=True)
+    if "slurm_options" in cli_values and isinstance(merged.get("slurm_options", (None,))[0], dict):
+        # --slurm-option KEY=VALUE adds to the file's table rather than replacing it.
+        cli_values["slurm_options"] = ({**merged["slurm_options"][0], **cli_values["slurm_options"][0]},
+                                       cli_values["slurm_options"][1])
+    merged.update(cli_values)   # CLI wins
+    settings = build_settings({k: v for k, (v, _) in merged.items()},
+                              {k: label for k, (_, label) in merged.items()})
+    settings._source = source
+    return settings
+
+
+def build_settings(values: dict, labels: dict[str, str] | None = None) -> Settings:
+    """Validate values into Settings; a failure becomes ONE ConfigError line naming the
+    key's origin from labels (key -> 'autoloop.toml: budget' or '--budget')."""
+    labels = labels or {}
+    try:
+        return Settings(**values)
+    except ValidationError as e:
+        raise ConfigError(_explain(e, labels)) from None
+
+
+def _explain(e: ValidationError, labels: dict[str, str]) -> str:
+    err = e.errors()[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    key = loc[0] if loc else None
+    message = _message(err)
+    if key is None:
+        # A whole-model rule (timeout vs budget, bools): name the origin of the key it is about.
+        m = re.match(r"(\w+): (.*)", message)
+        if m and m.group(1) in SETTING_NAMES:
+            key, message = m.group(1), m.group(2)
+    label = labels.get(key, key) if key else "settings"
+    return f"{label}: {message}"
+
+
+def _message(err: dict) -> str:
+    """A pydantic error as a short predicate ('must be positive')."""
+    kind = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    value = err.get("input")
+    if kind == "value_error":
+        return str(ctx.get("error", err.get("msg", "invalid")))
+    # A number out of bounds is shown as typed: a flag's value is the string '0', not 0.
+    number = value if isinstance(value, str) else _show(value)
+    if kind == "greater_than":
+        bound = "must be positive" if ctx.get("gt") == 0 else f"must be greater than {_show(ctx.get('gt'))}"
+        return f"{bound}, got {number}"
+    if kind == "greater_than_equal":
+        return f"must be at least {_show(ctx.get('ge'))}, got {number}"
+    if kind == "less_than_equal":
+        return f"must be at most {_show(ctx.get('le'))}, got {number}"
+    if kind in ("int_parsing", "int_from_float", "int_type"):
+        return f"must be a whole number, got {_show(value)}"
+    if kind in ("float_parsing", "float_type", "finite_number"):
+        return f"must be a number, got {_show(value)}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"must be true or false, got {_show(value)}"
+    if kind == "string_type":
+        return f"must be a string, got {_show(value)}"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')}, got {_show(value)}"
+    return _one_line(str(err.get("msg", "invalid"))).lower()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

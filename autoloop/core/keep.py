@@ -1,0 +1,185 @@
+"""The keep decision: one pure function from what an attempt found to what the night does next.
+
+:func:`decide` takes the facts of one finished attempt (how its run ended, its metrics, the
+best it was built on, the best now, the noise estimate, the rules in force) and returns a
+:class:`Decision`: the record's status, crash class and reason, the best after the
+decision, and the next action of the trial:
+
+* ``keep``     the candidate is the new best;
+* ``discard``  it is not (a crash is a discard too: the trial decides on a fix request);
+* ``confirm``  run the same commit again with another seed, then judge the mean;
+* ``replay``   it beat the best it started from, but another worker moved the best
+               meanwhile: merge its change onto the new best and run it there;
+* ``stale``    as replay, but the change no longer merges, is already in the new best,
+               or the best kept moving: recorded as a discard that says so.
+
+A verification run (kind ``verify``, ``autoloop verify``) is measured, never judged: it is
+a discard whose best is the best now, whatever its metric.
+
+The rows, in the order a person would ask: is the measurement valid at all (tampered
+inputs, a crash, other data)? is it the baseline or a noise sample? otherwise judge its
+runs against the best it started from (``decide.judge_runs``), and if the best moved
+meanwhile, turn a win into a replay or a stale. It does no I/O: git's verdict on the
+merge comes in as a fact. ``tests/test_keep.py`` is its table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from autoloop.core.decide import decide as decide_metric
+from autoloop.core.decide import judge_runs, noise_estimate
+
+MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
+
+
+def tampered_reason(paths: list[str]) -> str:
+    """'tampered: program.md' or 'tampered: a, b, c, +2 more' for the ledger's reason."""
+    shown = ", ".join(paths[:MAX_NAMED])
+    more = len(paths) - MAX_NAMED
+    return f"tampered: {shown}" + (f", +{more} more" if more > 0 else "")
+
+
+Action = Literal["keep", "discard", "confirm", "replay", "stale"]
+Best = tuple[str | None, float | None]
+
+# A winning candidate is replayed on a best that moved at most this many times; a best that
+# keeps moving under it makes it stale (each replay costs a full trial).
+MAX_REPLAYS = 3
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The keep rule in force (from the settings)."""
+
+    direction: str = "min"
+    min_delta: float = 0.0
+    keep_rule: str = "auto"
+    noise_z: float = 2.0
+    sanity_bound: float = 0.0
+
+    @classmethod
+    def of(cls, settings) -> Rules:
+        return cls(settings.direction, settings.min_delta, settings.keep_rule, settings.noise_z, settings.sanity_bound)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the decision depends on."""
+
+    kind: str                               # baseline | candidate | fix | confirm | verify
+    commit: str | None
+    runs: tuple[float, ...] = ()            # this commit's metrics: earlier runs first, this run last
+    crash: tuple[str, str] | None = None    # (class, reason) when the run failed
+    other_data: str | None = None           # why its metric was measured on other data
+    tampered: tuple[str, ...] = ()          # protected inputs changed during the run
+    start: Best = (None, None)              # the best it was built on and is judged against
+    current: Best = (None, None)            # the best now: another worker may have moved it
+    noise: float | None = None              # the noise estimate in force
+    noise_sample: tuple[int, int] | None = None   # (k, N): a run of the best to estimate the noise
+    can_confirm: bool = True                # a borderline gain may ask for one re-run
+    replays: int = 0                        # how often this trial's change was replayed already
+    merge: Literal["clean", "conflict", "already_in"] | None = None   # its change onto `current`
+    rules: Rules = field(default_factory=Rules)
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: Literal["keep", "discard", "crash", "skip"]
+    action: Action
+    reason: str
+    best: Best                              # the best after this decision (the record's `best`)
+    crash: str | None = None
+    noise: float | None = None              # the noise estimate the record carries
+    confidence: float | None = None         # gain over the noise, in sigma
+    extra: dict = field(default_factory=dict)   # facts for the record's extra (never control flow)
+    metric_valid: bool = True               # False: the run's number cannot be trusted (tampered inputs)
+
+
+def decide(f: Facts) -> Decision:
+    """The one keep decision (see the module docstring for the rows)."""
+    invalid = _invalid(f)
+    if invalid is not None:
+        return invalid
+    if f.kind == "baseline":
+        d = decide_metric(f.runs[-1], None, f.rules.direction, f.rules.min_delta)
+        best = (f.commit, f.runs[-1]) if d.status == "keep" else (None, None)
+        return Decision(d.status, d.status, d.reason, best)
+    if f.kind == "verify":
+        # A measurement for `autoloop verify` (verify.py): the morning's question is asked of
+        # many such runs together, never of one against the best; the best does not move.
+        return Decision("discard", "discard", "verification run (the best is not judged by it)", _unmoved(f))
+    if f.noise_sample is not None:
+        # A run of the best with another seed: it stays the best, its value becomes the mean
+        # of its runs, and the spread of the runs is the noise estimate.
+        k, n = f.noise_sample
+        sigma, method = noise_estimate(list(f.runs))
+        return Decision("keep", "keep", f"noise sample {k}/{n}", (f.commit, sum(f.runs) / len(f.runs)), noise=sigma,
+                        extra={"noise_samples": list(f.runs), "noise_method": method})
+    return _judged(f)
+
+
+def skipped(reason: str, start: Best, current: Best) -> Decision:
+    """A proposal that failed before anything ran: recorded as a skip, the best unmoved."""
+    return Decision("skip", "discard", reason, current if current[0] is not None else start)
+
+
+def _unmoved(f: Facts) -> Best:
+    """The best a record that changes nothing carries: the best now."""
+    return f.current if f.current[0] is not None else f.start
+
+
+def _invalid(f: Facts) -> Decision | None:
+    """A run whose number cannot be judged: its inputs were changed, it crashed, or it was
+    measured on other data. The best does not move (a failed baseline sets none)."""
+    best = (None, None) if f.kind == "baseline" else _unmoved(f)
+    if f.tampered:
+        paths = list(f.tampered)
+        extra = {"tampered": paths}
+        if f.crash is None and f.runs:
+            extra["invalid_metric"] = f.runs[-1]
+        return Decision("crash", "discard", tampered_reason(paths), best, crash="fundamental", extra=extra,
+                        metric_valid=False)
+    if f.crash is not None:
+        return Decision("crash", "discard", f.crash[1], best, crash=f.crash[0])
+    if f.other_data is not None:
+        return Decision("crash", "discard", f.other_data, best, crash="fundamental")
+    if not f.runs or f.runs[-1] is None or not math.isfinite(f.runs[-1]):
+        return Decision("crash", "discard", "no usable metric", best, crash="fundamental")
+    return None
+
+
+def _judged(f: Facts) -> Decision:
+    r = f.rules
+    j = judge_runs(list(f.runs), f.start[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
+                   rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
+    extra = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
+    moved = f.current[0] is not None and f.current[0] != f.start[0]
+    if not moved:
+        if j.status == "keep":
+            return Decision("keep", "keep", j.reason, (f.commit, j.mean), noise=f.noise, confidence=j.confidence,
+                            extra=extra)
+        # confirm: recorded as a discard of this run; the candidate stays checked out for the re-run.
+        return Decision("discard", j.status, j.reason, _unmoved(f), noise=f.noise, confidence=j.confidence,
+                        extra=extra)
+    current = f.current[0][:7]
+    if j.status == "discard":
+        return Decision("discard", "discard", f"{j.reason} (best has moved to {current} meanwhile)", f.current,
+                        noise=f.noise, confidence=j.confidence, extra=extra)
+    # It beat the best it started from, which is no longer the best: it must win on the new one.
+    how = f"beat its start {f.start[0][:7]} ({j.reason})"
+    extra["beat_start"] = f.start[0]
+    action: Action = "stale"
+    if f.replays >= MAX_REPLAYS:
+        reason = f"stale: {how} but the best kept moving ({MAX_REPLAYS} replays)"
+    elif f.merge == "already_in":
+        reason = f"stale: {how} but its change is already in the new best {current}"
+    elif f.merge != "clean":
+        reason = f"stale: {how} but its change conflicts with the new best {current}"
+    else:
+        action, reason = "replay", f"{how}; the best moved to {current}: replaying it there"
+    if action == "stale":
+        extra["stale"] = True
+    return Decision("discard", action, reason, f.current, noise=f.noise, confidence=j.confidence, extra=extra)

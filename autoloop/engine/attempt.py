@@ -1,0 +1,269 @@
+"""One attempt: commit, run, check the inputs, record (README "What happens in one trial").
+
+An :class:`AttemptRunner` belongs to one worker :class:`Slot` (a work tree, a state file, a
+device). ``run(plan)`` takes a :class:`Candidate` (what to run: a commit, or the edit in the
+slot's work tree to commit now) and, phase by phase, each persisted before it starts:
+
+1. checks the measurement's protected inputs (a proposer may have changed them: restored,
+   the run stands, the record says so);
+2. ``committing``: commits the edit (or checks out the candidate's commit) and saves it
+   under its trial ref, so nothing tried is ever lost;
+3. ``running``: runs the trial through the executor (its own session, budget, hard
+   timeout, whole-tree kill, streamed log);
+4. ``judging``, under the arbiter's lock: checks the inputs again (changed during the run:
+   the attempt is invalid), puts back what the run wrote into the repository, classifies the
+   outcome, has the arbiter decide against the best *now* and append the record;
+5. leaves the work tree at the best (or at the candidate, for a confirmation re-run) and the
+   state idle.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from autoloop.core.classify import Classification, classify
+from autoloop.core.durations import format_duration
+from autoloop.core.errors import NightError
+from autoloop.core.keep import Decision, Facts, tampered_reason
+from autoloop.execution.executors import Executor
+from autoloop.execution.integrity import Tampering, harness_path
+from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
+from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
+from autoloop.repo.workspace import Workspace
+from autoloop.store.ledger import AttemptKind, LedgerRecord
+from autoloop.store.state import StateFile, fault_point
+
+PROGRESS_SAVE_S = 2.0    # the state file gets the latest progress line at most this often
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What an attempt runs: a change on top of ``base`` (the best it was built on), with
+    what it tries and where it came from. ``commit`` None: the edit is in the slot's work
+    tree and is committed as the attempt's first step. ``extra`` goes into the record."""
+
+    commit: str | None
+    base: str | None
+    base_metric: float | None
+    description: str
+    proposer: str
+    source: str | None = None
+    outside_changes: tuple[str, ...] = ()
+    git_events: tuple[str, ...] = ()
+    replay_of: str | None = None          # the commit whose change this is, replayed on a new best
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    trial: int
+    attempt: int
+    kind: AttemptKind
+    candidate: Candidate
+    seed: int
+    prior_runs: tuple[float, ...] = ()            # metrics of earlier runs of the same commit
+    noise_sample: tuple[int, int] | None = None   # (k, N): a run of the best to estimate the noise
+    can_confirm: bool = True                      # a borderline gain may ask for one re-run
+    replays: int = 0                              # how often the trial's change was replayed before
+
+    @property
+    def label(self) -> str:
+        return f"#{self.trial}" + (f".{self.attempt}" if self.attempt > 1 else "")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A finished attempt: its record, the decision, and for a replay the merged change."""
+
+    plan: AttemptPlan
+    record: LedgerRecord
+    decision: Decision
+    merged: str | None = None
+
+
+@dataclass
+class Slot:
+    """One worker slot: where its attempts run. The single loop is one slot on the main
+    checkout (worker None); N parallel workers are N slots, each on a worktree of its own."""
+
+    ws: Workspace
+    state: StateFile
+    worker: int | None
+    executor: Executor
+    env: dict[str, str] = field(default_factory=dict)   # added to its trials' environment (device, threads)
+    console: Console | Prefixed | None = None
+
+
+class AttemptRunner:
+    def __init__(self, night, slot: Slot, settings=None):
+        """``settings``: what its trials run under when not the night's (verify.py's transfer
+        runs: a longer budget)."""
+        self.night, self.slot = night, slot
+        self.settings = settings or night.settings
+        self.console = slot.console or night.console
+        self._progress_saved_at = 0.0
+
+    def run(self, plan: AttemptPlan) -> Recorded:
+        """Commit, run, check, record (see the module docstring); returns once the state is
+        idle again (or holds the candidate for its confirmation re-run)."""
+        ws, state = self.slot.ws, self.slot.state
+        before = self.check_inputs(plan)
+        if before.unrestorable:
+            raise NightError(before.message)
+        started = time.time()
+        cand = plan.candidate
+        state.enter("committing", trial=plan.trial, attempt=plan.attempt, kind=plan.kind, description=cand.description,
+                    proposer=cand.proposer, best=cand.base, best_metric=cand.base_metric,
+                    # A candidate committed before (a look-ahead's) is named at once: a kill before
+                    # the checkout still records it, under its trial ref.
+                    candidate=cand.commit if plan.kind == "candidate" else None, attempt_started_at=started)
+        commit = self._commit(plan)
+        ws.save_trial_ref(self.night.tag, plan.trial, plan.attempt, commit)
+        diff_lines = ws.diff_lines(cand.base, commit) if cand.base and commit != cand.base else 0
+        state.enter("running", candidate=commit)
+        outcome = self._train(plan, commit)
+        state.enter("judging")
+        verdict = self._verdict(outcome)
+        with self.night.arbiter.lock:
+            after = self.check_inputs(plan)   # restored before the record is appended
+            draft = self._draft(plan, commit, outcome, verdict, started, diff_lines, before)
+            decision, merged = self.night.arbiter.decide(self._facts(plan, commit, outcome, verdict, after), ws)
+            record = self.night.arbiter.record(draft, decision, self.slot.worker)
+            fault_point("recorded", plan.trial)
+        self._settle(plan, record, decision)
+        if after.unrestorable:
+            raise NightError(after.message)
+        return Recorded(plan, record, decision, merged)
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def check_inputs(self, plan: AttemptPlan) -> Tampering:
+        """Verify the measurement's protected inputs and restore what changed (integrity.py);
+        the snapshot is the night's, one check at a time."""
+        if self.night.inputs is None:
+            return Tampering()
+        evidence = self.night.layout.tampered(plan.trial, plan.attempt)
+        with self.night.arbiter.lock:
+            found = self.night.inputs.check(evidence)
+        if found:
+            where = evidence.relative_to(self.night.ws.root)
+            self.console.line(f"#{plan.trial}: {tampered_reason(found.paths)}; restored (changed versions in {where})")
+        return found
+
+    def _commit(self, plan: AttemptPlan) -> str:
+        """The commit the attempt runs, checked out in the slot's work tree."""
+        ws, cand = self.slot.ws, plan.candidate
+        if cand.commit is not None:
+            if ws.head() != cand.commit:
+                ws.reset_to(cand.commit)
+            return cand.commit
+        commit = ws.commit_candidate(f"{cand.description}\n\nautoloop trial {plan.trial}.{plan.attempt} ({cand.proposer})")
+        fault_point("committed", plan.trial)
+        return commit
+
+    def _train(self, plan: AttemptPlan, commit: str) -> TrialOutcome:
+        s, layout = self.settings, self.night.layout
+        layout.runs.mkdir(parents=True, exist_ok=True)
+        result = layout.result(plan.trial, plan.attempt)
+        env = build_env(s.budget, plan.seed, result, self.night.data_dir, s.device, secrets.token_hex(8),
+                        harness_path=harness_path(layout.root) if self.night.inputs is not None else None)
+        spec = TrialSpec(
+            command=s.command_argv, cwd=self.slot.ws.root, env=env | self.slot.env,
+            log_path=layout.log(plan.trial, plan.attempt), result_path=result,
+            budget_s=s.budget, timeout_s=s.timeout_s, metric=s.metric, max_rss_gb=s.max_rss_gb,
+            # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
+            # itself is not a measurement. A foreign --command may only have stdout.
+            require_result=s.command is None, log_cap_bytes=int(s.log_cap_mb * 2**20), isolate=s.isolate)
+        # The run's token, recorded before it starts: recovery finds its processes (and its
+        # cgroup) by it after a kill -9, also those that left the session and the tree.
+        spec.env[TOKEN_VAR] = secrets.token_hex(16)
+        self.slot.state.update(child_token=spec.env[TOKEN_VAR])
+        self.console.line(f"{plan.label} {plan.kind}: {plan.candidate.description} [{commit[:7]}] "
+                          f"training {format_duration(s.budget)}")
+        return self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line),
+                                      stop_event=self.night.stop.event,
+                                      on_start=lambda pids: self.slot.state.update(child_pids=pids),
+                                      on_job=lambda job: self.slot.state.update(job=job))
+
+    def _verdict(self, outcome: TrialOutcome) -> Classification:
+        verdict = classify(outcome)
+        if outcome.killed_reason == "stopped" and self.night.stop.signal:
+            verdict = verdict._replace(reason=f"interrupted ({self.night.stop.signal})")
+        return verdict
+
+    def _draft(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification, started: float,
+               diff_lines: int, before: Tampering) -> dict:
+        """The record's measured fields (the arbiter adds the decision's). Also puts back
+        what the run wrote into the repository, so a kept commit leaves a clean tree."""
+        s, cand, layout = self.settings, plan.candidate, self.night.layout
+        wrote = self.slot.ws.undo_run_writes(layout.run_writes(plan.trial, plan.attempt))
+        summary, result = outcome.summary or {}, outcome.result or {}
+        extra = {k: v for k, v in {"source": cand.source, "git_events": list(cand.git_events),
+                                   "replay_of": cand.replay_of}.items() if v}
+        extra.update(cand.extra)
+        if wrote:
+            extra["run_wrote"] = wrote
+            where = layout.run_writes(plan.trial, plan.attempt).relative_to(self.night.ws.root)
+            self.console.line(f"{plan.label}: the run wrote {', '.join(wrote)} in the repository; put back "
+                              f"(its versions in {where})")
+        if outcome.log_cut_bytes:
+            extra["log_cut_bytes"] = outcome.log_cut_bytes
+        ok = verdict.kind == "ok"
+        if ok and isinstance(result.get("audit_bpb"), (int, float)):
+            # Held-out figure: recorded for the morning report, never decided on, never
+            # shown to a proposer (the request strips it), never in results.tsv.
+            extra["audit_bpb"] = result["audit_bpb"]
+        extra.update(outcome.job)   # executor slurm: executor, cluster, job_id
+        if before:
+            extra["tampered_before_run"] = before.paths
+        memory_mb = summary.get("peak_vram_mb") or outcome.peak_rss_mb
+        return {
+            "trial": plan.trial, "attempt": plan.attempt, "kind": plan.kind, "started_at": started,
+            "ended_at": time.time(), "proposer": cand.proposer, "parent": cand.base, "commit": commit,
+            "description": cand.description, "metric_name": s.metric, "metric": outcome.metric if ok else None,
+            "memory_gb": (memory_mb or 0) / 1024, "training_seconds": summary.get("training_seconds"),
+            "total_seconds": summary.get("total_seconds"), "wall_seconds": outcome.wall_seconds,
+            "exit_code": outcome.exit_code, "signal": outcome.signal, "diff_lines": diff_lines, "seed": plan.seed,
+            "fingerprint": result.get("fingerprint") or self.night.fingerprint,
+            "log_path": layout.log_rel(plan.trial, plan.attempt), "outside_changes": list(cand.outside_changes),
+            "extra": extra,
+        }
+
+    def _facts(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification,
+               after: Tampering) -> Facts:
+        """What the keep decision needs to know about this run (the arbiter adds the best now)."""
+        crash = (verdict.kind, verdict.reason) if verdict.kind != "ok" else None
+        ours, theirs = self.night.fingerprint, (outcome.result or {}).get("fingerprint")
+        other_data = (f"evaluated on other data (fingerprint {theirs}, expected {ours})"
+                      if crash is None and theirs and ours and theirs != ours else None)
+        runs = (*plan.prior_runs, outcome.metric) if outcome.metric is not None else plan.prior_runs
+        cand = plan.candidate
+        return Facts(kind=plan.kind, commit=commit, runs=tuple(runs) if crash is None else (), crash=crash,
+                     other_data=other_data, tampered=tuple(after.paths), start=(cand.base, cand.base_metric),
+                     noise=self.night.arbiter.noise(), noise_sample=plan.noise_sample, can_confirm=plan.can_confirm,
+                     replays=plan.replays)
+
+    def _settle(self, plan: AttemptPlan, record: LedgerRecord, decision: Decision) -> None:
+        """Git follows the record, then the state goes idle. A confirmation re-run follows at
+        once on the same commit: it stays checked out, and the state stays on this recorded
+        attempt, so a kill now restores the best on --resume."""
+        verdict = format_verdict(plan.label, record, plan.candidate.base_metric if record.status != "crash" else None)
+        if decision.action == "confirm" and not self.night.stop.is_set():
+            self.console.line(verdict)
+            return
+        if record.best and self.slot.ws.head() != record.best:
+            self.slot.ws.reset_to(record.best)
+        self.slot.state.enter("idle", candidate=None, child_pids=[], child_token=None, job=None, progress=None)
+        self.console.line(verdict)
+
+    def _on_progress(self, label: str, line: str) -> None:
+        """Live line on the terminal; the state file too (for `autoloop status`), at most every 2 s."""
+        now, st = time.time(), self.slot.state.state
+        self.console.status(live_line(
+            label, "training", now - st.phase_started_at if st.phase_started_at else None, self.settings.budget,
+            line, st.best_metric, st.deadline - now if st.deadline else None))
+        if now - self._progress_saved_at >= PROGRESS_SAVE_S:
+            self._progress_saved_at = now
+            self.slot.state.update(progress=line)

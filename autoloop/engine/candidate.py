@@ -1,0 +1,197 @@
+"""Preparing a candidate: the proposer's one change, made safe to run.
+
+``prepare`` asks the proposer for one edit of the target in the slot's work tree, then
+puts git back the way the rest of the trial relies on (``reconcile``: the agent's commits,
+branch switches and resets undone, its work saved under refs), reverts and quarantines
+every change outside the target (the scope check), and screens what is left
+(``screen``: the one place a prepared change is checked before it may run; the duplicate
+gate is there). What comes out
+is a :class:`~autoloop.engine.attempt.Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
+None when the proposer has no more ideas.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from git import BadName, BadObject
+
+from autoloop.core import duplicate_gate
+from autoloop.core.layout import Layout
+from autoloop.engine.attempt import Candidate, Slot
+from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest, Proposer
+from autoloop.repo import reconcile
+from autoloop.repo.workspace import Workspace
+from autoloop.store import person_notes, queries
+from autoloop.store.ledger import LedgerRecord, trial_label
+from autoloop.store.state import fault_point
+
+PROGRAM_FILE = "program.md"
+LEDGER_TAIL_FOR_PROPOSER = 20
+FIX_LOG_LINES = 60
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A proposal that failed before anything could run: why, and what the checks found."""
+
+    reason: str
+    outside_changes: tuple[str, ...] = ()
+    git_events: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)   # the proposal's own facts, when it made one (#18)
+    duplicate_of: str | None = None             # the earlier attempt it repeats (the duplicate gate)
+    description: str | None = None              # what the refused proposal said it does (a duplicate's)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why ``screen`` refuses a prepared edit; ``duplicate_of``: the attempt it repeats."""
+
+    reason: str
+    duplicate_of: str | None = None
+
+
+def strip_audit(record: dict) -> dict:
+    """A ledger record without any held-out audit figure (top level or nested, e.g. in
+    extra): what a proposer may see."""
+    return {k: strip_audit(v) if isinstance(v, dict) else v
+            for k, v in record.items() if not str(k).startswith("audit")}
+
+
+def proposal_request(settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int, attempt: int,
+                     best: tuple[str | None, float | None], fix: FixContext | None = None) -> ProposalRequest:
+    """What the proposer is told: program.md, the best it builds on, the whole ledger and
+    the recent results (audit figures stripped), the person's notes in force (read anew
+    for every proposal: a note written a minute ago reaches the next one), and for a fix
+    request the crash and the end of its log."""
+    program = ws.root / PROGRAM_FILE
+    # autoloop verify's runs (#19) are not the search: the proposer sees the night's attempts.
+    history = [strip_audit(r.model_dump(mode="json")) for r in queries.of_night(records)]
+    return ProposalRequest(
+        workspace=ws.root, target=settings.target, program_text=program.read_text() if program.exists() else "",
+        metric_name=settings.metric, direction=settings.direction, best_metric=best[1], best_commit=best[0],
+        trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=history[-LEDGER_TAIL_FOR_PROPOSER:], fix=fix,
+        results_dir=layout.root, history=[LedgerRecord.model_validate(r) for r in history],
+        digest_bytes=int(settings.digest_kb * 1024), notes=person_notes.active_notes(layout.root))
+
+
+def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[FixContext, str | None]:
+    """The fix request for a trivially crashed attempt, and its broken target (``prepare``
+    puts it back in the work tree for the proposer to repair)."""
+    broken = ws.file_at(failed.commit, ws.target) if failed.commit else None
+    log_tail = ""
+    if failed.log_path and (layout.root / failed.log_path).exists():
+        log_tail = "\n".join((layout.root / failed.log_path).read_text(errors="replace").splitlines()[-FIX_LOG_LINES:])
+    return FixContext(crash=failed.crash or "trivial", reason=failed.reason, log_tail=log_tail,
+                      description=failed.description), broken
+
+
+def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
+            broken: str | None = None) -> Candidate | Skipped | None:
+    """One proposal, guarded and screened (see the module docstring). The state file says
+    ``proposing`` first, with the token every process of the proposer gets, so a kill while
+    it runs is recovered. ``broken``: the crashed edit a fix request hands back."""
+    ws, console = slot.ws, slot.console or night.console
+    base = ws.head()
+    before = reconcile.snapshot(ws, night.tag)
+    saved_refs = night.layout.ref_snapshot(request.trial, request.attempt)
+    before.save(saved_refs)   # before the state says proposing: recovery finds it for any kill during the call
+    request.process_token = secrets.token_hex(16)
+    request.stop_event = night.stop.event
+    request.on_start = lambda pids: slot.state.update(child_pids=pids)
+    slot.state.enter("proposing", trial=request.trial, attempt=request.attempt,
+                     kind="fix" if request.fix else "candidate", description=None, proposer=proposer.name,
+                     best=request.best_commit, best_metric=request.best_metric, candidate=None,
+                     attempt_started_at=time.time(), child_token=request.process_token)
+    if broken is not None:   # after the state says so: a kill now is recovered like any proposal
+        ws.target_path.write_text(broken)
+    failed_extra: dict = {}
+    asked = time.time()
+    try:
+        proposal, failure = proposer.propose(request), None
+    except ProposalFailed as e:
+        proposal, failure, failed_extra = None, str(e), e.extra
+    else:
+        fault_point("proposed", request.trial)
+    # The proposer's time, a fact of its record: `autoloop status` sums it per trial (#16).
+    timing = {"propose_seconds": round(time.time() - asked, 3)}
+    # Git first: a proposer that committed, switched branch or reset must not have the
+    # scope check (or a reset) act on some other branch than the loop's.
+    outcome = reconcile.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
+    saved_refs.unlink(missing_ok=True)
+    if outcome.events:
+        console.line(f"#{request.trial}: git: {'; '.join(outcome.events)}")
+    outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=base))
+    if outside:
+        console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
+    events = tuple(outcome.events)
+    if proposal is None or outcome.target_deleted:
+        ws.reset_to(base)
+        if proposal is not None:   # nothing to run: recorded as a skip, like a failed proposal
+            failure = f"{proposer.name} deleted {ws.target}"
+        extra = {**(dict(proposal.extra) if proposal is not None else failed_extra), **timing}
+        return Skipped(failure, outside, events, extra) if failure is not None else None
+    # A verify run (#19) of the best without a change is a measurement, not a proposal: an
+    # agent proposing that revert is not repeating an earlier attempt.
+    refused = screen(ws, broken, queries.of_night(night.arbiter.records()), base)
+    if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
+        extra = {**proposal.extra, **timing}
+        if refused.duplicate_of is not None:
+            extra["duplicate_of"] = refused.duplicate_of
+        described = proposal.description if refused.duplicate_of is not None else None
+        return Skipped(refused.reason, outside, events, extra, refused.duplicate_of, described)
+    description = proposal.description
+    if proposal.derived and outcome.commit_message:
+        # The agent said what it did in its commits rather than in the description file.
+        description = (f"{request.fix.description} (fix: {outcome.commit_message})" if request.fix
+                       else outcome.commit_message)
+    return Candidate(None, request.best_commit, request.best_metric, description, proposer.name, proposal.source,
+                     outside, events, extra={**proposal.extra, **timing})
+
+
+def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord] = (),
+           base: str | None = None) -> Refusal | None:
+    """Why a prepared edit must not run (a skip), or None: the one check between proposing
+    and running. It changed nothing; a fix left the broken edit as it was; or it is the
+    same change as an attempt already made from ``base``, the best it was built on
+    (duplicate_gate.py; a fix too: one that lands on a change already judged)."""
+    if not ws.target_changed():
+        return Refusal(f"proposal made no change to {ws.target}")
+    edit = ws.target_path.read_text(errors="replace")
+    if broken is not None and edit == broken:
+        return Refusal("the fix made no change to the broken edit")
+    return same_change(ws, edit, records, base)
+
+
+def same_change(ws: Workspace, edit: str, records: list[LedgerRecord], base: str | None) -> Refusal | None:
+    """The duplicate gate: ``edit`` (the target's whole text) is the same change as an
+    attempt already made from ``base``. Also asked of a look-ahead candidate just before it
+    runs (lookahead.rebase): the trial it was proposed beside may have tried it meanwhile."""
+    twin = duplicate_gate.same_as(edit, _attempts_from(ws, records, base))
+    if twin is None:
+        return None
+    constants = duplicate_gate.changed_constants(ws.file_at(base, ws.target) or "", edit) if base else []
+    what = f" ({', '.join(constants[:3])}, already tried from this best)" if constants else ""
+    return Refusal(f"same change as #{twin.label}{what}", twin.label)
+
+
+def _attempts_from(ws: Workspace, records: list[LedgerRecord], base: str | None) -> Iterator[duplicate_gate.Earlier]:
+    """The targets of the attempts built on ``base`` (each commit once, newest first), read
+    from git only as the gate needs them. An interrupted attempt was never judged: its
+    change may run again (the optuna proposer asks for it after a resume)."""
+    if base is None:
+        return
+    seen = set()
+    for r in reversed(records):
+        if (r.parent == base and r.commit and r.commit not in seen and r.kind != "baseline"
+                and not queries.was_interrupted(r)):
+            seen.add(r.commit)
+            try:
+                source = ws.file_at(r.commit, ws.target)
+            except (ValueError, BadName, BadObject):   # a commit git no longer has: nothing to compare
+                continue
+            if source is not None:
+                yield duplicate_gate.Earlier(trial_label(r.trial, r.attempt), source)

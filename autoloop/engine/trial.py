@@ -1,0 +1,353 @@
+"""One trial as a small state machine: propose, run, and what the decision asks for next.
+
+A trial is one idea and every attempt it takes. Its steps, each a value:
+
+* :class:`Propose`  ask the proposer for a change on the best the trial started from;
+* :class:`Fix`      hand a trivially crashed attempt back to the proposer as a fix request;
+* :class:`Run`      run one attempt (``attempt.AttemptRunner``) of a prepared candidate;
+* :class:`Done`     the trial is over: ``ran``, ``failed`` (the proposal failed before
+                    anything ran), ``duplicate`` (the duplicate gate refused a change
+                    already tried from this best) or ``exhausted`` (no more ideas).
+
+After each attempt, :meth:`Trial.after` reads the decision (never the record's extra) and
+picks the next step, in this order: a stop request ends the trial; ``confirm`` re-runs the
+same commit with another seed; ``replay`` merges the change onto the best another worker
+set and runs it there; a trivial crash goes back as a fix request while fixes are left;
+anything else ends the trial. A confirm or replay that a stop or a kill cut off after its
+decision is taken up at the next start (:meth:`Trial.resume`). Proposing
+(``candidate.prepare``) and running are separate steps, so a candidate can be prepared
+ahead and run later.
+
+Besides: the baseline and its noise samples (attempts of trial 0 before any proposal), and
+``autoloop trial``'s one self-driven trial.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, replace
+
+from autoloop.core.errors import NightError
+from autoloop.core.keep import skipped
+from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
+from autoloop.engine.candidate import Skipped, fix_context, prepare, proposal_request
+from autoloop.observe.console import shorten
+from autoloop.proposers.base import Proposer
+from autoloop.repo import reconcile
+from autoloop.store import queries
+from autoloop.store.ledger import LedgerRecord
+from autoloop.store.state import RunState, fault_point
+
+
+@dataclass(frozen=True)
+class Propose:
+    pass
+
+
+@dataclass(frozen=True)
+class Fix:
+    failed: LedgerRecord
+
+
+@dataclass(frozen=True)
+class Run:
+    plan: AttemptPlan
+
+
+@dataclass(frozen=True)
+class Done:
+    outcome: str        # ran | failed | duplicate | exhausted
+
+
+Step = Propose | Fix | Run | Done
+
+
+class Trial:
+    """One trial in one slot, started from the best ``start``."""
+
+    def __init__(self, night, slot: Slot, runner: AttemptRunner, proposer: Proposer | None, number: int,
+                 start: queries.Best, claims=None):
+        self.night, self.slot, self.runner, self.proposer = night, slot, runner, proposer
+        self.number, self.start, self.claims = number, start, claims
+        self.fixes = 0
+        self.last: Recorded | None = None
+
+    def run(self, first: Candidate | None = None) -> str:
+        """Step until done; ``first``: a candidate prepared already (else: propose one)."""
+        return self.finish(self.begin(first))
+
+    def begin(self, first: Candidate | None = None) -> Step:
+        """The first step taken: the proposal made (or ``first`` taken), the first attempt
+        planned and not yet run. A slot that looks ahead starts the next proposal here."""
+        return self.propose() if first is None else Run(self.plan("candidate", first))
+
+    def finish(self, step: Step) -> str:
+        while not isinstance(step, Done):
+            step = self.advance(step)
+        return step.outcome
+
+    def advance(self, step: Step) -> Step:
+        if isinstance(step, Propose):
+            return self.propose()
+        if isinstance(step, Fix):
+            return self.fix(step.failed)
+        self.last = self.runner.run(step.plan)
+        return self.after(self.last)
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def propose(self) -> Step:
+        request = proposal_request(self.night.settings, self.slot.ws, self.night.layout, self.night.arbiter.records(),
+                                   self.number, 1, self.start)
+        prepared = self._prepare(request)
+        if prepared is None:
+            self.slot.state.enter("idle")
+            return Done("exhausted")
+        if isinstance(prepared, Skipped):
+            # A duplicate keeps its description: the digest tells the agent what it repeated.
+            self._skip(1, prepared.reason, prepared.description or "-", prepared)
+            return Done("failed" if prepared.duplicate_of is None else "duplicate")
+        return Run(self.plan("candidate", prepared))
+
+    def fix(self, failed: LedgerRecord) -> Step:
+        """Hand the broken edit back to the proposer with the evidence; run the fix."""
+        self.fixes += 1
+        attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
+        context, broken = fix_context(self.slot.ws, self.night.layout, failed)
+        request = proposal_request(self.night.settings, self.slot.ws, self.night.layout, self.night.arbiter.records(),
+                                   self.number, attempt, self.start, fix=context)
+        prepared = self._prepare(request, broken)
+        if not isinstance(prepared, Candidate):
+            if prepared is not None:
+                self._skip(attempt, f"fix failed: {prepared.reason}", failed.description, prepared)
+            else:
+                self._reset()
+            return Done("ran")
+        if "hypothesis" not in prepared.extra:   # the fixed idea is still the idea it was
+            prepared = replace(prepared, extra={**prepared.extra, **carried(failed.extra)})
+        return Run(self.plan("fix", prepared, attempt))
+
+    def after(self, done: Recorded) -> Step:
+        """The next step, from the decision on the attempt just recorded."""
+        record, action = done.record, done.decision.action
+        if self.night.stop.is_set():
+            return Done("ran")
+        if action == "confirm":
+            return Run(self._confirmation(done))
+        if action == "replay":
+            return Run(self._replay(done))
+        if record.crash == "trivial" and record.kind != "confirm" and self._may_fix():
+            return Fix(record)
+        return Done("ran")
+
+    # -- plans ----------------------------------------------------------------------------
+
+    def plan(self, kind: str, candidate: Candidate, attempt: int = 1, **more) -> AttemptPlan:
+        return AttemptPlan(self.number, attempt, kind, candidate, self.night.settings.seed, **more)
+
+    def _confirmation(self, done: Recorded) -> AttemptPlan:
+        """A within-noise gain: the same commit once more with a new seed, judged on the mean."""
+        again = replace(done.plan.candidate, commit=done.record.commit, outside_changes=(), git_events=(),
+                        replay_of=None, extra=carried(done.record.extra))
+        return self._confirm_plan(done.record, again, done.plan.replays)
+
+    def _confirm_plan(self, first: LedgerRecord, again: Candidate, replays: int) -> AttemptPlan:
+        """``again`` (first's commit) run with the next seed, judged on the mean with first's run."""
+        attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
+        return AttemptPlan(self.number, attempt, "confirm", again, self.night.settings.seed + attempt - 1,
+                           prior_runs=(first.metric,), can_confirm=False, replays=replays)
+
+    def _replay(self, done: Recorded) -> AttemptPlan:
+        """Its change merged onto the best another worker set (the attempt left the work tree
+        there), to be run again as a confirm attempt that must win on it."""
+        return self._replay_plan(done.record, (done.record.best, done.record.best_metric), done.merged,
+                                 done.plan.replays + 1)
+
+    def _replay_plan(self, record: LedgerRecord, onto: queries.Best, merged: str, replays: int) -> AttemptPlan:
+        fault_point("replaying", record.trial, record.attempt)
+        self.start = onto
+        self.slot.ws.target_path.write_text(merged)
+        moved = Candidate(None, onto[0], onto[1], record.description, record.proposer,
+                          record.extra.get("source"), replay_of=record.commit, extra=carried(record.extra))
+        attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
+        return self.plan("confirm", moved, attempt, replays=replays)
+
+    def resume(self, record: LedgerRecord) -> str:
+        """The step a decision asked for and the night never took (``queries.pending_next``)."""
+        return self.resume_confirmation(record) if record.next == "confirm" else self.resume_replay(record)
+
+    def resume_confirmation(self, record: LedgerRecord) -> str:
+        """A within-noise gain whose confirmation a stop or a kill cut off after the decision
+        (the ledger's last word on the trial is ``next: confirm``): the same commit once more
+        with a new seed, judged on the mean, as it would have been. If the best has moved
+        since, the mean is judged as any win on a moved best is: replayed or stale."""
+        # A confirm decision leaves the best where the trial started: its record carries it.
+        self.start = (record.best, record.best_metric)
+        (self.slot.console or self.night.console).line(
+            f"#{record.trial}: resuming its confirmation (decided, not run before the night stopped)")
+        again = Candidate(record.commit, record.best, record.best_metric, record.description, record.proposer,
+                          record.extra.get("source"), extra=carried(record.extra))
+        replays = queries.replays_of(self.night.arbiter.records(), self.number)
+        return self.finish(Run(self._confirm_plan(record, again, replays)))
+
+    def resume_replay(self, record: LedgerRecord) -> str:
+        """A replay that a kill interrupted between its decision and its run (the ledger's
+        last word on the trial is ``next: replay``): its change merged onto the best now and
+        run, as it would have been; a skip when it no longer merges or is in the best."""
+        records, ws = self.night.arbiter.records(), self.slot.ws
+        best = queries.best(records)
+        if ws.head() != best[0]:
+            ws.reset_to(best[0])
+        merged = ws.merge_change(record.parent, best[0], record.commit)
+        (self.slot.console or self.night.console).line(
+            f"#{record.trial}: resuming its replay on {best[0][:7]} (interrupted before it ran)")
+        if merged is None or merged == ws.file_at(best[0], ws.target):
+            self.start = best
+            why = "conflicts with" if merged is None else "is already in"
+            record_skip(self.night, self.slot, self.number, queries.next_attempt(records, self.number),
+                        record.proposer, f"stale: the interrupted replay {why} the best {best[0][:7]}",
+                        record.description, (), (), best)
+            return "ran"
+        step: Step = Run(self._replay_plan(record, best, merged, queries.replays_of(records, record.trial)))
+        while not isinstance(step, Done):
+            step = self.advance(step)
+        return step.outcome
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _may_fix(self) -> bool:
+        # A fix is built on the best the trial started from: not once another worker moved it.
+        return (self.proposer is not None and self.proposer.can_fix
+                and self.fixes < self.night.settings.max_fix_attempts
+                and self.night.arbiter.best()[0] == self.start[0])
+
+    def _prepare(self, request, broken: str | None = None) -> Candidate | Skipped | None:
+        if self.claims is None:
+            return prepare(self.night, self.slot, self.proposer, request, broken)
+        with self.claims.proposing(self.slot.worker) as others:
+            request.in_flight = others
+            prepared = prepare(self.night, self.slot, self.proposer, request, broken)
+            if isinstance(prepared, Candidate):
+                # "trial" (#18): tells the optuna proposer which of its suggestions are still running.
+                self.claims.claim(self.slot.worker, {"parent": request.best_commit, "kind": "candidate",
+                                                     "description": prepared.description, "worker": self.slot.worker,
+                                                     "trial": request.trial})
+            return prepared
+
+    def _reset(self) -> None:
+        if self.start[0]:
+            self.slot.ws.reset_to(self.start[0])
+        self.slot.state.enter("idle")
+
+    def _skip(self, attempt: int, reason: str, description: str, found: Skipped) -> None:
+        self._reset()
+        record_skip(self.night, self.slot, self.number, attempt, self.proposer.name, reason, description,
+                    found.outside_changes, found.git_events, self.start, found.extra)
+
+
+def carried(extra: dict) -> dict:
+    """What a re-run of the same change keeps of its first record's extra: the hypothesis
+    (#17), so that the record that keeps it says why. Not the agent's usage: no new call."""
+    return {"hypothesis": extra["hypothesis"]} if extra.get("hypothesis") else {}
+
+
+def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,
+                outside: tuple[str, ...], events: tuple[str, ...], start: queries.Best,
+                extra: dict | None = None) -> LedgerRecord:
+    """A proposal that failed before anything ran: in the ledger as a skip (not in the TSV).
+    ``extra``: the facts of a proposal that was made but cannot run (Proposal.extra)."""
+    now = time.time()
+    record = night.arbiter.record({
+        "trial": trial, "attempt": attempt, "started_at": now, "ended_at": now, "proposer": proposer,
+        "parent": start[0], "description": description, "metric_name": night.settings.metric,
+        "outside_changes": list(outside),
+        "extra": {**(extra or {}), **({"git_events": list(events)} if events else {})},
+    }, skipped(reason, start, night.arbiter.best()), slot.worker)
+    # The ledger keeps the reason whole (up to ~500 characters); the screen gets it shortened.
+    (slot.console or night.console).line(f"#{trial} skipped: {shorten(reason)}")
+    return record
+
+
+# ------------------------------------------------------------------------------ the baseline
+
+
+def run_baseline(night, runner: AttemptRunner) -> LedgerRecord:
+    """The unmodified target, as trial 0 (or the next trial number), judged against nothing."""
+    head = runner.slot.ws.head()
+    trial = queries.next_trial(night.arbiter.records())
+    plan = AttemptPlan(trial, 1, "baseline", Candidate(head, head, None, "baseline", "-"), night.settings.seed)
+    record = runner.run(plan).record
+    if record.status != "keep" and not night.stop.is_set():   # a signal's stop is no failure of the baseline
+        raise NightError(f"the baseline run of the unmodified {night.settings.target} failed "
+                         f"({record.crash}: {record.reason}); see results/{record.log_path}")
+    return record
+
+
+def measure_noise(night, runner: AttemptRunner) -> None:
+    """Run the best commit --noise-runs more times with seeds seed+1.. as attempts of its
+    trial; the spread of its runs is the noise estimate, the best its mean."""
+    s = night.settings
+    records = night.arbiter.records()
+    best = queries.best(records)[0]
+    owner = next((r for r in reversed(records) if r.commit == best and r.status == "keep"), None)
+    if not best or s.noise_runs <= 0 or owner is None:
+        return
+    prior = queries.runs_of(records, best)
+    attempt = queries.next_attempt(records, owner.trial) - 1
+    for k in range(1, s.noise_runs + 1):
+        if night.stop.is_set():
+            return
+        attempt += 1
+        candidate = Candidate(best, best, night.arbiter.best()[1], f"noise sample {k}/{s.noise_runs}", "-")
+        record = runner.run(AttemptPlan(owner.trial, attempt, "confirm", candidate, s.seed + len(prior),
+                                        prior_runs=tuple(prior), noise_sample=(k, s.noise_runs))).record
+        if record.metric is not None and record.status == "keep":
+            prior = [*prior, record.metric]
+    sigma = night.arbiter.noise()
+    if sigma is not None:
+        night.console.line(f"noise: sigma {sigma:.6f} from {len(prior)} runs of {best[:7]}; best is their mean "
+                           f"{night.arbiter.best()[1]:.6f}")
+
+
+# ------------------------------------------------------------------------------ autoloop trial
+
+
+def judge_edit(night, runner: AttemptRunner, description: str) -> LedgerRecord:
+    """`autoloop trial -m DESC`: the current edit of the target as one trial, for an agent
+    that drives itself (it edits, calls this, reads the verdict). The first call on a
+    branch runs the baseline of the unmodified target first."""
+    ws, console = night.ws, night.console
+    trial = queries.next_trial(night.arbiter.records())
+    best = night.arbiter.best()[0]
+    events: list[str] = []
+    if best and runner.slot.state.state.tag == night.tag and ws.head() != best:
+        # An agent that committed its edit (or amended the best, or reset): the net change
+        # on top of the best is the candidate, the branch goes back to the best.
+        events = reconcile.reconcile(ws, night.tag, best, trial, 1).events
+        if events:
+            console.line(f"git: {'; '.join(events)}")
+    base = ws.head()
+    outside = ws.revert_out_of_scope(night.layout.quarantine(trial, 1), base=base)
+    if outside:
+        console.line(f"reverted changes outside {night.settings.target}: {', '.join(outside)}")
+    reason = night.low_disk()
+    if reason:
+        raise NightError(reason)
+    runner.slot.state.replace(RunState(tag=night.tag, pid=os.getpid(), run_started_at=time.time()))
+    if queries.baseline(night.arbiter.records()) is None:
+        edit = ws.target_path.read_text() if ws.target_changed() else None
+        if edit is not None:
+            ws.reset_to(base)
+        run_baseline(night, runner)
+        measure_noise(night, runner)
+        if edit is not None:
+            ws.target_path.write_text(edit)
+    if not ws.target_changed():
+        raise NightError(f"{night.settings.target} has no change to try; edit it first")
+    start = night.arbiter.best()
+    trial = queries.next_trial(night.arbiter.records())
+    one = Trial(night, runner.slot, runner, None, trial, start)
+    one.run(Candidate(None, start[0], start[1], description, "self", outside_changes=tuple(outside),
+                      git_events=tuple(events)))
+    return one.last.record

@@ -1,0 +1,69 @@
+"""Which device each worker slot's trials get.
+
+One slot (the single loop) passes the settings' device through and leaves the GPUs as they
+are. N slots get one GPU each (``--devices``, or the first N visible), or, with fewer GPUs
+than slots, all run on the CPU and share its cores: each trial gets cores // N threads,
+since N trials each asking for every core would oversubscribe them and slow all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from autoloop.config.settings import Settings
+from autoloop.core.errors import NightError
+
+
+def slot_envs(settings: Settings, n: int) -> tuple[list[dict[str, str]], str | None]:
+    """The environment each of n slots adds to its trials, and one line saying what was
+    chosen (None for one slot: nothing is chosen, the settings apply as they are)."""
+    if n == 1:
+        return [{}], None
+    return worker_envs(settings, n)
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to us without importing torch (seconds of start-up): the
+    CUDA_VISIBLE_DEVICES list when set, else `nvidia-smi -L`; 0 when neither says."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
+
+
+def worker_envs(settings: Settings, n: int, cuda_count: int | None = None) -> tuple[list[dict[str, str]], str]:
+    """The environment each worker's trials get, and one line saying what was chosen.
+
+    --devices: one CUDA device each. Else one GPU each when there are at least n, else all
+    on the CPU, where each trial gets cores // n threads: n trials asking for every core
+    each would oversubscribe them and slow all of them down.
+    """
+    if settings.devices:
+        envs = [{"CUDA_VISIBLE_DEVICES": str(d), "AUTOLOOP_DEVICE": "cuda"} for d in settings.devices[:n]]
+        return envs, f"devices: worker k on CUDA device {', '.join(map(str, settings.devices[:n]))} (in order)"
+    device = settings.device
+    if device is None or device.startswith("cuda"):
+        count = cuda_device_count() if cuda_count is None else cuda_count
+        if count >= n:
+            ids = (os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(count)))).split(",")
+            ids = [i.strip() for i in ids if i.strip()][:n]
+            return ([{"CUDA_VISIBLE_DEVICES": i, "AUTOLOOP_DEVICE": "cuda"} for i in ids],
+                    f"devices: one GPU per worker ({', '.join(ids)})")
+        if device is not None:
+            raise NightError(f"--workers {n} with --device {device} needs {n} CUDA devices, {count} visible; "
+                            f"pass --devices or fewer --workers")
+        gpus = f" ({count} GPU(s) visible: fewer than the workers; --devices assigns them)" if count else ""
+    else:
+        gpus = ""
+    cores = os.cpu_count() or 1
+    threads = str(max(1, cores // n))
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    if device in (None, "cpu") or device.startswith("cuda"):
+        env.update(AUTOLOOP_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
+    return [dict(env) for _ in range(n)], (f"devices: {n} workers share {cores} CPU cores, "
+                                           f"{threads} thread(s) per trial{gpus}")

@@ -1,0 +1,65 @@
+"""Where a trial runs: ``local`` (the runner, in this process) or ``slurm`` (a job, via submitit).
+
+Every executor has the runner's contract: ``run(spec, on_progress, stop_event, on_start,
+on_job) -> TrialOutcome`` returns only when the trial is over, with the same timeout, log,
+result-file and classification semantics. ``on_job`` gets a small dict naming the job
+(executor, cluster, job id, ...) as soon as it is submitted, so that the orchestrator can
+record it in state.json and cancel it on recovery (:func:`cancel_job`).
+
+The local executor never imports submitit: it is an optional dependency (extra ``slurm``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from autoloop.core.errors import AutoloopError
+from autoloop.execution.runner import TrialOutcome, TrialSpec, run_trial
+
+OnProgress = Callable[[str], None]
+OnStart = Callable[[list[tuple[int, float]]], None]
+OnJob = Callable[[dict], None]
+
+
+class ExecutorError(AutoloopError):
+    """The executor cannot be set up; the message is one line for the user."""
+
+
+class Executor(Protocol):
+    name: str
+
+    def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
+            stop_event: threading.Event | None = None, on_start: OnStart | None = None,
+            on_job: OnJob | None = None) -> TrialOutcome: ...
+
+
+class LocalExecutor:
+    """The trial runs here, as a child process of the orchestrator (autoloop.execution.runner)."""
+
+    name = "local"
+
+    def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
+            stop_event: threading.Event | None = None, on_start: OnStart | None = None,
+            on_job: OnJob | None = None) -> TrialOutcome:
+        return run_trial(spec, on_progress=on_progress, stop_event=stop_event, on_start=on_start)
+
+
+def make_executor(settings, root: Path) -> Executor:
+    """The executor the settings ask for; ExecutorError (one line) when it cannot work here."""
+    if settings.executor == "local":
+        return LocalExecutor()
+    from autoloop.execution.executors.slurm import SlurmExecutor  # imports submitit
+
+    return SlurmExecutor.from_settings(settings, Path(root))
+
+
+def cancel_job(job: dict | None) -> str | None:
+    """Cancel a job recorded by an interrupted run (state.json); what was done, or None."""
+    if not job or job.get("executor") != "slurm":
+        return None
+    from autoloop.execution.executors.slurm import cancel_recorded_job
+
+    return cancel_recorded_job(job)

@@ -1,0 +1,345 @@
+"""The ``slurm`` executor: each trial is a job submitted through submitit.
+
+The job runs :func:`run_on_node`, which calls ``runner.run_trial`` ON THE NODE: the hard
+timeout, the streamed log in results/runs/, the result file and its nonce, the memory cap
+and the whole-tree kill are the same code as with the local executor. The job returns the
+TrialOutcome as a dict. So results/ (and the workspace) must be on a filesystem the nodes
+share with the login node that runs the loop.
+
+The orchestrator side submits, records the job (``on_job``: state.json, for recovery),
+follows the log for progress lines, cancels the job when the loop is stopped, and turns a
+job that ended without an outcome (cancelled by the scheduler, preempted, its node died,
+killed, or the job function raised) into a TrialOutcome with ``job_error`` set: classified
+as a crash whose reason names the job id and what submitit said, never lost.
+
+Clusters (``slurm_cluster``): ``slurm`` (sbatch), ``local`` (submitit's LocalExecutor: a
+real subprocess per job on this machine, for tests and for trying a config) and ``debug``
+(submitit's DebugExecutor: the job function runs in this process).
+
+On the node, SIGTERM (scancel, the time limit), SIGINT and submitit's timeout/preemption
+signal (SIGUSR2) end the trial through run_trial's stop event, so its process tree is
+ended, not orphaned, and the outcome still comes back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+from autoloop.core.durations import format_duration
+from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.procs import TOKEN_VAR, end_token_holders
+from autoloop.execution.runner import _PROGRESS_RE, TrialOutcome, TrialSpec, default_timeout, run_trial
+
+try:
+    import submitit
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+except ImportError:   # optional dependency: only `--executor slurm` needs it
+    submitit = None
+
+TIME_MARGIN_S = 300     # scheduler limit = trial timeout + this: job start-up, imports, the tree kill
+POLL_S = 1.0            # how often the orchestrator looks at the job and its log
+LOCAL_RESULT_WAIT_S = 2  # submitit waits this long for a result pickle (15 s: for network filesystems)
+# Set by our own settings; in slurm_options they would silently fight those.
+_OWN_PARAMETERS = {"partition": "slurm_partition", "time": "slurm_time_limit",
+                   "gpus_per_node": "slurm_gpus_per_trial"}
+
+
+def time_limit_minutes(settings) -> int:
+    """The scheduler's limit per job, in whole minutes (sbatch --time)."""
+    seconds = settings.slurm_time_limit or settings.timeout_s + TIME_MARGIN_S
+    return max(1, math.ceil(seconds / 60))
+
+
+def sbatch_parameters(settings) -> dict:
+    """submitit SlurmExecutor parameters from the settings; ExecutorError for an unknown option."""
+    valid = submitit.SlurmExecutor._valid_parameters()
+    params: dict = {"time": time_limit_minutes(settings), "gpus_per_node": settings.slurm_gpus_per_trial,
+                    "nodes": 1, "ntasks_per_node": 1, "job_name": "autoloop"}
+    if settings.slurm_partition:
+        params["partition"] = settings.slurm_partition
+    for raw, value in settings.slurm_options.items():
+        key = raw.replace("-", "_")
+        if key in _OWN_PARAMETERS:
+            raise ExecutorError(f"slurm_options: {raw!r} is set by {_OWN_PARAMETERS[key]}; use that setting")
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ExecutorError(f"slurm_options: unknown sbatch option {raw!r}{hint}")
+        params[key] = value
+    return params
+
+
+def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
+                on_progress: OnProgress | None = None, on_start: OnStart | None = None) -> dict:
+    """The job: run the trial here and return its TrialOutcome as a dict (with ``node_signal``
+    when a signal from the scheduler ended it)."""
+    spec = TrialSpec.model_validate_json(spec_json)
+    stop = stop_event or threading.Event()
+    caught: list[str] = []
+    previous = {}
+    if stop_event is None and threading.current_thread() is threading.main_thread():
+        def handler(signum, frame):
+            caught.append(signal.Signals(signum).name)
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        outcome = run_trial(spec, on_progress=on_progress, stop_event=stop, on_start=on_start)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    data = outcome.model_dump(mode="json")
+    if caught:
+        data["node_signal"] = caught[0]
+    return data
+
+
+class _LogFollower:
+    """Reads what the node appended to the trial's log since the last look, for progress lines."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.last: str | None = None
+
+    def poll(self, on_progress: OnProgress | None) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:   # a new log (the job restarted): read it from the start
+                    self.offset = 0
+                f.seek(self.offset)
+                data = f.read(size - self.offset)
+        except OSError:
+            return
+        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1   # whole lines only
+        self.offset += end
+        found = None
+        for found in _PROGRESS_RE.finditer(data[:end]):
+            pass
+        if found is not None:
+            self.last = found.group().decode(errors="replace").strip()
+            if on_progress is not None:
+                with contextlib.suppress(Exception):   # a display bug must not lose the trial
+                    on_progress(self.last)
+
+
+class SlurmExecutor:
+    name = "slurm"
+
+    def __init__(self, cluster: str, folder: Path, parameters: dict, poll_s: float = POLL_S,
+                 pending_timeout_s: float | None = None):
+        if submitit is None:
+            raise ExecutorError("--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)")
+        missing = [tool for tool in ("sbatch", "srun") if cluster == "slurm" and shutil.which(tool) is None]
+        if missing:
+            raise ExecutorError(f"--executor slurm: {' and '.join(missing)} not found on PATH; run the loop on a "
+                                "Slurm login node (or --slurm-cluster local to try it on this machine)")
+        self.cluster = cluster
+        self.folder = Path(folder).absolute()
+        self.poll_s = poll_s
+        self.pending_timeout_s = pending_timeout_s
+        if cluster == "slurm":
+            # max_num_timeout=0: a trial is not checkpointable, a timed-out job is not requeued.
+            try:
+                self.submitit = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0)
+                self.submitit.update_parameters(**parameters)
+            except (RuntimeError, ValueError) as exc:   # submitit's own checks
+                raise ExecutorError(f"--executor slurm: {_said(exc)}") from None
+        elif cluster == "local":
+            self.submitit = submitit.LocalExecutor(folder=self.folder, max_num_timeout=0)
+            self.submitit.update_parameters(timeout_min=parameters["time"], gpus_per_node=parameters["gpus_per_node"])
+        else:
+            self.submitit = submitit.DebugExecutor(folder=self.folder)
+
+    @classmethod
+    def from_settings(cls, settings, root: Path) -> SlurmExecutor:
+        if submitit is None:
+            raise ExecutorError("--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)")
+        folder = Path(settings.slurm_folder)
+        return cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
+                   sbatch_parameters(settings), pending_timeout_s=settings.slurm_pending_timeout)
+
+    # -- one trial ---------------------------------------------------------------------------
+
+    def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
+            stop_event: threading.Event | None = None, on_start: OnStart | None = None,
+            on_job: OnJob | None = None) -> TrialOutcome:
+        # The node sees absolute paths (its working directory is not ours) and the timeout in
+        # force; the token is chosen here so that the trial's processes can be found from here.
+        token = spec.env.get(TOKEN_VAR) or uuid.uuid4().hex
+        spec = spec.model_copy(update={
+            "env": {**spec.env, TOKEN_VAR: token},
+            "cwd": Path(spec.cwd).absolute(), "log_path": Path(spec.log_path).absolute(),
+            "result_path": Path(spec.cwd, spec.result_path).absolute() if spec.result_path else None,
+            "timeout_s": spec.timeout_s if spec.timeout_s is not None else default_timeout(spec.budget_s)})
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started_at, t0 = time.time(), time.monotonic()
+        follower = _LogFollower(spec.log_path)
+        if self.cluster == "debug":
+            # In this process: the stop event and callbacks reach run_trial directly.
+            job = self.submitit.submit(run_on_node, spec.model_dump_json(), stop_event, on_progress, on_start)
+        else:
+            try:
+                job = self.submitit.submit(run_on_node, spec.model_dump_json())
+            except Exception as exc:  # noqa: BLE001 - sbatch refused it: recorded like a launch failure
+                return self._outcome(spec, started_at, t0, follower, {"executor": self.name, "cluster": self.cluster},
+                                     launch_error=f"job submission failed: {_said(exc)}")
+        info = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id)}
+        self._announce(job, info, on_start, on_job)
+        stopped, pending_expired = False, None
+        try:
+            if self.cluster == "debug":
+                failure = job.exception()   # runs it; unlike result(), never opens a debugger on an error
+            else:
+                while not job.done():
+                    if stop_event is not None and stop_event.is_set() and not stopped:
+                        self._cancel(job)
+                        stopped = True
+                    if pending_expired is None and not stopped and self._pending_too_long(spec, t0):
+                        pending_expired = (f"job {job.job_id} still waiting in the queue after "
+                                           f"{format_duration(self.pending_timeout_s)} (state {_job_state(job)}; "
+                                           "slurm_pending_timeout): cancelled")
+                        self._cancel(job)
+                    follower.poll(on_progress)
+                    time.sleep(self.poll_s)
+                failure = None
+            data = job.result() if failure is None and pending_expired is None else None
+        except (FailedJobError, UncompletedJobError) as exc:
+            failure = exc
+        except Exception as exc:  # noqa: BLE001 - an unreadable result pickle: the job gave no outcome
+            failure = exc
+        stopped = stopped or (stop_event is not None and stop_event.is_set())
+        follower.poll(on_progress)
+        if pending_expired is not None:
+            return self._outcome(spec, started_at, t0, follower, info, job_error=None if stopped else pending_expired,
+                                 stopped=stopped, note=pending_expired)
+        if self.cluster == "local":
+            # A job killed on this machine leaves its trial running: end it (a real cluster's
+            # scheduler ends everything in the job's cgroup).
+            strays = end_token_holders(token)
+            if strays:
+                with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
+                    f.write(f"\n[autoloop] ended {strays} trial process(es) left by job {job.job_id}\n")
+        if failure is not None or not isinstance(data, dict):
+            state = _job_state(job)
+            what = _said(failure) if failure is not None else f"returned {type(data).__name__}, not an outcome"
+            error = f"job {job.job_id} ended without a trial outcome (state {state}): {what}"
+            timed_out = state.upper().startswith("TIMEOUT")
+            if timed_out:
+                error = f"job {job.job_id} hit the scheduler's time limit (state {state}): {what}"
+            return self._outcome(spec, started_at, t0, follower, info, job_error=None if stopped else error,
+                                 stopped=stopped, timed_out=timed_out and not stopped, note=error)
+        node_signal = data.pop("node_signal", None)
+        outcome = TrialOutcome.model_validate(data)
+        update: dict = {"job": info}
+        if outcome.killed_reason == "stopped" and not stopped:
+            # Nobody here asked: the scheduler signalled the job (time limit, preemption, scancel).
+            state = _job_state(job)
+            timed_out = state.upper().startswith("TIMEOUT") or node_signal == "SIGUSR2"
+            update["job_error"] = (f"job {job.job_id} was ended by the scheduler ({node_signal or 'a signal'} on its node"
+                                   f"{', time limit' if timed_out else ': preemption or scancel'}; state {state})")
+            update["timed_out"] = timed_out
+        return outcome.model_copy(update=update)
+
+    def _pending_too_long(self, spec: TrialSpec, t0: float) -> bool:
+        """The job has not started the trial (run_trial on the node creates its log first
+        thing, whatever the cluster) and has waited past the pending limit."""
+        return (self.pending_timeout_s is not None and time.monotonic() - t0 > self.pending_timeout_s
+                and not spec.log_path.exists())
+
+    def _announce(self, job, info: dict, on_start: OnStart | None, on_job: OnJob | None) -> None:
+        """Tell the orchestrator which job (and, on this machine, which process) runs the trial."""
+        recorded = {**info, "folder": str(self.folder)}
+        if self.cluster == "local":
+            job._results_timeout_s = LOCAL_RESULT_WAIT_S   # same filesystem: no cache to wait for
+            with contextlib.suppress(psutil.Error, ValueError):
+                pid = int(job.job_id)   # submitit's local job id is its controller's pid
+                recorded["pid"], recorded["create_time"] = pid, psutil.Process(pid).create_time()
+        for hook, value in ((on_job, recorded),
+                            (on_start, [(recorded["pid"], recorded["create_time"])] if "pid" in recorded else None)):
+            if hook is not None and value is not None:
+                try:
+                    hook(value)
+                except Exception:  # noqa: BLE001 - the job is running; recovery is best effort
+                    pass
+
+    def _cancel(self, job) -> None:
+        if self.cluster == "local":
+            # SIGTERM to the controller reaches the job as SIGTERM: run_trial ends the tree and
+            # the outcome comes back (submitit's cancel, SIGINT, SIGKILLs the job after 1 s).
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(job.job_id), signal.SIGTERM)
+        else:
+            with contextlib.suppress(Exception):
+                job.cancel(check=False)
+
+    def _outcome(self, spec: TrialSpec, started_at: float, t0: float, follower: _LogFollower, info: dict,
+                 job_error: str | None = None, launch_error: str | None = None, stopped: bool = False,
+                 timed_out: bool = False, note: str | None = None) -> TrialOutcome:
+        """A TrialOutcome for a job that gave none; the evidence goes into the trial's log too."""
+        note = note or launch_error
+        if note:
+            with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
+                f.write(f"\n[autoloop] {note}\n")
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = "\n".join(spec.log_path.read_text(errors="replace").splitlines()[-200:])
+        return TrialOutcome(
+            exit_code=126 if launch_error else None, launch_error=launch_error, job_error=job_error,
+            killed_reason="stopped" if stopped else ("timeout" if timed_out else None), timed_out=timed_out,
+            max_rss_gb=spec.max_rss_gb, metric_name=spec.metric, log_path=spec.log_path, log_tail=tail,
+            started_at=started_at, ended_at=time.time(), wall_seconds=time.monotonic() - t0,
+            timeout_s=spec.timeout_s, last_progress=follower.last, job=info)
+
+
+def _job_state(job) -> str:
+    try:
+        return str(job.state)
+    except Exception:  # noqa: BLE001 - sacct unreachable: the state is only evidence
+        return "UNKNOWN"
+
+
+def _said(exc: BaseException) -> str:
+    """What submitit said, on one line: the last line of a job's traceback, else the first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and set(line.strip()) != {"-"}]
+    if not lines:
+        return type(exc).__name__
+    if isinstance(exc, FailedJobError if submitit else ()) and len(lines) > 1:
+        # "...with trace: <traceback> You can check full logs with ...": the exception line.
+        end = next((i for i, line in enumerate(lines) if line.startswith("You can check")), len(lines))
+        return lines[end - 1] if end > 1 else lines[0]
+    return lines[0]
+
+
+def cancel_recorded_job(job: dict) -> str | None:
+    """Cancel the job of an interrupted run, from what state.json recorded."""
+    cluster, job_id = job.get("cluster"), job.get("job_id")
+    if cluster == "local" and job.get("pid"):
+        try:
+            proc = psutil.Process(int(job["pid"]))
+            if abs(proc.create_time() - float(job.get("create_time", 0))) >= 1.0:
+                return None   # the pid now belongs to another process
+            proc.send_signal(signal.SIGTERM)   # the controller forwards it to the job
+        except (psutil.Error, ValueError):
+            return None
+        return f"cancelled local job {job_id}"
+    if cluster == "slurm" and job_id and submitit is not None and shutil.which("scancel"):
+        try:
+            submitit.SlurmJob(folder=job.get("folder") or ".", job_id=str(job_id)).cancel(check=False)
+        except Exception as exc:  # noqa: BLE001 - recovery goes on; the user can scancel
+            return f"could not cancel slurm job {job_id} ({exc}); scancel it"
+        return f"cancelled slurm job {job_id}"
+    return None

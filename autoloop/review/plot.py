@@ -1,0 +1,330 @@
+"""results/progress.png: the night at a glance.
+
+The metric of every attempt in ledger order: discarded attempts faint, kept ones
+highlighted, joined by the running-best step line and labelled with their short
+descriptions; attempts far worse than the kept ones sit as small triangles on the
+chart's "worse" edge (one diverged run must not flatten the picture); crashes have no
+metric and sit in a strip under the chart, one row per class. The legend stands to the
+right of the chart, where it hides nothing.
+
+matplotlib is an optional extra (``pip install autoloop[plot]``); without it
+:class:`PlotUnavailable` says so and the report goes on without the picture.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import statistics
+from pathlib import Path
+
+from autoloop.store.atomic import atomic_write
+from autoloop.store.ledger import LedgerRecord
+from autoloop.store.queries import best_before, infer_direction
+
+WIDTH_IN, HEIGHT_IN, DPI = 12.0, 6.75, 100   # 1200 x 675 pixels
+LABEL_CHARS = 34
+MAX_LABELS = 10      # more labels than this stop reading at a glance: the largest changes get them
+
+KEEP_COLOR = "#1a9850"
+LABEL_COLOR = "#14532d"
+DISCARD_COLOR = "#8c8c8c"
+BASELINE_COLOR = "#2c5aa0"
+CRASH_STYLE = {   # class -> (marker, colour)
+    "trivial": ("x", "#e08214"),
+    "fundamental": ("X", "#c51b1b"),
+    "timeout": ("s", "#7b3294"),
+}
+
+
+class PlotUnavailable(Exception):
+    """No picture can be drawn here; the message says why (and what to install)."""
+
+
+def _short(text: str, n: int = LABEL_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def y_range(kept: list[float], others: list[float], direction: str) -> tuple[float, float]:
+    """Limits showing every kept point, with room on the better side for the labels, and
+    the other attempts up to one kept-range beyond the worst kept one (or better than the
+    best); anything farther is drawn on the edge instead."""
+    sign = 1 if direction == "min" else -1          # work in "badness": higher is worse
+    k = [v * sign for v in kept]
+    o = [v * sign for v in others]
+    best, worst = min(k), max(k)
+    spread = worst - best
+    if spread <= 0:   # only the baseline: take the scale from how far the others landed
+        spread = 2 * statistics.median([abs(v - worst) for v in o]) if o else 0.0
+        spread = max(spread, abs(worst) * 0.002, 1e-6)
+    shown = [v for v in o if best - spread <= v <= worst + spread]
+    top = max([worst + 0.25 * spread, *shown])
+    bottom = min([best, *shown]) - 0.32 * spread
+    top += 0.04 * (top - bottom)
+    return (bottom, top) if sign == 1 else (-top, -bottom)
+
+
+def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | None = None,
+                       direction: str | None = None) -> Path:
+    """Draw the progress chart of ``records`` (ledger order) into ``path``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        raise PlotUnavailable("matplotlib is not installed (pip install autoloop[plot])") from None
+
+    direction = direction or infer_direction(records)
+    judged = [r for r in records if r.status != "skip"]
+    refs = dict(zip((id(r) for r in records), best_before(records)))
+    metric = records[-1].metric_name if records else "val_bpb"
+    better_word = "lower" if direction == "min" else "higher"
+    xs = list(range(len(judged)))
+
+    kept = [(x, r) for x, r in zip(xs, judged) if r.status == "keep" and _finite(r.metric)]
+    others = [(x, r) for x, r in zip(xs, judged) if r.status not in ("keep", "crash") and _finite(r.metric)]
+    no_metric = [x for x, r in zip(xs, judged) if r.status != "crash" and not _finite(r.metric)]
+    crashes = [(x, r) for x, r in zip(xs, judged) if r.status == "crash"]
+    baseline = next(((x, r) for x, r in kept if r.kind == "baseline"), kept[0] if kept else None)
+    changes = [(x, r) for x, r in kept if baseline is None or r is not baseline[1]]
+
+    fig = plt.figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    grid = fig.add_gridspec(2, 1, height_ratios=[5.2, 1], hspace=0.08, left=0.1, right=0.8, top=0.875,
+                            bottom=0.09)
+    ax = fig.add_subplot(grid[0])
+    strip = fig.add_subplot(grid[1], sharex=ax)
+
+    # -- headline: baseline -> best
+    where = f"autoloop/{tag}: " if tag else ""
+    if baseline and changes:
+        base_v = baseline[1].metric
+        best_v = (min if direction == "min" else max)(r.metric for _, r in kept)
+        delta = best_v - base_v
+        pct = f", {100 * delta / base_v:+.2f}%" if base_v else ""
+        headline = f"{where}{metric} {base_v:.4f} → {best_v:.4f} ({delta:+.4f}{pct})"
+    elif baseline:
+        headline = f"{where}{metric} {baseline[1].metric:.4f}: no change has beaten the baseline yet"
+    else:
+        headline = f"{where}{metric}: no attempt has produced one yet"
+    fig.suptitle(headline, fontsize=15, fontweight="bold", x=0.1, ha="left", y=0.972)
+    subtitle = fig.text(0.1, 0.905, f"{len(judged)} attempts: {len(changes)} kept, "
+                        f"{sum(r.status == 'discard' for r in judged)} discarded, {len(crashes)} crashed   "
+                        f"({better_word} is better)", fontsize=10.5, color="#444444", ha="left")
+
+    handles = []
+    if kept:
+        y0, y1 = y_range([r.metric for _, r in kept], [r.metric for _, r in others], direction)
+        ax.set_ylim(y0, y1)
+
+        # Other attempts: faint dots in range, triangles on the edge beyond it.
+        inside = [(x, r.metric) for x, r in others if y0 <= r.metric <= y1]
+        above = [x for x, r in others if r.metric > y1] + (no_metric if direction == "min" else [])
+        below = [x for x, r in others if r.metric < y0] + (no_metric if direction == "max" else [])
+        if inside:
+            ax.scatter([x for x, _ in inside], [y for _, y in inside], s=30, color=DISCARD_COLOR, alpha=0.55,
+                       linewidths=0, zorder=2)
+            handles.append(Line2D([], [], marker="o", ls="", color=DISCARD_COLOR, alpha=0.6, label="discarded"))
+        pad = 0.02 * (y1 - y0)
+        for xs_edge, y, marker in ((above, y1 - pad, "^"), (below, y0 + pad, "v")):
+            if xs_edge:
+                ax.scatter(xs_edge, [y] * len(xs_edge), marker=marker, s=34, color=DISCARD_COLOR, alpha=0.75,
+                           linewidths=0, zorder=2, clip_on=False)
+        if above or below:
+            handles.append(Line2D([], [], marker="^" if above else "v", ls="", color=DISCARD_COLOR,
+                                  label=f"discarded, off the scale ({len(above) + len(below)})"))
+
+        # Running best: a step line through the kept points, on to the last attempt.
+        step_x = [x for x, _ in kept] + [xs[-1]]
+        step_y = [r.metric for _, r in kept] + [kept[-1][1].metric]
+        ax.step(step_x, step_y, where="post", color=KEEP_COLOR, lw=2.0, alpha=0.9, zorder=3)
+        handles.append(Line2D([], [], color=KEEP_COLOR, lw=2, label="running best"))
+        if changes:
+            ax.scatter([x for x, _ in changes], [r.metric for _, r in changes], s=70, color=KEEP_COLOR,
+                       edgecolors="white", linewidths=1.2, zorder=4)
+            handles.append(Line2D([], [], marker="o", ls="", color=KEEP_COLOR, markersize=8, label="kept"))
+        bx, br = baseline
+        ax.scatter([bx], [br.metric], s=110, marker="D", color=BASELINE_COLOR, edgecolors="white", linewidths=1.2,
+                   zorder=5)
+        handles.append(Line2D([], [], marker="D", ls="", color=BASELINE_COLOR, markersize=8, label="baseline"))
+        ax.annotate(f"baseline {br.metric:.4f}", (bx, br.metric), xytext=(8, 8 if direction == "min" else -8),
+                    textcoords="offset points", fontsize=9, color=BASELINE_COLOR, zorder=6,
+                    va="bottom" if direction == "min" else "top")
+    else:
+        ax.text(0.5, 0.5, "no attempt has produced a metric yet", transform=ax.transAxes, ha="center",
+                va="center", fontsize=13, color="#666666")
+        ax.set_yticks([])
+
+    ax.set_ylabel(f"{metric} ({better_word} is better)", fontsize=11)
+    ax.grid(True, alpha=0.25)
+    ax.tick_params(labelbottom=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+    # -- crash strip: one row per class that occurred.
+    classes = [c for c in CRASH_STYLE if any(r.crash == c for _, r in crashes)]
+    classes += sorted({r.crash or "fundamental" for _, r in crashes} - set(classes))
+    for row, cls in enumerate(classes):
+        marker, color = CRASH_STYLE.get(cls, ("o", "#555555"))
+        pts = [x for x, r in crashes if (r.crash or "fundamental") == cls]
+        width = 2 if marker == "x" else 0.8
+        strip.scatter(pts, [row] * len(pts), marker=marker, s=55, color=color, linewidths=width, zorder=3)
+        handles.append(Line2D([], [], marker=marker, ls="", color=color, markersize=8, markeredgewidth=width,
+                              label=f"crash: {cls} ({len(pts)})"))
+    if classes:
+        strip.set_yticks(range(len(classes)))
+        strip.set_yticklabels(classes, fontsize=9)
+        strip.set_ylim(-0.7, len(classes) - 0.3)
+    else:
+        strip.set_yticks([])
+        strip.text(0.5, 0.5, "no crashes", transform=strip.transAxes, ha="center", va="center", fontsize=10,
+                   color="#666666")
+    strip.set_ylabel("crashes", fontsize=10)
+    strip.grid(True, axis="x", alpha=0.25)
+    for side in ("top", "right"):
+        strip.spines[side].set_visible(False)
+    strip.set_xlabel("attempt (ledger order)", fontsize=11)
+    strip.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if xs:
+        strip.set_xlim(-0.8, xs[-1] + max(0.8, 0.02 * len(xs)))
+
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.015, 1.0), fontsize=9.5, frameon=False,
+                  borderaxespad=0, labelspacing=0.9)
+
+    placed = _label_kept(fig, ax, changes, refs, direction, others)
+    if placed < len(changes):
+        subtitle.set_text(subtitle.get_text() + f"; labels on {placed} of {len(changes)} kept changes, the largest that fit")
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=DPI)
+    plt.close(fig)
+    atomic_write(path, image.getvalue())
+    return path
+
+
+def _label_kept(fig, ax, changes, refs, direction, others) -> int:
+    """Label kept points with their short description and delta, largest change first,
+    each at the first of a few spots around its point (the better side of the
+    running-best line first: nothing else is drawn there) that stays inside the chart and
+    clear of the kept points and the labels already placed, and, if such a spot exists,
+    of the discarded points too. A change with no clear spot goes unlabelled (its dot is
+    still there). Returns how many were labelled."""
+    if not changes:
+        return 0
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    taken = [t.get_window_extent(renderer) for t in ax.texts]   # the baseline's label
+    points = {id(r): ax.transData.transform((x, r.metric)) for x, r in changes}
+    faint = [ax.transData.transform((x, r.metric)) for x, r in others]
+    better = -1 if direction == "min" else 1
+    spots = [(dx, better * dy) for dy in (8, 21, 34) for dx in (5, -5)] + [(dx, -better * 8) for dx in (-5, 5)]
+
+    def covers(box, px, py, margin) -> bool:
+        return box.x0 - margin <= px <= box.x1 + margin and box.y0 - margin <= py <= box.y1 + margin
+
+    def clear(box, own, strict) -> bool:
+        if not (box.x0 >= frame.x0 + 2 and box.x1 <= frame.x1 - 2 and box.y0 >= frame.y0 + 2
+                and box.y1 <= frame.y1 - 2):
+            return False
+        if any(box.overlaps(t) for t in taken):
+            return False
+        if any(covers(box, px, py, 5) for key, (px, py) in points.items() if key != own):
+            return False
+        return not strict or not any(covers(box, px, py, 2) for px, py in faint)
+
+    def size(item) -> float:
+        ref = refs.get(id(item[1]))
+        return abs(item[1].metric - ref) if ref is not None else 0.0
+
+    placed = 0
+    for x, r in sorted(changes, key=size, reverse=True):
+        if placed >= MAX_LABELS:
+            break
+        ref = refs.get(id(r))
+        text = _short(r.description) + (f" ({r.metric - ref:+.4f})" if ref is not None else "")
+        done = False
+        for strict in (True, False):
+            for dx, dy in spots:
+                note = ax.annotate(text, (x, r.metric), xytext=(dx, dy), textcoords="offset points", fontsize=8.5,
+                                   color=LABEL_COLOR, ha="left" if dx > 0 else "right",
+                                   va="bottom" if dy > 0 else "top", zorder=6, annotation_clip=False,
+                                   bbox=dict(boxstyle="round,pad=0.12", fc="white", ec="none", alpha=0.8),
+                                   arrowprops=dict(arrowstyle="-", color=KEEP_COLOR, lw=0.8, alpha=0.7,
+                                                   shrinkA=0, shrinkB=4))
+                # The text's own box (Annotation's extent includes the leader line to the point).
+                note.update_positions(renderer)
+                box = Text.get_window_extent(note, renderer).padded(2)
+                if clear(box, id(r), strict):
+                    taken.append(box)
+                    placed += 1
+                    done = True
+                    break
+                note.remove()
+            if done:
+                break
+    return placed
+
+
+# ------------------------------------------------------------------------------ #19: contributions
+
+
+def write_contributions_png(rows: list[tuple[str, object, object]], path: Path, *, metric: str = "val_bpb",
+                            title: str = "") -> Path:
+    """results/verify/contributions.png: one horizontal bar per kept change (and the total
+    gain), its length the contribution (``contributions.Estimate``: mean, half-width), its
+    whisker the 95 % interval; a second, hatched bar for the same at the larger scale.
+    ``rows``: (label, estimate at the night's scale or None, estimate at scale or None).
+    Positive is better whatever the metric's direction; zero is drawn: a whisker across it
+    is a change within noise."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailable("matplotlib is not installed (pip install autoloop[plot])") from None
+    shown = [(label, small, scale) for label, small, scale in rows
+             if getattr(small, "mean", None) is not None or getattr(scale, "mean", None) is not None]
+    if not shown:
+        raise PlotUnavailable("no contribution has been measured yet")
+    height = max(2.5, 0.55 * len(shown) + 1.4)
+    fig, ax = plt.subplots(figsize=(WIDTH_IN * 0.8, height), dpi=DPI)
+    any_scale = any(getattr(scale, "mean", None) is not None for _, _, scale in shown)
+    bar = 0.38 if any_scale else 0.6
+    for i, (_label, small, scale) in enumerate(shown):
+        y = len(shown) - 1 - i
+        for est, offset, style in ((small, bar / 2 if any_scale else 0.0, {"color": KEEP_COLOR}),
+                                   (scale, -bar / 2, {"color": "white", "edgecolor": BASELINE_COLOR, "hatch": "//"})):
+            if getattr(est, "mean", None) is None:
+                continue
+            err = [[est.half], [est.half]] if est.half is not None else None
+            ax.barh(y + offset, est.mean, height=bar, xerr=err, capsize=4, error_kw={"ecolor": "#333333"}, **style)
+    ax.axvline(0.0, color="#333333", linewidth=1.0)
+    ax.set_yticks(range(len(shown)), [_short(label, 48) for label, _, _ in reversed(shown)])
+    ax.set_xlabel(f"contribution: how much better {metric} is with it (95% interval, paired by seed)")
+    if any_scale:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=KEEP_COLOR, label="the night's scale"),
+                           Patch(facecolor="white", edgecolor=BASELINE_COLOR, hatch="//", label="at scale")],
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)   # beside: it hides no bar
+    if title:
+        ax.set_title(title, fontsize=11)
+    fig.tight_layout()
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=DPI)
+    plt.close(fig)
+    atomic_write(path, image.getvalue())
+    return path

@@ -1,0 +1,700 @@
+"""Reading a workspace's results for people.
+
+* ``autoloop status``: where the loop stands, text or JSON (``status_data``);
+* ``autoloop report``: the morning summary ``results/report.md`` and the picture
+  ``results/progress.png`` (drawn by ``plot.py``).
+
+Everything here only reads ``results/`` (the ledger, the state file, the result files),
+takes no lock and changes nothing but the report files, so it is safe from another shell
+while a loop runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from autoloop.core.errors import AutoloopError
+from autoloop.core.layout import Layout, branch_name
+from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
+from autoloop.store import person_notes, queries
+from autoloop.store.atomic import atomic_write
+from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
+from autoloop.store.queries import best_before, is_noise_sample, tampered_attempts
+from autoloop.store.state import load_state
+
+
+class ReportError(AutoloopError):
+    """Nothing to report on; the message is one line for the user."""
+
+
+# ------------------------------------------------------------------------------ small pure helpers
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+# ------------------------------------------------------------------------------ status
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    import psutil
+
+    return psutil.pid_exists(pid)
+
+
+def _read_records(results_dir: Path) -> list[LedgerRecord]:
+    return Ledger(results_dir).records() if Layout(results_dir).ledger.exists() else []
+
+
+def status_data(results_dir: Path, now: float | None = None) -> dict:
+    """A JSON-ready snapshot of the loop: current attempt, best, counts, pace, time left."""
+    now = now or time.time()
+    results_dir = Path(results_dir)
+    records = _read_records(results_dir)
+    state = load_state(results_dir)
+    # The counts and the pace are the night's; autoloop verify's runs show in "last" and "current".
+    judged = [r for r in queries.of_night(records) if r.status != "skip"]
+    baseline = queries.baseline(records)
+    best_commit, best_metric = queries.best(records)
+    best_record = queries.best_record(records)
+    # The orchestrator is alive in every phase but "stopped", also between attempts ("idle").
+    alive = state.phase != "stopped" and _pid_alive(state.pid)
+    first_start = min((r.started_at for r in judged), default=None)
+    last_end = max((r.ended_at for r in judged), default=None)
+    # Pace over the span the ledger covers (first start to last end), so the figure does
+    # not sag while a long trial runs or when status is read the next morning.
+    hours = (last_end - first_start) / 3600 if first_start and last_end else 0.0
+    current = None
+    if state.in_flight:
+        parsed = parse_progress(state.progress)
+        current = {
+            "trial": state.trial, "attempt": state.attempt, "kind": state.kind, "phase": state.phase,
+            "description": state.description,
+            "elapsed_s": round(now - state.attempt_started_at, 1) if state.attempt_started_at else None,
+            "phase_elapsed_s": round(now - state.phase_started_at, 1) if state.phase_started_at else None,
+            "progress": state.progress, "loss": parsed.get("loss"), "percent": parsed.get("percent"),
+            "alive": alive,
+        }
+    workers = []
+    for k, path in Layout(results_dir).worker_states() if state.workers else []:
+        # Parallel workers: each has its own attempt in flight.
+        ws = load_state(results_dir, path.name)
+        if ws.in_flight:
+            workers.append({"worker": f"w{k}", "trial": ws.trial, "attempt": ws.attempt,
+                            "kind": ws.kind, "phase": ws.phase, "description": ws.description,
+                            "elapsed_s": round(now - ws.attempt_started_at, 1) if ws.attempt_started_at else None})
+    layout = Layout(results_dir)
+    ahead = []   # #16: the look-ahead proposals in flight, and the candidates prepared, waiting to run
+    for k, path in layout.ahead_states():
+        st = load_state(results_dir, path.name)
+        if st.in_flight:
+            ahead.append({"worker": None if k is None else f"w{k}", "trial": st.trial, "phase": st.phase,
+                          "elapsed_s": round(now - st.attempt_started_at, 1) if st.attempt_started_at else None})
+    prepared = sorted(int(p.stem) for p in layout.prepared_dir.glob("*.json") if p.stem.isdigit())
+    improvement = None
+    if baseline and baseline.metric is not None and best_metric is not None:
+        improvement = baseline.metric - best_metric
+    trials = len({r.trial for r in judged})
+    # #16: how well the proposer kept the device fed, in this run (since its start, or since
+    # its baseline ended when it ran one).
+    since = state.run_started_at or (records[0].started_at if records else now)
+    if baseline is not None and baseline.ended_at > since:
+        since = baseline.ended_at
+    fed = queries.pipeline(records, since)
+    return {
+        "tag": state.tag,
+        "running": alive,
+        "phase": state.phase,
+        "current": current,
+        "workers": workers,
+        "ahead": ahead,
+        "prepared": prepared,
+        "best": {"commit": best_commit, "metric": best_metric,
+                 "trial": best_record.trial if best_record else None,
+                 "description": best_record.description if best_record else None,
+                 "confidence": best_record.confidence if best_record else None},
+        "noise": next((r.noise for r in reversed(records) if r.noise is not None), None),
+        "baseline": {"commit": baseline.commit if baseline else None, "metric": baseline.metric if baseline else None},
+        "improvement": improvement,
+        "metric_name": records[-1].metric_name if records else "val_bpb",
+        "attempts": len(judged),
+        "trials": trials,
+        "status_counts": dict(Counter(r.status for r in queries.of_night(records))),
+        "crash_counts": dict(Counter(r.crash for r in queries.of_night(records) if r.crash)),
+        "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
+        "device_busy": None if fed is None or fed.busy_share is None else round(fed.busy_share, 4),
+        "device_span_s": None if fed is None else round(fed.span_s, 1),
+        "propose_s_per_trial": None if fed is None or fed.propose_s is None else round(fed.propose_s, 2),
+        "deadline": state.deadline,
+        "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
+        "stop_reason": state.stop_reason if state.phase == "stopped" else None,
+        "tampered": tampered_attempts(records),
+        # #17: what `autoloop note` tells every prompt now.
+        **_notes_in_force(results_dir),
+        "agent_spend": _spend(records),
+        "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
+                  "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
+    }
+
+
+def _spend(records: list[LedgerRecord]) -> dict | None:
+    """#17: the agent calls' reported cost and tokens; None when no agent call ran."""
+    spend = queries.agent_spend(records)
+    return asdict(spend) if spend.calls else None
+
+
+def spend_line(spend: dict) -> str:
+    """'$0.13 over 3 agent calls (12,000 tokens in, 963 out); 1 call reported no cost'."""
+    calls = spend["calls"]
+    text = (f"${spend['cost_usd']:.2f} over {calls} agent call{'s' if calls != 1 else ''} "
+            f"({spend['input_tokens']:,} tokens in, {spend['output_tokens']:,} out), as the agent's CLI reported it")
+    silent = spend["unreported"] + spend["without_cost"]
+    if silent:
+        text += (f"; {silent} call{'s' if silent != 1 else ''} reported no cost (not estimated"
+                 + (", and no tokens either" if spend["unreported"] else "") + ")")
+    return text
+
+
+def _notes_in_force(results_dir: Path) -> dict:
+    """The person's notes for status; a damaged notes file is said, not fatal to status."""
+    try:
+        return {"notes": [{"at": n.at, "text": n.text} for n in person_notes.active_notes(results_dir)]}
+    except person_notes.PersonNotesError as e:
+        return {"notes": [], "notes_error": str(e)}
+
+
+def status_text(data: dict) -> str:
+    m = data["metric_name"]
+    lines = []
+    if data["current"]:
+        c = data["current"]
+        label = f"#{c['trial']}" + (f".{c['attempt']}" if (c["attempt"] or 1) > 1 else "")
+        elapsed = f", {whole_seconds(c['elapsed_s'])} in" if c["elapsed_s"] is not None else ""
+        state = "running" if c["alive"] else "interrupted (no live orchestrator: resume with autoloop run --resume)"
+        lines.append(f"{state}: {label} {c['kind']} '{c['description'] or '-'}' ({c['phase']}{elapsed})")
+        if c["progress"]:
+            extra = []
+            if c["percent"] is not None:
+                extra.append(f"{c['percent']:.0f}% of the budget")
+            if c["loss"] is not None:
+                extra.append(f"loss {c['loss']:.4f}")
+            lines.append(f"  {', '.join(extra) or c['progress']}")
+    elif data.get("workers"):
+        verb = "running" if data["running"] else "interrupted"
+        for w in data["workers"]:
+            label = f"#{w['trial']}" + (f".{w['attempt']}" if (w["attempt"] or 1) > 1 else "")
+            elapsed = f", {whole_seconds(w['elapsed_s'])} in" if w["elapsed_s"] is not None else ""
+            lines.append(f"{verb} {w['worker']}: {label} {w['kind']} '{w['description'] or '-'}' ({w['phase']}{elapsed})")
+        if not data["running"]:
+            lines.append("  no live orchestrator: resume with autoloop run --resume")
+    elif data["stop_reason"]:
+        lines.append(f"stopped: {data['stop_reason']}")
+    elif data["running"]:
+        lines.append("running: between attempts")
+    elif not data["attempts"]:
+        lines.append("no trials yet")
+    else:
+        lines.append("not running")
+    best, base = data["best"], data["baseline"]
+    if best["metric"] is not None:
+        where = f" (trial {best['trial']}: {best['description']})" if best.get("trial") else ""
+        conf = f", {best['confidence']:.1f}σ over its best before" if best.get("confidence") is not None else ""
+        lines.append(f"best {m}: {best['metric']:.6f} at {best['commit'][:7]}{where}{conf}")
+    if base["metric"] is not None:
+        imp = ""
+        if data["improvement"]:
+            pct = 100 * data["improvement"] / base["metric"] if base["metric"] else 0.0
+            imp = f" (best is {abs(data['improvement']):.6f} {'lower' if data['improvement'] > 0 else 'higher'}, {abs(pct):.2f}%)"
+        lines.append(f"baseline {m}: {base['metric']:.6f} at {(base['commit'] or '-')[:7]}{imp}")
+    if data["attempts"]:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(data["status_counts"].items()))
+        crashes = ", ".join(f"{k} {v}" for k, v in sorted(data["crash_counts"].items()))
+        lines.append(f"{data['trials']} trials, {data['attempts']} attempts: {counts}" + (f" (crashes: {crashes})" if crashes else ""))
+    if data["trials_per_hour"]:
+        lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
+    for a in data.get("ahead", []):
+        who = f"{a['worker']} " if a["worker"] else ""
+        elapsed = f", {whole_seconds(a['elapsed_s'])} in" if a["elapsed_s"] is not None else ""
+        lines.append(f"{who}ahead: trial {a['trial']} ({a['phase']}{elapsed})")
+    if data.get("prepared"):
+        lines.append(f"prepared, not yet run: trial {', '.join(map(str, data['prepared']))}"
+                     + ("" if data["running"] else " (autoloop run --resume runs it first)"))
+    if data.get("device_busy") is not None:
+        proposer = data.get("propose_s_per_trial")
+        lines.append(f"device busy {data['device_busy']:.0%} of {whole_seconds(data['device_span_s'])} this run"
+                     + (f"; proposer {proposer:.1f} s per trial" if proposer is not None else ""))
+    if data["time_left_s"] is not None:
+        lines.append(f"time left: {time_left(data['time_left_s'])}")
+    if data.get("noise") is not None:
+        lines.append(f"noise: σ {data['noise']:.6f} (the noise rule needs a gain beyond z x σ)")
+    if data.get("notes"):
+        n = len(data["notes"])
+        lines.append(f"notes: {n} in force, in every prompt (autoloop note to list them, --clear to drop them); "
+                     f"latest: {shorten(data['notes'][-1]['text'])}")
+    if data.get("agent_spend"):
+        lines.append(f"agent cost: {spend_line(data['agent_spend'])}")
+    if data.get("notes_error"):
+        lines.append(f"notes: {data['notes_error']}")
+    if data.get("tampered"):
+        found = data["tampered"]
+        shown = "; ".join(f"#{trial_label(t['trial'], t['attempt'])} {', '.join(t['paths'][:3])}"
+                          + (f" +{len(t['paths']) - 3} more" if len(t["paths"]) > 3 else "")
+                          + (" (before the run)" if t["when"] == "before" else "") for t in found[-5:])
+        lines.append(f"TAMPERED: {len(found)} attempt{'s' if len(found) != 1 else ''} changed a protected input "
+                     f"(restored): {shown}")
+    return "\n".join(lines)
+
+
+def status_json(data: dict) -> str:
+    return json.dumps(data, indent=2)
+
+
+# ------------------------------------------------------------------------------ the morning report
+
+
+def eval_seconds(results_dir: Path, records: list[LedgerRecord]) -> dict[tuple[int, int], float]:
+    """eval_seconds of each attempt from its result file (runs/<trial>-<attempt>.result.json)."""
+    out = {}
+    for r in records:
+        path = Layout(Path(results_dir)).result(r.trial, r.attempt)
+        try:
+            value = json.loads(path.read_text()).get("eval_seconds")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+            out[(r.trial, r.attempt)] = float(value)
+    return out
+
+
+@dataclass
+class TimeSplit:
+    span: float            # first started_at -> last ended_at
+    training: float
+    evaluation: float
+    trial_other: float     # trial process wall time minus training and evaluation
+    harness: float         # inside attempts, outside the trial process
+    between: float         # gaps between records: proposer, and the loop not running
+    longest_gap: float
+    longest_gap_at: float | None
+
+    @property
+    def unaccounted(self) -> float:
+        return self.span - (self.training + self.evaluation + self.trial_other + self.harness + self.between)
+
+
+def time_split(records: list[LedgerRecord], evals: dict[tuple[int, int], float]) -> TimeSplit:
+    """Where the wall time went, from the ledger alone (see report_markdown for the wording)."""
+    ordered = sorted(records, key=lambda r: (r.started_at, r.ended_at))
+    if not ordered:
+        return TimeSplit(0, 0, 0, 0, 0, 0, 0, None)
+    span = max(r.ended_at for r in ordered) - ordered[0].started_at
+    training = evaluation = trial_other = harness = between = 0.0
+    longest, longest_at = 0.0, None
+    prev_end = None
+    for r in ordered:
+        wall = max(0.0, r.wall_seconds or 0.0)
+        train = min(wall, max(0.0, r.training_seconds or 0.0)) if wall else 0.0
+        ev = min(wall - train, evals.get((r.trial, r.attempt), 0.0)) if wall else 0.0
+        training += train
+        evaluation += ev
+        trial_other += wall - train - ev
+        harness += max(0.0, (r.ended_at - r.started_at) - wall)
+        if prev_end is not None:
+            gap = max(0.0, r.started_at - prev_end)
+            between += gap
+            if gap > longest:
+                longest, longest_at = gap, prev_end
+        prev_end = r.ended_at if prev_end is None else max(prev_end, r.ended_at)
+    return TimeSplit(span, training, evaluation, trial_other, harness, between, longest, longest_at)
+
+
+def _md(text: str | None) -> str:
+    """Safe inside a markdown table cell."""
+    text = " ".join((text or "-").split())
+    return text.replace("|", "\\|") or "-"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
+
+
+def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], float], *, tag: str | None = None,
+                    picture: str | None = "progress.png", picture_note: str | None = None,
+                    now: float | None = None, verification: list[str] | None = None,
+                    notes: list[dict] = ()) -> str:
+    """The whole report.md text for a ledger (pure: everything it needs is passed in).
+    ``verification``: the lines of its Verification section (#19), after the kept changes;
+    ``notes``: the person's notes and clears (person_notes.history), in order."""
+    if not records:
+        raise ReportError("the ledger has no records yet: nothing to report")
+    metric = records[-1].metric_name
+    direction = queries.infer_direction(records)
+    baseline = queries.baseline(records)
+    kept = kept_changes(records)
+    spend = _spend(records)
+    out = header_lines(records, tag, metric, direction, now)
+    out += result_section(records, baseline, metric, len(kept))
+    if picture:
+        out += [f"![{metric} per attempt]({picture})", ""]
+    if picture_note:
+        out += [picture_note, ""]
+    out += kept_section(kept, metric)
+    out += verification or []
+    out += notes_section(notes)
+    if spend:
+        out += ["## Agent cost", "", spend_line(spend) + ".", ""]
+    out += proposers_section(records, direction, metric)   # yield per proposer (#18)
+    out += attempts_section(records, baseline)
+    out += crashes_section(records)
+    out += device_time_section(records, baseline)
+    out += integrity_section(records)
+    out += noise_section(records, baseline, metric)
+    out += time_section(time_split(records, evals))
+    return "\n".join(out)
+
+
+def kept_changes(records: list[LedgerRecord]) -> list[tuple[LedgerRecord, float | None]]:
+    """The kept changes in the order they were kept, each with the best before it."""
+    return [(r, ref) for r, ref in zip(records, best_before(records))
+            if r.status == "keep" and r.kind != "baseline" and not is_noise_sample(r)]
+
+
+def header_lines(records: list[LedgerRecord], tag: str | None, metric: str, direction: str,
+                 now: float | None) -> list[str]:
+    judged = [r for r in records if r.status != "skip"]
+    branch = branch_name(tag) if tag else "the autoloop branch"
+    first, last = min(r.started_at for r in records), max(r.ended_at for r in records)
+    return [f"# autoloop report: {branch}", "",
+            f"{len(judged)} attempts of {len({r.trial for r in judged})} trials from {_clock(first)} to "
+            f"{_clock(last)} ({whole_seconds(last - first)}); {metric}, {'lower' if direction == 'min' else 'higher'} "
+            f"is better. Written {_clock(now or time.time())} from `results/ledger.jsonl`.", ""]
+
+
+def result_section(records: list[LedgerRecord], baseline: LedgerRecord | None, metric: str,
+                   n_kept: int) -> list[str]:
+    out = ["## Result", ""]
+    if baseline is None or baseline.metric is None:
+        return out + ["No baseline has been recorded yet.", ""]
+    best_commit, best_metric = queries.best(records)
+    out += [f"| | {metric} | commit | trial |", "|---|---:|---|---:|",
+            f"| baseline | {baseline.metric:.6f} | `{(baseline.commit or '-')[:7]}` | {baseline.trial} |"]
+    best_rec = queries.best_record(records) or baseline
+    if best_metric is not None:
+        out.append(f"| best | {best_metric:.6f} | `{(best_commit or '-')[:7]}` | {best_rec.trial} |")
+        delta = best_metric - baseline.metric
+        pct = f" ({100 * delta / baseline.metric:+.2f}%)" if baseline.metric else ""
+        out.append(f"| change | {delta:+.6f}{pct} | {n_kept} kept change{'s' if n_kept != 1 else ''} | |")
+        base_audit, best_audit = baseline.extra.get("audit_bpb"), best_rec.extra.get("audit_bpb")
+        if isinstance(base_audit, (int, float)) and isinstance(best_audit, (int, float)):
+            out += ["", f"Held-out audit slice (never used for a decision): baseline {base_audit:.6f}, "
+                        f"best {best_audit:.6f} ({best_audit - base_audit:+.6f}). A best that gains on "
+                        f"{metric} but not here has over-fitted the validation slice."]
+    return out + [""]
+
+
+def kept_section(kept: list[tuple[LedgerRecord, float | None]], metric: str) -> list[str]:
+    out = ["## Kept changes", ""]
+    if not kept:
+        return out + ["None: no change beat the baseline.", ""]
+    out += ["In the order they were kept; each delta is against the best before it.", "",
+            f"| # | trial | commit | {metric} | delta | confidence | description | hypothesis |",
+            "|---:|---:|---|---:|---:|---:|---|---|"]
+    for i, (r, ref) in enumerate(kept, 1):
+        delta = f"{r.metric - ref:+.6f}" if r.metric is not None and ref is not None else "-"
+        out.append(f"| {i} | {trial_label(r.trial, r.attempt)} | `{(r.commit or '-')[:7]}` | "
+                   f"{_fmt(r.metric, 6)} | {delta} | "
+                   f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} | "
+                   f"{_md(r.extra.get('hypothesis') or '-')} |")
+    return out + [""]
+
+
+def attempts_section(records: list[LedgerRecord], baseline: LedgerRecord | None) -> list[str]:
+    counts = Counter(r.status for r in records)
+    skips = [r for r in records if r.status == "skip"]
+    words = {"keep": "kept", "discard": "discarded", "crash": "crashed"}
+    parts = [f"{counts.get(s, 0)} {words[s]}" for s in ("keep", "discard", "crash") if counts.get(s)]
+    line = ", ".join(parts) or "none"
+    if baseline is not None:
+        line += " (the baseline counts as kept)"
+    if skips:
+        line += f"; {len(skips)} proposal{'s' if len(skips) != 1 else ''} skipped before anything ran"
+    out = ["## Attempts", "", line + ".", ""]
+    if skips:
+        reasons = Counter(" ".join(r.reason.split())[:120] or "-" for r in skips)
+        out += ["Skipped proposals:", ""]
+        out += [f"- {n} x {_md(reason)}" for reason, n in reasons.most_common()]
+        out.append("")
+    return out
+
+
+# What each crash class means, in the Crashes section; other classes are listed after these.
+CRASH_MEANING = {"trivial": "the edit was broken; sent back to the proposer to fix",
+                 "fundamental": "the idea failed (out of memory, NaN, a signal, interrupted)",
+                 "timeout": "ran past the hard limit; the process tree was killed"}
+
+
+def crashes_section(records: list[LedgerRecord]) -> list[str]:
+    crashes = [r for r in records if r.status == "crash"]
+    out = ["## Crashes", ""]
+    if not crashes:
+        return out + ["None.", ""]
+    by_class: dict[str, list[LedgerRecord]] = {}
+    for r in crashes:
+        by_class.setdefault(r.crash or "fundamental", []).append(r)
+    for cls in (*CRASH_MEANING, *sorted(set(by_class) - set(CRASH_MEANING))):
+        if cls not in by_class:
+            continue
+        group = by_class[cls]
+        out += [f"### {cls} ({len(group)})", ""]
+        if cls in CRASH_MEANING:
+            out += [f"_{CRASH_MEANING[cls]}._", ""]
+        for r in group:
+            out.append(f"- #{trial_label(r.trial, r.attempt)} {_md(r.description)}: {_md(r.reason)}"
+                       + (f" (log `results/{r.log_path}`)" if r.log_path else ""))
+        out.append("")
+    return out
+
+
+def device_time_section(records: list[LedgerRecord], baseline: LedgerRecord | None) -> list[str]:
+    """#16: the share of the night a trial was running, and what the proposer cost per trial."""
+    fed = queries.pipeline(records, baseline.ended_at) if baseline is not None else None
+    if fed is None or fed.busy_share is None:
+        return []
+    return ["## Device time", "",
+            f"A trial was running {_pct(fed.busy_s, fed.span_s)} of the {whole_seconds(fed.span_s)} from the end "
+            f"of the baseline to the last attempt ({fed.trials} trials; the time between runs of a resumed "
+            "night counts as idle)."
+            + (f" The proposer took {fed.propose_s:.1f} s per trial on average; with look-ahead "
+               "(`--lookahead 1`) that time overlaps the training of the trial before." if fed.propose_s is not None
+               else ""), ""]
+
+
+def integrity_section(records: list[LedgerRecord]) -> list[str]:
+    out = ["## Integrity", ""]
+    tampered = tampered_attempts(records)
+    if not tampered:
+        return out + ["No attempt changed the harness, `program.md` or the prepared data.", ""]
+    out += [f"**{len(tampered)} attempt{'s' if len(tampered) != 1 else ''} changed an input of the measurement** "
+            "(the harness, `program.md` or the prepared data). Each was restored from "
+            "`results/.pristine/`; the changed versions are in `results/quarantine/<trial>-<attempt>-tampered/`. "
+            "Found during an attempt: that attempt is invalid (crash). Found before a run: a proposer made the "
+            "change, and the run, made on the restored inputs, stood.", ""]
+    for t in tampered:
+        out.append(f"- #{trial_label(t['trial'], t['attempt'])} {_md(t['description'])} ({t['when']} the "
+                   f"{'attempt' if t['when'] == 'during' else 'run'}, {t['status']}): "
+                   + ", ".join(f"`{p}`" for p in t["paths"]))
+    return out + [""]
+
+
+def noise_section(records: list[LedgerRecord], baseline: LedgerRecord | None, metric: str) -> list[str]:
+    out = ["## Noise", ""]
+    noisy = [r for r in records if r.noise is not None and math.isfinite(r.noise)]
+    if not noisy:
+        return out + ["No record carries a noise estimate (no repeated runs of one commit were made), so "
+                      "small deltas may be noise.", ""]
+    latest = noisy[-1]
+    values = [r.noise for r in noisy]
+    spread = f", ranging {min(values):.6f} to {max(values):.6f}" if min(values) != max(values) else ""
+    out.append(f"Noise estimate (the run-to-run spread of {metric} that the decisions allowed for): "
+               f"{latest.noise:.6f} as of trial {trial_label(latest.trial, latest.attempt)}; "
+               f"{len(noisy)} record{'s' if len(noisy) != 1 else ''} carry one{spread}.")
+    _, best_metric = queries.best(records)
+    if best_metric is not None and baseline and baseline.metric is not None and latest.noise > 0:
+        out.append(f"The total change, {best_metric - baseline.metric:+.6f}, is "
+                   f"{abs(best_metric - baseline.metric) / latest.noise:.1f} times that estimate.")
+    return out + [""]
+
+
+# The rows of "Where the time went": the TimeSplit field and how it is computed.
+TIME_ROWS = (
+    ("training", "training",
+     "sum of `training_seconds` that train.py reported (the timed training loop)"),
+    ("evaluation", "evaluation",
+     "sum of `eval_seconds` in `results/runs/<trial>-<attempt>.result.json`, where the file exists"),
+    ("trial start-up and the rest", "trial_other",
+     "trial process wall time (`wall_seconds`) minus the two rows above: interpreter start-up, imports, data "
+     "loading, compilation and warm-up steps, and all of a crashed trial's time"),
+    ("harness within attempts", "harness",
+     "attempt time (`started_at` to `ended_at`) minus the trial process: commit, git, judging, ledger"),
+    ("proposer and between attempts", "between",
+     "gaps from one record's `ended_at` to the next one's `started_at`: the proposer (agent, mutator, queue), "
+     "the scope check, and any time no loop was running"),
+)
+
+
+def time_section(split: TimeSplit) -> list[str]:
+    s = split.span
+    out = ["## Where the time went", "",
+           "| | time | share | how it is computed |", "|---|---:|---:|---|"]
+    for name, field, how in TIME_ROWS:
+        value = getattr(split, field)
+        out.append(f"| {name} | {whole_seconds(value)} | {_pct(value, s)} | {how} |")
+    if abs(split.unaccounted) >= 1:
+        out.append(f"| overlap / unaccounted | {whole_seconds(abs(split.unaccounted))} | {_pct(abs(split.unaccounted), s)} | "
+                   "the span minus the rows above (records that overlap in time: parallel writers) |")
+    out.append(f"| **total** | **{whole_seconds(s)}** | 100% | first record's `started_at` to the last record's `ended_at` |")
+    out.append("")
+    if split.longest_gap >= 1800:
+        out += [f"The longest gap between two attempts, {whole_seconds(split.longest_gap)} from {_clock(split.longest_gap_at)}, "
+                "is probably time when no loop was running; it is counted in the last row.", ""]
+    return out
+
+
+_HOLDS = {True: "holds", False: "does not hold", None: "-"}
+
+
+def verification_section(summary, picture: str | None, picture_note: str | None = None) -> list[str]:
+    """'## Verification' (#19): each kept change's contribution with its interval, whether
+    it holds at scale, from ``verify_plan.summarize``; how the numbers are made, in a line."""
+    from autoloop.verification.verify_plan import scale_text, variant_label
+
+    plan = summary.plan
+    out = ["## Verification", "",
+           f"`autoloop verify` ran the best `{plan.best[:7]}`, the baseline `{plan.baseline[:7]}` and the best with "
+           f"each kept change taken out, {plan.repeats} times each with new seeds ({plan.seeds[0]}..{plan.seeds[-1]}). "
+           "A change's contribution is the mean over those seeds of how much worse the best is without it (positive: "
+           "it helps), with a 95% t-interval; *within noise* means the interval contains zero: the runs cannot tell "
+           "the change from no change (`autoloop finalize --drop-unproven` leaves those out)."]
+    if plan.transfer_planned:
+        out[-1] += (f" At scale ({scale_text(plan)}) the baseline, the best and the best without each confirmed change "
+                    "ran again; a gain holds there when its interval at scale stays above zero.")
+    out += ["", "| change | contribution (95% interval) | verdict | at scale | holds at scale |",
+            "|---|---:|---|---:|---|"]
+    gain_scale = summary.gain_at_scale
+    ratio = f" ({summary.ratio:.2f} x)" if summary.ratio is not None else ""
+    out.append(f"| **the best vs the baseline** | {summary.gain.text() if summary.gain else '-'} | "
+               f"{summary.gain.verdict if summary.gain else '-'} | "
+               f"{(gain_scale.text() + ratio) if gain_scale else '-'} | "
+               f"{_HOLDS[None if gain_scale is None else gain_scale.verdict == 'confirmed']} |")
+    for c in summary.changes:
+        what = f"{variant_label(list(c.trials))} {_md(c.description)}"
+        if c.revert in ("conflict", "absent"):
+            why = "does not revert cleanly on the best" if c.revert == "conflict" else "no longer in the best"
+            out.append(f"| {what} | - | not measured: {why} | - | - |")
+            continue
+        est = c.estimate
+        out.append(f"| {what}{' (grouped)' if c.revert == 'grouped' else ''} | {est.text() if est else '-'} | "
+                   f"{est.verdict if est else 'not run'} | {c.at_scale.text() if c.at_scale else '-'} | "
+                   f"{_HOLDS[c.holds]} |")
+    if summary.left:
+        out += ["", f"_{summary.left} run(s) are not done yet: `autoloop verify --resume` runs them._"]
+    out.append("")
+    if picture:
+        out += [f"![contributions]({picture})", ""]
+    if picture_note:
+        out += [picture_note, ""]
+    return out
+
+
+def notes_section(notes: list[dict]) -> list[str]:
+    """'## Notes from the person' (#17): every `autoloop note` and `--clear`, with its time."""
+    if not notes:
+        return []
+    out = ["## Notes from the person", "",
+           "What `autoloop note` told the agent; every prompt after a note carried it until it was cleared.", ""]
+    for event in notes:
+        when = _clock(event["at"])
+        out.append(f"- {when}: notes cleared" if event.get("clear") else f"- {when}: {_md(event['note'])}")
+    return out + [""]
+
+
+def proposers_section(records: list[LedgerRecord], direction: str, metric: str) -> list[str]:
+    """'## Proposers': what each proposer brought (a portfolio's members one by one)."""
+    from autoloop.proposers.outcomes import proposer_yields
+
+    yields = proposer_yields(records, direction)
+    if not yields:
+        return []
+    sign = -1 if direction == "min" else 1
+    digits = 6 if any(0 < y.gain < 0.0005 for y in yields.values()) else 4
+
+    def change(gain: float) -> str:   # the metric's change, "0" rather than "-0.0000"
+        return f"{sign * gain:+.{digits}f}" if gain else "0"
+
+    summary = "; ".join(f"{name}: {y.keeps} keep{'s' if y.keeps != 1 else ''} in {y.trials} trial"
+                        f"{'s' if y.trials != 1 else ''}, {change(y.gain)}" for name, y in yields.items())
+    out = ["## Proposers", "", f"{summary}.", "",
+           "Trials count failed proposals too; keeps are the trials that moved the best, and the change is how "
+           "far they moved it. Time is each trial's attempts plus, in a portfolio, its proposing time.", "",
+           f"| proposer | trials | keeps | failed to propose | {metric} change | time | change per hour |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, y in yields.items():
+        rate = change(y.gain * 3600 / y.seconds) if y.seconds > 0 else "-"
+        out.append(f"| {_md(name)} | {y.trials} | {y.keeps} | {y.failed} | {change(y.gain)} | "
+                   f"{whole_seconds(y.seconds)} | {rate} |")
+    return out + [""]
+
+
+def verification_lines(results: Layout, output: Layout, records: list[LedgerRecord], tag: str | None) -> list[str]:
+    """The Verification section and its picture, when this tag has a verification plan."""
+    from autoloop.review import plot
+    from autoloop.verification.verify_plan import load_plan, summarize, variant_label
+
+    plan = load_plan(results)
+    if plan is None or (tag and plan.tag != tag):
+        return []
+    summary = summarize(plan, records)
+    rows = [("the best vs the baseline", summary.gain, summary.gain_at_scale)]
+    rows += [(f"{variant_label(list(c.trials))} {c.description}", c.estimate, c.at_scale) for c in summary.changes]
+    picture = output.contributions_picture
+    try:
+        picture.parent.mkdir(parents=True, exist_ok=True)
+        plot.write_contributions_png(rows, picture, metric=records[-1].metric_name,
+                                     title=f"what each kept change is worth ({plan.repeats} repeats)")
+        return verification_section(summary, picture.relative_to(output.root).as_posix())
+    except plot.PlotUnavailable as e:
+        return verification_section(summary, None, f"_No picture: {e}._")
+
+
+@dataclass
+class ReportFiles:
+    markdown: Path
+    picture: Path | None
+    note: str | None      # why there is no picture, when there is none
+    records: list[LedgerRecord] | None = None   # what the report covered (#20: report --since-last's mark)
+    tag: str | None = None
+
+
+def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
+    """Write report.md and progress.png for the ledger in ``results_dir`` into ``output_dir``
+    (default: ``results_dir``)."""
+    results = Layout(Path(results_dir))
+    output = Layout(Path(output_dir)) if output_dir else results
+    if not results.ledger.exists():
+        raise ReportError(f"no ledger at {results.ledger}: nothing to report (run autoloop run first)")
+    records = Ledger(results.root).records()
+    if not records:
+        raise ReportError(f"{results.ledger} has no records yet: nothing to report")
+    tag = tag or load_state(results.root).tag
+    output.ensure()
+
+    from autoloop.review import plot
+
+    # The night's search is what the counts, tables and the progress picture show; the
+    # verification's runs (kind verify) have a section of their own.
+    night = queries.of_night(records)
+    picture, note = output.picture, None
+    try:
+        plot.write_progress_png(night, picture, tag=tag)
+    except plot.PlotUnavailable as e:
+        picture, note = None, str(e)
+    text = report_markdown(night, eval_seconds(results.root, night), tag=tag,
+                           picture=picture.name if picture else None,
+                           picture_note=f"_No picture: {note}._" if note else None,
+                           verification=verification_lines(results, output, records, tag),
+                           notes=person_notes.history(results.root))
+    atomic_write(output.report, text + "\n")
+    return ReportFiles(output.report, picture, note, records, tag)

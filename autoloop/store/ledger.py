@@ -1,0 +1,472 @@
+"""The results ledger: append-only ledger.jsonl (source of truth) and results.tsv derived from it.
+
+Files, all under the workspace's ``results/``:
+
+``ledger.jsonl``
+    One JSON object per line, one line per trial *attempt*, each a validated
+    :class:`LedgerRecord`. Appended only: a line is written with a single
+    ``os.write`` on an ``O_APPEND`` descriptor, then fsync'ed, while holding the lock
+    below, so concurrent writers (parallel workers, a second process) never interleave
+    or lose records. Non-finite floats are stored as the strings ``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"`` so every line stays strict JSON.
+
+``.ledger.lock``
+    A filelock lock file serialising appends and TSV rewrites. It only guards the
+    ledger; refusing a second orchestrator is the workspace's job.
+
+``results.tsv``
+    Derived, never edited in place: rewritten from the whole ledger after every
+    append (temp file in the same folder, fsync, ``os.replace``), so readers see the
+    old or the new file, never half of one. Columns (``TSV_COLUMNS``)::
+
+        commit  val_bpb  memory_gb  status  description  crash  trial  seconds  confidence  worker  hypothesis
+
+    The first five are exactly karpathy/autoresearch's, so its tools keep working.
+    ``commit``: short 7-char sha, ``-`` when nothing was committed.
+    ``val_bpb``: the configured metric (the header stays ``val_bpb`` for
+    compatibility), ``%.6f``; crashed rows and rows without a metric ``0.000000``.
+    ``memory_gb``: ``%.1f``; crashed rows ``0.0``.
+    ``status``: ``keep``, ``discard`` or ``crash``.
+    ``description``: tabs, newlines and other line breaks become spaces and double
+    quotes become single quotes (so csv/pandas readers never see a quoted field);
+    the ledger keeps the original text. Empty -> ``-``.
+    ``crash``: ``trivial``, ``fundamental``, ``timeout`` or ``-``.
+    ``trial``: ``<trial>`` for attempt 1, ``<trial>.<attempt>`` for later attempts of
+    the same trial (fixes of a trivial crash, confirmation re-runs): ``7``, ``7.2``,
+    ``7.3``. Read it as a string, not a float (``7.10`` is attempt 10).
+    ``seconds``: training seconds ``%.1f``, wall seconds when the trial reported
+    none; crashed rows ``0.0``.
+    ``confidence``: the improvement over the best in units of the noise estimate
+    (``3.2`` = 3.2 sigma better, negative = worse), ``%.1f``; ``-`` when there is no
+    noise estimate or nothing to compare with (baseline, noise samples, crashes).
+    Records of kind ``verify`` (``autoloop verify``) are not in results.tsv either.
+
+    ``worker``: the parallel worker that ran the attempt (``autoloop run --workers N``:
+    ``0``..``N-1``); ``-`` for the single loop, the baseline and its noise samples.
+    ``hypothesis``: the agent's one line on why the change should help
+    (``$AUTOLOOP_HYPOTHESIS_FILE``, kept in the record's ``extra.hypothesis``), made
+    TSV-safe like the description; ``-`` when none was given. Always the last column:
+    readers of the first ten keep working.
+
+    Records with status ``skip`` (a proposal that failed before anything ran) are
+    in the ledger but NOT in results.tsv, whose status column is only
+    keep/discard/crash.
+
+Damage:
+
+* A torn tail (power loss mid-append): an unterminated last fragment, or final
+  line(s) that are not JSON at all, after the last good record. :meth:`Ledger.repair`
+  (call it on start) moves those bytes to ``results/ledger.torn-<timestamp>`` (never
+  silently dropped) and truncates the ledger to the last good newline.
+  :meth:`Ledger.records` ignores a torn tail; :meth:`Ledger.append` repairs one
+  itself before writing so a new record is never glued onto a fragment.
+* Anything bad with a good record after it, or a line that is valid JSON but not a
+  valid record (anywhere), is not what a power loss leaves: :class:`LedgerError`
+  naming the line number; nothing is dropped and the user must look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from filelock import FileLock, Timeout
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autoloop.core.errors import AutoloopError
+from autoloop.core.layout import Layout
+from autoloop.store.atomic import atomic_write, fsync_dir
+
+Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
+CrashClass = Literal["trivial", "fundamental", "timeout"]
+# What an attempt was: the unmodified baseline, a new idea, a fix of a trivial crash,
+# a re-run of an earlier candidate (noise confirmation, replay), or a run of
+# `autoloop verify` (verify.py: never judged against the best, never moving it).
+AttemptKind = Literal["baseline", "candidate", "fix", "confirm", "verify"]
+
+TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description", "crash", "trial", "seconds",
+               "confidence", "worker", "hypothesis"]
+
+
+
+class LedgerError(AutoloopError):
+    """The ledger cannot be read or written safely; the message is one line for the user."""
+
+
+class LedgerRecord(BaseModel):
+    # "strings": NaN/inf become "NaN"/"Infinity" - strict JSON that validates back to floats.
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    trial: int
+    attempt: int = 1
+    kind: AttemptKind = "candidate"
+    started_at: float
+    ended_at: float
+    proposer: str
+    parent: str | None = None          # the best commit the candidate was built on
+    commit: str | None = None          # the candidate commit (None when nothing was committed)
+    description: str
+    status: Status
+    crash: CrashClass | None = None
+    reason: str = ""                   # one line: why this status (crash evidence, "within noise", ...)
+    metric_name: str = "val_bpb"
+    metric: float | None = None
+    memory_gb: float = 0.0
+    training_seconds: float | None = None
+    total_seconds: float | None = None
+    wall_seconds: float = 0.0          # wall time of the trial process
+    exit_code: int | None = None
+    signal: int | None = None
+    diff_lines: int = 0                # lines added + removed in the target
+    seed: int | None = None
+    fingerprint: str | None = None     # data fingerprint from the result file
+    noise: float | None = None         # noise estimate in force when judged
+    confidence: float | None = None    # improvement over the best / noise, in sigma
+    log_path: str | None = None
+    best: str | None = None            # best commit after this record's decision
+    best_metric: float | None = None   # best metric after this record's decision
+    outside_changes: list[str] = Field(default_factory=list)  # files reverted by the scope check
+    extra: dict = Field(default_factory=dict)   # facts about the attempt; the engine never reads control flow here
+    worker: int | None = None          # parallel worker that ran it; None: the single loop
+    # What the decision asked for next in this trial: "confirm" (the same commit once more,
+    # another seed) or "replay" (its change merged onto a best another worker set); None:
+    # the decision was final. A record of what was decided; read back only by the next start,
+    # for a step decided and never run (queries.pending_next).
+    next: Literal["confirm", "replay"] | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# results.tsv formatting: pure functions
+
+
+# Everything str.splitlines() would break on, plus tab: none of it may reach a TSV field.
+_BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def tsv_field(text: str) -> str:
+    """One TSV-safe field: no tabs or line breaks, no double quotes, never empty."""
+    text = _BREAKS.sub(" ", text).replace('"', "'").strip()
+    return text or "-"
+
+
+def trial_label(trial: int, attempt: int) -> str:
+    """'7' for the first attempt of trial 7, '7.2', '7.3' for its later attempts."""
+    return str(trial) if attempt <= 1 else f"{trial}.{attempt}"
+
+
+def tsv_row(record: LedgerRecord) -> list[str] | None:
+    """The results.tsv fields of one record, or None for records the TSV leaves out: skips,
+    and verification runs (the table is the night's search; report.md has the verdict)."""
+    if record.status == "skip" or record.kind == "verify":
+        return None
+    crashed = record.status == "crash"
+    metric = 0.0 if crashed or record.metric is None else record.metric
+    memory = 0.0 if crashed else record.memory_gb
+    seconds = record.training_seconds if record.training_seconds is not None else record.wall_seconds
+    if crashed:
+        seconds = 0.0
+    return [
+        record.commit[:7] if record.commit else "-",
+        f"{metric:.6f}",
+        f"{memory:.1f}",
+        record.status,
+        tsv_field(record.description),
+        record.crash or "-",
+        trial_label(record.trial, record.attempt),
+        f"{seconds:.1f}",
+        "-" if crashed or record.confidence is None else f"{record.confidence:.1f}",
+        "-" if record.worker is None else str(record.worker),
+        tsv_field(str(record.extra.get("hypothesis") or "")),
+    ]
+
+
+def format_tsv(records: Iterable[LedgerRecord]) -> str:
+    """The whole results.tsv text: header, then one row per non-skip record in ledger order."""
+    lines = ["\t".join(TSV_COLUMNS)]
+    for record in records:
+        row = tsv_row(record)
+        if row is not None:
+            lines.append("\t".join(row))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# ledger.jsonl parsing: pure function over the file's bytes
+
+
+@dataclass
+class _Parsed:
+    """The outcome of reading ledger bytes: good records, and where a torn tail starts."""
+
+    records: list[LedgerRecord]
+    good_end: int              # byte offset just past the last good (or blank) line
+    torn: bytes = b""          # the bytes of a torn tail, b"" when none
+    torn_why: str = ""
+    # The final line is a valid record that only lacks its newline (a hand edit).
+    unterminated_record: bool = False
+
+
+def _parse(data: bytes, name: str) -> _Parsed:
+    records: list[LedgerRecord] = []
+    good_end = 0                                # just past the last good (or blank) line
+    pending_bad: tuple[int, str] | None = None  # first non-JSON line after the last good one
+    pos = 0
+    lineno = 0
+    while pos < len(data):
+        lineno += 1
+        nl = data.find(b"\n", pos)
+        terminated = nl != -1
+        end = nl + 1 if terminated else len(data)
+        body = data[pos:end].rstrip(b"\r\n")
+        pos = end
+
+        if not terminated:
+            # The final fragment. A complete record that only lacks its newline (a hand
+            # edit) is kept; anything else is what a write cut short leaves: torn.
+            try:
+                record = LedgerRecord.model_validate_json(body)
+            except ValueError:
+                if pending_bad is None:
+                    pending_bad = (lineno, "unterminated line")
+                break
+            if pending_bad is not None:
+                _raise_middle(name, pending_bad)
+            records.append(record)
+            return _Parsed(records, good_end, unterminated_record=True)
+
+        if not body.strip():
+            # Blank lines carry no data; skip them rather than call the file corrupt.
+            if pending_bad is None:
+                good_end = end
+            continue
+        try:
+            record = LedgerRecord.model_validate_json(body)
+        except ValidationError as e:
+            if any(err["type"] == "json_invalid" for err in e.errors()):
+                # Not JSON: part of a torn tail if nothing good follows, corruption otherwise.
+                if pending_bad is None:
+                    pending_bad = (lineno, f"not valid JSON ({_first_error(e)})")
+                continue
+            # Valid JSON that is not a record is never a power-loss artefact: the user must look.
+            raise LedgerError(f"{name} line {lineno}: not a valid ledger record ({_first_error(e)}); "
+                              "fix or remove the line by hand") from None
+        if pending_bad is not None:
+            _raise_middle(name, pending_bad)
+        records.append(record)
+        good_end = end
+
+    torn = data[good_end:]
+    why = pending_bad[1] if torn and pending_bad else ""
+    return _Parsed(records, good_end, torn, why)
+
+
+def _raise_middle(name: str, bad: tuple[int, str]):
+    lineno, why = bad
+    raise LedgerError(f"{name} line {lineno}: {why}, with good records after it, so not a torn "
+                      "write; fix or remove the line by hand")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    if err["type"] == "json_invalid":
+        return _one_line(err.get("msg", "")).removeprefix("Invalid JSON: ")
+    where = ".".join(str(p) for p in err.get("loc", ())) or "record"
+    return f"{where}: {_one_line(err.get('msg', 'invalid'))}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the Ledger
+
+
+class Ledger:
+    """results/ledger.jsonl + results/results.tsv under one file lock."""
+
+    def __init__(self, results_dir: Path, *, fsync: bool = True, lock_timeout: float = 60.0):
+        """``fsync=False`` skips the per-append fsync (tests and benchmarks only: a power
+        loss may then lose recent records). ``lock_timeout``: seconds to wait for another
+        writer before raising LedgerError; flock is released when its holder dies, so a
+        wait this long means a live process is stuck holding it."""
+        self.layout = Layout(Path(results_dir)).ensure()
+        self.results_dir = self.layout.root
+        self.path = self.layout.ledger
+        self.tsv_path = self.layout.tsv
+        self.lock_path = self.layout.ledger_lock
+        self.fsync = fsync
+        self.lock_timeout = lock_timeout
+        self._lock = FileLock(str(self.lock_path), timeout=lock_timeout)
+        # Reports of repairs that append() had to do by itself (the caller may log them).
+        self.repairs: list[str] = []
+
+    # -- locking ------------------------------------------------------------------------------
+
+    def _acquire(self):
+        try:
+            # filelock polls a non-blocking flock; its 50 ms default interval would make
+            # contended appends crawl, so poll often (appends hold the lock ~1 ms).
+            return self._lock.acquire(poll_interval=0.002)
+        except Timeout:
+            raise LedgerError(f"{self.lock_path}: another process has held the ledger lock for "
+                              f"{self.lock_timeout:.0f}s; is it stuck?") from None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _read_bytes(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def _parse(self) -> _Parsed:
+        return _parse(self._read_bytes(), str(self.path))
+
+    def records(self) -> list[LedgerRecord]:
+        """Every valid record in file order. A torn tail is ignored (repair() moves it away);
+        corruption with good records after it raises LedgerError."""
+        return self._parse().records
+
+    def __len__(self) -> int:
+        return len(self.records())
+
+    def last(self, n: int) -> list[dict]:
+        """The last n records as plain dicts (JSON-ready), oldest first."""
+        if n <= 0:
+            return []
+        return [r.model_dump(mode="json") for r in self.records()[-n:]]
+
+    # -- repair -------------------------------------------------------------------------------
+
+    def repair(self) -> str | None:
+        """Repair a torn last line; return a one-line report of what was done, or None."""
+        self._acquire()
+        try:
+            return self._repair_locked()
+        finally:
+            self._lock.release()
+
+    def _repair_locked(self) -> str | None:
+        data = self._read_bytes()
+        parsed = _parse(data, str(self.path))
+        if parsed.unterminated_record:
+            # A hand edit that dropped the final newline: the record is good, finish its line.
+            self._write_all(b"\n")
+            return f"{self.path.name}: the last record lacked its newline; added it (record kept)"
+        if not parsed.torn:
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        torn_path = self.layout.torn(stamp)
+        n = 1
+        while torn_path.exists():
+            n += 1
+            torn_path = self.layout.torn(f"{stamp}-{n}")
+        # Save the fragment durably BEFORE truncating: a crash in between leaves it in
+        # both places, never in neither.
+        with open(torn_path, "xb") as f:
+            f.write(parsed.torn)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.results_dir)
+        with open(self.path, "r+b") as f:
+            f.truncate(parsed.good_end)
+            f.flush()
+            os.fsync(f.fileno())
+        return (f"{self.path.name}: moved a torn tail ({len(parsed.torn)} bytes, {parsed.torn_why}) "
+                f"to {torn_path.name}; {len(parsed.records)} good records kept")
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def append(self, record: LedgerRecord | dict, write_tsv: bool = True) -> None:
+        """Append (flush + fsync under the lock), then rewrite results.tsv atomically.
+
+        ``write_tsv=False`` skips the rewrite (bulk writers); call write_tsv() after.
+        """
+        if isinstance(record, dict):
+            record = LedgerRecord.model_validate(record)
+        try:
+            line = record.model_dump_json()
+        except Exception as e:  # e.g. something unserialisable in `extra`
+            raise LedgerError(f"ledger record of trial {record.trial} cannot be written as JSON: "
+                              f"{_one_line(str(e))}") from None
+        # Round-trip now so a line that could not be read back is never written.
+        LedgerRecord.model_validate_json(line)
+        data = (line + "\n").encode("utf-8")
+
+        self._acquire()
+        try:
+            if not self._tail_is_clean():
+                report = self._repair_locked()
+                if report:
+                    self.repairs.append(report)
+            self._write_all(data)
+            if write_tsv:
+                self._write_tsv_locked()
+        finally:
+            self._lock.release()
+
+    def _tail_is_clean(self) -> bool:
+        """Cheap check that the file ends with a complete JSON line (or is empty)."""
+        try:
+            with open(self.path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size == 0:
+                    return True
+                window = 1 << 16
+                while True:
+                    start = max(0, size - window)
+                    f.seek(start)
+                    chunk = f.read(size - start)
+                    if not chunk.endswith(b"\n"):
+                        return False
+                    prev_nl = chunk.rfind(b"\n", 0, len(chunk) - 1)
+                    if prev_nl != -1 or start == 0:
+                        last = chunk[prev_nl + 1:]
+                        break
+                    window *= 4   # a very long last line: widen the window
+        except FileNotFoundError:
+            return True
+        if not last.strip():
+            return True
+        try:
+            json.loads(last)
+        except ValueError:
+            return False
+        return True
+
+    def _write_all(self, data: bytes) -> None:
+        created = not self.path.exists()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            # One write call for the whole line; the loop only matters if the kernel
+            # writes short (it does not for regular files in practice). The lock keeps
+            # other writers out either way.
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created and self.fsync:
+            fsync_dir(self.results_dir)   # make the new directory entry itself durable
+
+    def write_tsv(self) -> None:
+        """Rewrite results.tsv from the ledger: temp file in results/, fsync, os.replace."""
+        self._acquire()
+        try:
+            self._write_tsv_locked()
+        finally:
+            self._lock.release()
+
+    def _write_tsv_locked(self) -> None:
+        atomic_write(self.tsv_path, format_tsv(self.records()), fsync=self.fsync)
+

@@ -1,0 +1,213 @@
+"""Questions asked of a ledger: pure functions of its records, in ledger order.
+
+The ledger (``ledger.py``) reads and writes records; everything that *reads meaning* from
+them lives here, once: the best so far, the baseline, the noise estimate, the runs of one
+commit, the tampered attempts, the best in force before each record. The engine, ``status``,
+``report``, ``plot`` and ``finalize`` all ask these, so they always agree, and none of them
+imports another to get an answer (no import cycles).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from autoloop.store.ledger import LedgerRecord
+
+Best = tuple[str | None, float | None]     # (best commit, its metric); (None, None) before the baseline
+
+
+def best(records: list[LedgerRecord]) -> Best:
+    """The best as the latest record with a ``best`` set it (the ledger's commit point)."""
+    for record in reversed(records):
+        if record.best is not None:
+            return record.best, record.best_metric
+    return None, None
+
+
+def baseline(records: list[LedgerRecord]) -> LedgerRecord | None:
+    """The kept baseline record, None before there is one."""
+    return next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
+
+
+def best_record(records: list[LedgerRecord]) -> LedgerRecord | None:
+    """The latest kept record of the best commit: the change (or baseline) that made it."""
+    commit = best(records)[0]
+    return next((r for r in reversed(records) if r.status == "keep" and r.commit == commit), None)
+
+
+def best_before(records: list[LedgerRecord]) -> list[float | None]:
+    """For each record, the best metric in force when it was judged (None before the baseline)."""
+    out, current = [], None
+    for r in records:
+        out.append(current)
+        if r.best is not None:
+            current = r.best_metric
+    return out
+
+
+def is_noise_sample(record: LedgerRecord) -> bool:
+    """A re-run of the best to estimate the noise (kind confirm, status keep): not a change."""
+    return "noise_samples" in record.extra
+
+
+def was_interrupted(record: LedgerRecord) -> bool:
+    """An attempt a stop or a kill ended before it had a verdict of its own (recovery's and
+    the stop request's reason, classify's "interrupted" rule): its change was never judged."""
+    return record.status == "crash" and record.reason.startswith("interrupted")
+
+
+def noise(records: list[LedgerRecord]) -> float | None:
+    """The noise estimate decisions use: the latest noise sample that produced one."""
+    for r in reversed(records):
+        if r.extra.get("noise_method") and r.noise is not None and r.status == "keep":
+            return r.noise
+    return None
+
+
+def runs_of(records: list[LedgerRecord], commit: str) -> list[float]:
+    """Metrics of the judged runs of one commit (its first run and its re-runs); runs of
+    ``autoloop verify`` are not the night's judgement (their seeds are not the night's)."""
+    return [r.metric for r in records
+            if r.commit == commit and r.metric is not None and r.status in ("keep", "discard")
+            and r.kind != "verify"]
+
+
+def is_kept_change(record: LedgerRecord) -> bool:
+    """A kept record that changed something: not the baseline, not a noise sample (its
+    commit is its parent), a commit on top of the best it was built on."""
+    return (record.status == "keep" and record.kind != "baseline" and not is_noise_sample(record)
+            and bool(record.commit) and bool(record.parent) and record.commit != record.parent)
+
+
+def of_night(records: list[LedgerRecord]) -> list[LedgerRecord]:
+    """The night's own attempts: the records without ``autoloop verify``'s runs (kind
+    ``verify``), for what counts and plots the search."""
+    return [r for r in records if r.kind != "verify"]
+
+
+def next_trial(records: list[LedgerRecord]) -> int:
+    """The number for a new trial: highest so far + 1; 0 (the baseline) when there is none."""
+    return max((r.trial for r in records), default=-1) + 1
+
+
+def next_attempt(records: list[LedgerRecord], trial: int) -> int:
+    """The number for a new attempt of ``trial``."""
+    return max((r.attempt for r in records if r.trial == trial), default=0) + 1
+
+
+def typical_attempt_seconds(records: list[LedgerRecord], default: float) -> float:
+    """What the next attempt will likely take: the median of the last ten that ran."""
+    walls = [r.ended_at - r.started_at for r in records[-10:] if r.status != "skip"]
+    return statistics.median(walls) if walls else default
+
+
+def tampered_attempts(records: list[LedgerRecord]) -> list[dict]:
+    """Attempts that found a protected input of the measurement changed (integrity.py):
+    "during" the attempt (its trial is invalid: crash, fundamental) or "before" its run
+    (a proposer changed it; restored, so the run stood). Restored in both cases."""
+    out = []
+    for r in records:
+        for key, when in (("tampered", "during"), ("tampered_before_run", "before")):
+            if r.extra.get(key):
+                out.append({"trial": r.trial, "attempt": r.attempt, "when": when, "status": r.status,
+                            "description": r.description, "paths": list(r.extra[key])})
+    return out
+
+
+def infer_direction(records: list[LedgerRecord]) -> str:
+    """'min' or 'max' from the ledger itself: a kept change that raised the metric means
+    higher is better. Ties and an empty ledger: 'min' (val_bpb)."""
+    for r, ref in zip(records, best_before(records)):
+        if (r.status == "keep" and r.kind != "baseline" and r.metric is not None and ref is not None
+                and not is_noise_sample(r)):
+            if r.metric > ref:
+                return "max"
+            if r.metric < ref:
+                return "min"
+    return "min"
+
+
+def pending_next(records: list[LedgerRecord]) -> list[LedgerRecord]:
+    """Records whose decision asked for a confirmation or a replay that never ran: the last
+    record of their trial. A kill came between the decision and the next run, or the night
+    was stopped (Ctrl-C, ``autoloop stop``) right after the decision."""
+    last: dict[int, LedgerRecord] = {}
+    for r in records:
+        last[r.trial] = r
+    return [r for r in last.values() if r.next in ("confirm", "replay")]
+
+
+def replays_of(records: list[LedgerRecord], trial: int) -> int:
+    """How often the change of a trial was sent to be replayed on a new best."""
+    return sum(1 for r in records if r.trial == trial and r.next == "replay")
+
+
+@dataclass(frozen=True)
+class AgentSpend:
+    """What the night's agent calls cost, as their CLIs reported it (#17; never estimated)."""
+
+    calls: int                  # agent calls that ran (each record with extra.agent_usage)
+    cost_usd: float             # the sum of the costs reported
+    input_tokens: int
+    output_tokens: int
+    unreported: int             # calls whose output reported nothing at all
+    without_cost: int           # calls that reported tokens but no cost (codex)
+
+
+def agent_spend(records: list[LedgerRecord]) -> AgentSpend:
+    """The totals over the records of agent calls (a call is recorded once: its candidate,
+    fix or skip; confirmations and replays carry no usage of their own)."""
+    calls = cost = tokens_in = tokens_out = unreported = without_cost = 0
+    for r in records:
+        if "agent_usage" not in r.extra:
+            continue
+        calls += 1
+        usage = r.extra["agent_usage"] or {}
+        if not usage:
+            unreported += 1
+            continue
+        if usage.get("cost_usd") is None:
+            without_cost += 1
+        cost += usage.get("cost_usd") or 0.0
+        tokens_in += usage.get("input_tokens") or 0
+        tokens_out += usage.get("output_tokens") or 0
+    return AgentSpend(calls, cost, tokens_in, tokens_out, unreported, without_cost)
+
+
+class Pipeline(NamedTuple):
+    """How well the proposer kept the device fed (#16), over the attempts since a moment."""
+
+    busy_s: float            # wall time during which an attempt was running (overlaps counted once)
+    span_s: float            # from the moment to the last attempt's end
+    trials: int              # trials with at least one attempt that ran
+    propose_s: float | None  # the proposer's mean time per trial (its calls summed per trial)
+
+    @property
+    def busy_share(self) -> float | None:
+        return self.busy_s / self.span_s if self.span_s > 0 else None
+
+
+def pipeline(records: list[LedgerRecord], since: float) -> Pipeline | None:
+    """Device-busy time and proposer time of the trials after ``since`` (a run's start, or
+    the baseline's end), None when none ran. Attempts of parallel workers overlap: the
+    device share is then the share of wall time during which at least one was running."""
+    after = [r for r in records if r.ended_at > since and r.kind != "baseline"]
+    ran = sorted((max(r.started_at, since), r.ended_at) for r in after if r.status != "skip")
+    if not ran:
+        return None
+    busy, start, end = 0.0, ran[0][0], ran[0][1]
+    for a, b in ran[1:]:
+        if a > end:
+            busy, start = busy + end - start, a
+        end = max(end, b)
+    busy += end - start
+    span = max(r.ended_at for r in after) - since
+    per_trial: dict[int, float] = {}
+    for r in after:
+        seconds = r.extra.get("propose_seconds")
+        if isinstance(seconds, (int, float)):
+            per_trial[r.trial] = per_trial.get(r.trial, 0.0) + seconds
+    proposed = statistics.mean(per_trial.values()) if per_trial else None
+    return Pipeline(busy, span, len({r.trial for r in after if r.status != "skip"}), proposed)
