@@ -349,7 +349,7 @@ class Muon(torch.optim.Optimizer):
                                / scaled.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
             # Tall and wide matrices get comparable per-element steps.
             lr = group["lr"] * max(1.0, rows / cols) ** 0.5
-            for p, u in zip(params, update.unbind(0)):
+            for p, u in zip(params, update.unbind(0), strict=True):
                 if group["weight_decay"]:
                     # Cautious weight decay: only where the update already pulls towards zero.
                     p.sub_(lr * group["weight_decay"] * p * ((u * p) >= 0))
