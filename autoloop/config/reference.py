@@ -86,10 +86,10 @@ Where a setting comes from, lowest priority first:
 1. its default (the tables below);
 2. ONE config file in the experiment repository's directory (the one `-C` names; default: where
    autoloop runs): either `{AUTOLOOP_TOML}`, settings as top-level keys, or the `[tool.autoloop]`
-   table of `{PYPROJECT}`. When both define settings, autoloop refuses to
-   start (`settings in both {AUTOLOOP_TOML} and {PYPROJECT} [tool.autoloop]; keep them in one`):
-   silently preferring one would leave you editing the one that is ignored. An empty
-   `{AUTOLOOP_TOML}`, or a `{PYPROJECT}` without `[tool.autoloop]`, defines none;
+   table of `{PYPROJECT}`. When both define settings, autoloop refuses to start (`settings in
+   both {AUTOLOOP_TOML} and {PYPROJECT} [tool.autoloop]; keep them in one`): silently preferring
+   one would leave you editing the one that is ignored. An empty `{AUTOLOOP_TOML}`, or a
+   `{PYPROJECT}` without `[tool.autoloop]`, defines none;
 3. the flags: a flag given overrides the file (an on/off setting has a `--no-` flag too:
    `--no-isolate` for one run of a night whose file says `isolate = true`).
    `--slurm-option KEY=VALUE` adds to the file's `slurm_options` table instead of replacing it.
