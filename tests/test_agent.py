@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, init_repo
-from loop_helpers import BUDGET, GOOD, LR_ARGS, LRS, SLOW, assert_invariants, autoloop, queue_file, set_constants
+from helpers.git import git, init_repo
+from helpers.loop import BUDGET, GOOD, LR_ARGS, LRS, SLOW, assert_invariants, autoloop, queue_file, set_constants
 
 from autoloop.cli.main import build_parser, settings_from
 from autoloop.config.settings import Settings

@@ -14,9 +14,9 @@ import threading
 import time
 
 import pytest
-from conftest import git
-from night_helpers import build_night, realistic_steps
-from watch_helpers import DashboardProcess
+from helpers.git import git
+from helpers.night import build_night, realistic_steps
+from helpers.watch import DashboardProcess
 
 from autoloop.review.dashboard.server import (
     host_header_is_loopback,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loop_helpers import BUDGET, assert_invariants, autoloop
+from helpers.loop import BUDGET, assert_invariants, autoloop
 
 from autoloop.core.duplicate_gate import Earlier, changed_constants, normalise, same_as
 

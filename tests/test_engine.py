@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_tsv
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, read_tsv
 
 FAKE = '''\
 A = 1.0

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import init_repo
-from loop_helpers import assert_invariants, autoloop, queue_file, queue_patch
+from helpers.git import init_repo
+from helpers.loop import assert_invariants, autoloop, queue_file, queue_patch
 
 from autoloop.config.settings import ConfigError, build_settings
 from autoloop.core.classify import classify

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger, read_tsv
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, queue_file, read_ledger, read_tsv
 
 from autoloop.execution import procs
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import git
-from night_helpers import Step, build_night, realistic_steps
+from helpers.git import git
+from helpers.night import Step, build_night, realistic_steps, set_values
 
 from autoloop.review.finalize import changed_ranges, commit_message, kept_changes, ranges_overlap
 
@@ -138,8 +138,6 @@ def test_finalize_applies_a_change_built_on_an_older_best(tmp_path):
     """Two kept changes both built on the baseline (as parallel workers would make them):
     the second is applied as a patch on top of the first, and finalize says that the
     result differs from the ledger's best commit (which lacks the first change)."""
-    from night_helpers import set_values
-
     from autoloop.store.ledger import Ledger, LedgerRecord
 
     n = build_night(tmp_path, [])

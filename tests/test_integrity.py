@@ -17,8 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, init_repo
-from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger
+from helpers.git import REPO_ROOT, init_repo
+from helpers.loop import assert_invariants, autoloop, queue_file, read_ledger
 
 from autoloop.core.decide import judge_runs
 from autoloop.execution.integrity import (

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TRAIN_PY
+from helpers.git import TRAIN_PY
 
 from autoloop.proposers.base import FixContext, ProposalRequest
 from autoloop.proposers.mutate import (

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-from conftest import git
-from loop_helpers import read_ledger
-from night_helpers import build_night, realistic_steps
-from watch_helpers import cli_env, fake, fake_repo, queue, run_args, run_night
+from helpers.git import git
+from helpers.loop import read_ledger
+from helpers.night import build_night, realistic_steps
+from helpers.watch import cli_env, fake, fake_repo, queue, run_args, run_night
 
 from autoloop.observe.notes import NOTES_REF, Notes, attempt_block, blob_sha, notes_by_commit
 from autoloop.store.ledger import LedgerRecord

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_ledger
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, read_ledger
 
 from autoloop.proposers.mutate import find_constants
 from autoloop.proposers.optuna_search import STUDY_FILE

@@ -11,8 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import init_repo
-from loop_helpers import assert_invariants, autoloop
+from helpers.git import init_repo
+from helpers.loop import assert_invariants, autoloop
 
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 from autoloop.proposers.outcomes import portfolio_skip_reason, proposer_yields, trial_outcomes

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TRAIN_PY, init_repo
+from helpers.git import TRAIN_PY, init_repo
 
 from autoloop.config.settings import ConfigError, load_settings
 from autoloop.proposers import ProposerError, make_proposer

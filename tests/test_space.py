@@ -7,7 +7,7 @@ import itertools
 import math
 
 import pytest
-from conftest import TRAIN_PY
+from helpers.git import TRAIN_PY
 
 from autoloop.proposers.mutate import find_constants
 from autoloop.proposers.space import Space, build_space

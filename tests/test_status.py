@@ -10,7 +10,9 @@ import sys
 import time
 
 import pytest
-from night_helpers import build_night, realistic_steps
+from helpers.git import init_repo
+from helpers.loop import GOOD, SLOW, queue_file
+from helpers.night import build_night, realistic_steps
 
 from autoloop.review.report import status_data, status_json, status_text
 from autoloop.store.state import RunState, save_state
@@ -74,9 +76,6 @@ def test_status_of_a_fresh_workspace(tmp_path):
 
 @pytest.mark.slow
 def test_status_during_and_after_a_real_run(tiny_data_dir, tmp_path):
-    from conftest import init_repo
-    from loop_helpers import GOOD, SLOW, queue_file
-
     # Its own repo (baseline included) and a generous --timeout: the check is about status,
     # and must not fail because a shared machine made start-up slow.
     repo = init_repo(tmp_path / "repo", {"train.py": SLOW})

@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git
-from loop_helpers import read_ledger
-from watch_helpers import fake, fake_repo, queue, run_night
+from helpers.git import git
+from helpers.loop import read_ledger
+from helpers.watch import fake, fake_repo, queue, run_night
 
 from autoloop.observe.trackers import loss_curve
 

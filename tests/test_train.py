@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TRAIN_PY
+from helpers.git import TRAIN_PY
 
 SUMMARY_FIELDS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                   "total_tokens_M", "num_steps", "num_params_M", "depth"]

@@ -18,8 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo, private_copy
-from loop_helpers import autoloop, read_ledger
+from helpers.git import git, init_repo, private_copy
+from helpers.loop import assert_invariants, autoloop, read_ledger
 
 from autoloop.core.contributions import paired, ratio, t975
 from autoloop.repo.workspace import Workspace
@@ -294,7 +294,6 @@ def test_kill_9_during_verify_then_resume_loses_nothing_and_runs_nothing_twice(n
     """Killed just after a run was recorded (before git and the state caught up), then killed
     in the middle of another run: each --resume recovers, and in the end every (variant,
     repeat) has exactly one measured record; the interrupted run is in the ledger as such."""
-    from loop_helpers import assert_invariants
 
     repo = night_repo
     best = git(repo, "rev-parse", "HEAD")

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo
+from helpers.git import git, init_repo
 
 from autoloop.repo.workspace import Workspace, WorkspaceError
 

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 import psutil
-from conftest import TRAIN_PY, git
+
+from helpers.git import TRAIN_PY, git
 
 BUDGET = "2"
 TIMEOUT = "25"  # hard limit: the stand-in sleeps 2 s; start-up on a loaded machine takes the rest
@@ -31,7 +32,7 @@ def set_constants(source: str, **values) -> str:
     return source
 
 
-GOOD = (Path(__file__).parent / "trial_scripts" / "learner.py").read_text()
+GOOD = (Path(__file__).parent.parent / "trial_scripts" / "learner.py").read_text()
 SLOW = set_constants(GOOD, MATRIX_LR="0.0004", EMBED_LR="0.003", HEAD_LR="0.0001")
 # GOOD's learning rates as NAME=VALUE arguments: the fake agents restore them in SLOW.
 LRS = {name: re.search(rf"^{name} = (\S+)", GOOD, re.M).group(1) for name in ("MATRIX_LR", "EMBED_LR", "HEAD_LR")}

@@ -12,9 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import git, init_repo
-
 from autoloop.store.ledger import Ledger, LedgerRecord
+from helpers.git import git, init_repo
 
 CONSTANTS = {
     "DEPTH": "4", "WIDTH": "128", "HEADS": "4", "SEQ_LEN": "256",
