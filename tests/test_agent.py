@@ -237,7 +237,8 @@ def test_agent_improves_a_constant(baselined_repo, tiny_data_dir):
 @pytest.mark.slow
 def test_trivial_crash_goes_back_to_the_agent_as_a_fix(baselined_repo, tiny_data_dir):
     repo = baselined_repo
-    _, ledger = agent_run(repo, tiny_data_dir, f"{FAKE / 'syntax_then_fix.py'} {{prompt_file}} {LR_ARGS}", "--max-trials", "1")
+    _, ledger = agent_run(repo, tiny_data_dir, f"{FAKE / 'syntax_then_fix.py'} {{prompt_file}} {LR_ARGS}",
+                          "--max-trials", "1")
     rows = [(r["trial"], r["attempt"], r["kind"], r["status"], r["crash"]) for r in ledger[1:]]
     assert rows == [(1, 1, "candidate", "crash", "trivial"), (1, 2, "fix", "keep", None)]
     assert "SyntaxError" in ledger[1]["reason"]

@@ -159,7 +159,8 @@ def test_bad_dashboard_settings_are_one_line_errors(night, tmp_path):
         proc = subprocess.run([sys.executable, "-m", "autoloop.cli", "dashboard", "--port", str(dash.port)],
                               cwd=night.repo, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 1
-        assert proc.stderr == f"autoloop: port {dash.port} is in use on 127.0.0.1 (pick another with --port, or 0 for any)\n"
+        assert proc.stderr == (f"autoloop: port {dash.port} is in use on 127.0.0.1 "
+                               "(pick another with --port, or 0 for any)\n")
     proc = subprocess.run([sys.executable, "-m", "autoloop.cli", "dashboard", "--port", "70000"], cwd=night.repo,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "expected a port from 0 to 65535" in proc.stderr

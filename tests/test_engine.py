@@ -95,5 +95,6 @@ def test_a_kill_and_resume_is_recovered_the_same_way(tmp_path, tiny_data_dir, fl
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     ledger = assert_invariants(repo)
     [interrupted] = [r for r in ledger if r["trial"] == 2]
-    assert interrupted["status"] == "crash" and interrupted["reason"] == "interrupted (orchestrator stopped during running)"
+    assert interrupted["status"] == "crash"
+    assert interrupted["reason"] == "interrupted (orchestrator stopped during running)"
     assert interrupted["commit"] and "B = 1.5" in git(repo, "show", f"{interrupted['commit']}:train.py")

@@ -99,7 +99,8 @@ def make_inputs(root: Path) -> tuple[Path, Path, Path]:
 
 def snap(tmp_path, **kw) -> tuple[InputsSnapshot, Path, Path, Path]:
     pkg, ws, data = make_inputs(tmp_path)
-    guard = InputsSnapshot.snapshot(tmp_path / "results" / ".pristine", harness=pkg, workspace=ws, data_dir=data, tag="t", **kw)
+    guard = InputsSnapshot.snapshot(tmp_path / "results" / ".pristine", harness=pkg, workspace=ws, data_dir=data,
+                                    tag="t", **kw)
     return guard, pkg, ws, data
 
 

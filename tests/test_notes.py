@@ -84,8 +84,9 @@ def test_a_commit_run_several_times_has_one_block_per_attempt_and_text_stays_in_
     records = list(night.records)
     base = records[0]
     hostile = "line one\nline two\x1b[31m red \x07 <b>bold</b>"
-    records.append(LedgerRecord(trial=0, attempt=2, kind="confirm", started_at=base.ended_at, ended_at=base.ended_at + 1,
-                                proposer="-", parent=base.commit, commit=base.commit, description=hostile,
+    records.append(LedgerRecord(trial=0, attempt=2, kind="confirm", started_at=base.ended_at,
+                                ended_at=base.ended_at + 1, proposer="-", parent=base.commit, commit=base.commit,
+                                description=hostile,
                                 status="keep", reason="noise sample 1/1\nsecond line", metric=1.0270, noise=0.0005,
                                 best=base.commit, best_metric=1.02725, extra={"noise_samples": [1.0275, 1.027]}))
     text = notes_by_commit(records)[base.commit]

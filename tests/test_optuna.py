@@ -189,7 +189,7 @@ def test_parallel_workers_never_run_one_point_twice(bowl_repo, tiny_data_dir):
     trials = by_number(study_trials(bowl_repo))
     told = [trials[r["extra"]["optuna"]["trial"]] for r in runs]
     assert sum(t.state.name == "RUNNING" for t in told) <= 2      # at most the last one of each worker
-    for r, t in zip(runs, told):
+    for r, t in zip(runs, told, strict=True):
         if t.state.name == "COMPLETE":
             assert t.value == pytest.approx(r["metric"])
 

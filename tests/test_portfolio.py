@@ -176,8 +176,8 @@ def test_a_failed_member_names_itself_in_the_skip(tmp_path):
             break
     with pytest.raises(ProposalFailed) as e:
         portfolio.propose(portfolio_request)
-    assert re.match(r"^portfolio chose agent \(thompson draw .*\); it failed after \d+\.\d s: agent timed out after 15m$",
-                    str(e.value))
+    assert re.match(r"^portfolio chose agent \(thompson draw .*\); "
+                    r"it failed after \d+\.\d s: agent timed out after 15m$", str(e.value))
     record = rec(trial, status="skip", reason=str(e.value))
     assert trial_outcomes([record])[trial].proposer == "agent"
 

@@ -42,7 +42,8 @@ def test_parse_progress_reads_train_py_lines():
 
 
 def test_verdict_line_with_and_without_noise():
-    assert format_verdict("#17", record(noise=0.00128), 1.0275) == "#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06"
+    assert format_verdict("#17", record(noise=0.00128), 1.0275) == \
+        "#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06"
     assert format_verdict("#17", record(), 1.0275) == "#17 keep 1.0234 (-0.0041) MATRIX_LR 0.04 -> 0.06"
     assert format_verdict("#18", record(trial=18, status="discard", metric=1.0301, description="x"), 1.0234) \
         == "#18 discard 1.0301 (+0.0067) x"

@@ -29,16 +29,17 @@ def test_status_of_a_running_attempt(night, tmp_path):
     results = night.results
     now = time.time()
     state = RunState(tag="nov29", phase="running", pid=os.getpid(), run_started_at=now - 3600, deadline=now + 7200,
-                     trial=29, attempt=1, kind="candidate", description="EMBED_LR 0.6 -> 0.8", phase_started_at=now - 42,
-                     attempt_started_at=now - 45, progress=PROGRESS, best=night.best, best_metric=1.0159)
+                     trial=29, attempt=1, kind="candidate", description="EMBED_LR 0.6 -> 0.8",
+                     phase_started_at=now - 42, attempt_started_at=now - 45, progress=PROGRESS,
+                     best=night.best, best_metric=1.0159)
     save_state(results, state)
     data = status_data(results, now=now)
     assert data["running"] is True
     assert data["current"] == {"trial": 29, "attempt": 1, "kind": "candidate", "phase": "running",
                                "description": "EMBED_LR 0.6 -> 0.8", "elapsed_s": 45.0, "phase_elapsed_s": 42.0,
                                "progress": PROGRESS, "loss": 2.345, "percent": 41.0, "alive": True}
-    assert data["best"] == {"commit": night.best, "metric": 1.0159, "trial": 25, "description": "MATRIX_LR 0.06 -> 0.07",
-                            "confidence": None}
+    assert data["best"] == {"commit": night.best, "metric": 1.0159, "trial": 25,
+                            "description": "MATRIX_LR 0.06 -> 0.07", "confidence": None}
     assert data["baseline"] == {"commit": night.baseline, "metric": 1.0275}
     assert data["improvement"] == pytest.approx(0.0116)
     assert data["status_counts"] == {"keep": 7, "discard": 16, "crash": 6, "skip": 1}

@@ -92,7 +92,7 @@ def check_worker_invariants(repo: Path, queued: list[str] | None, tag: str = "t"
     assert metrics == sorted(metrics, reverse=True), metrics
     # the worker column agrees with the ledger
     judged = [r for r in ledger if r["status"] != "skip"]
-    for row, record in zip(read_tsv(repo), judged):
+    for row, record in zip(read_tsv(repo), judged, strict=True):
         assert row["worker"] == ("-" if record["worker"] is None else str(record["worker"]))
     assert ledger[0]["kind"] == "baseline" and ledger[0]["worker"] is None
     assert all(r["worker"] in (0, 1) for r in ledger[1:])

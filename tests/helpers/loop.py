@@ -99,7 +99,7 @@ def run_args(tag: str = "t") -> list[str]:
 def read_tsv(repo: Path) -> list[dict]:
     lines = (repo / "results" / "results.tsv").read_text().splitlines()
     header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
 
 
 def read_ledger(repo: Path) -> list[dict]:
@@ -124,7 +124,7 @@ def assert_invariants(repo: Path, tag: str = "t") -> list[dict]:
     tsv = read_tsv(repo)
     judged = [r for r in ledger if r["status"] != "skip" and r["kind"] != "verify"]   # the TSV's rows
     assert len(tsv) == len(judged)
-    for row, record in zip(tsv, judged):
+    for row, record in zip(tsv, judged, strict=True):
         assert row["status"] == record["status"]
         assert row["crash"] == (record["crash"] or "-")
         assert row["commit"] == (record["commit"] or "-")[:7]
