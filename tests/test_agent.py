@@ -29,7 +29,7 @@ FAKE = Path(__file__).resolve().parent / "fake_agents"
 PROGRAM = "# program.md\nGoal: the lowest val_bpb. Edit train.py only.\n"
 # No trial here is meant to hang: a roomy hard limit keeps a loaded machine from failing them.
 TIMEOUT = "60"
-# The fake agents restore train.py's own learning rates (loop_helpers.LR_ARGS), which SLOW
+# The fake agents restore train.py's own learning rates (helpers.loop.LR_ARGS), which SLOW
 # has made tiny, so the tests follow whatever train.py is tuned to.
 RESTORED = set_constants(SLOW, **LRS)
 
