@@ -1,38 +1,17 @@
-"""Shared fixtures: real git repositories in temporary folders and a small prepared dataset."""
+"""Shared fixtures (real git repositories in temporary folders, a small prepared dataset) and the hook that
+keeps real training on one xdist worker. Helpers the tests import live in the helpers package."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.git import TRAIN_PY, init_repo, private_copy
+from helpers.loop import SLOW, autoloop, run_args
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TRAIN_PY = REPO_ROOT / "train.py"
 # Small slices keep evaluation to a fraction of a second in tests.
 TEST_VAL_BYTES = 16 * 1024
 TEST_AUDIT_BYTES = 4 * 1024
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def init_repo(path: Path, files: dict[str, str] | None = None) -> Path:
-    """A real git repo with an identity of its own, one commit, and results/ ignored."""
-    path.mkdir(parents=True, exist_ok=True)
-    git(path, "init", "-q", "-b", "main")
-    git(path, "config", "user.email", "test@autoloop.invalid")
-    git(path, "config", "user.name", "autoloop test")
-    git(path, "config", "commit.gpgsign", "false")
-    files = {".gitignore": "results/*\n__pycache__/\n", **(files or {})}
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", "initial")
-    return path
 
 
 @pytest.fixture
@@ -64,18 +43,9 @@ def trial_env(tiny_data_dir, monkeypatch) -> dict[str, str]:
 def baselined_template(tmp_path_factory, tiny_data_dir) -> Path:
     """A repo on branch autoloop/t whose baseline (the SLOW train.py) is recorded: the
     tests that start from there copy it instead of training the baseline again."""
-    from loop_helpers import SLOW, autoloop, run_args  # imported here: loop_helpers imports conftest
-
     repo = init_repo(tmp_path_factory.mktemp("template") / "repo", {"train.py": SLOW})
     proc = autoloop(repo, *run_args(), data_dir=tiny_data_dir)
     assert proc.returncode == 0 and "no more ideas" in proc.stdout, proc.stdout + proc.stderr
-    return repo
-
-
-def private_copy(template: Path, tmp_path: Path) -> Path:
-    """A test's own copy of a session-wide template repository (tmp_path/repo)."""
-    repo = tmp_path / "repo"
-    shutil.copytree(template, repo, symlinks=True)
     return repo
 
 

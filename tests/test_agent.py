@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, init_repo
-from loop_helpers import BUDGET, GOOD, LR_ARGS, LRS, SLOW, assert_invariants, autoloop, queue_file, set_constants
+from helpers.git import git, init_repo
+from helpers.loop import BUDGET, GOOD, LR_ARGS, LRS, SLOW, assert_invariants, autoloop, queue_file, set_constants
 
 from autoloop.cli.main import build_parser, settings_from
 from autoloop.config.settings import Settings
@@ -29,7 +29,7 @@ FAKE = Path(__file__).resolve().parent / "fake_agents"
 PROGRAM = "# program.md\nGoal: the lowest val_bpb. Edit train.py only.\n"
 # No trial here is meant to hang: a roomy hard limit keeps a loaded machine from failing them.
 TIMEOUT = "60"
-# The fake agents restore train.py's own learning rates (loop_helpers.LR_ARGS), which SLOW
+# The fake agents restore train.py's own learning rates (helpers.loop.LR_ARGS), which SLOW
 # has made tiny, so the tests follow whatever train.py is tuned to.
 RESTORED = set_constants(SLOW, **LRS)
 
@@ -237,7 +237,8 @@ def test_agent_improves_a_constant(baselined_repo, tiny_data_dir):
 @pytest.mark.slow
 def test_trivial_crash_goes_back_to_the_agent_as_a_fix(baselined_repo, tiny_data_dir):
     repo = baselined_repo
-    _, ledger = agent_run(repo, tiny_data_dir, f"{FAKE / 'syntax_then_fix.py'} {{prompt_file}} {LR_ARGS}", "--max-trials", "1")
+    _, ledger = agent_run(repo, tiny_data_dir, f"{FAKE / 'syntax_then_fix.py'} {{prompt_file}} {LR_ARGS}",
+                          "--max-trials", "1")
     rows = [(r["trial"], r["attempt"], r["kind"], r["status"], r["crash"]) for r in ledger[1:]]
     assert rows == [(1, 1, "candidate", "crash", "trivial"), (1, 2, "fix", "keep", None)]
     assert "SyntaxError" in ledger[1]["reason"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loop_helpers import BUDGET, LR_ARGS, assert_invariants, autoloop
+from helpers.loop import BUDGET, LR_ARGS, assert_invariants, autoloop
 
 from autoloop.proposers.usage import read_usage
 from autoloop.store.ledger import LedgerRecord

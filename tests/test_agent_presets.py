@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, init_repo, private_copy
-from loop_helpers import BUDGET, SLOW, autoloop, read_ledger
+from helpers.git import git, init_repo, private_copy
+from helpers.loop import BUDGET, SLOW, autoloop, read_ledger
 from test_workers import check_worker_invariants, fake
 
 FAKE_CLIS = Path(__file__).resolve().parent / "fake_clis"

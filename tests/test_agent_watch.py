@@ -44,7 +44,8 @@ def test_a_fatal_line_trips_the_watch_with_the_cli_line_as_evidence():
 def test_fatal_patterns_match_from_the_start_of_a_line_only():
     """codex echoes the prompt, whose results table quotes earlier reasons: not evidence."""
     watch = OutputWatch(PRESETS["claude"])
-    watch.feed(b"| 3 | skip | - | Claude Code: not logged in (ended at once): Not logged in \xc2\xb7 Please run /login |\n"
+    watch.feed(b"| 3 | skip | - | Claude Code: not logged in (ended at once): "
+               b"Not logged in \xc2\xb7 Please run /login |\n"
                b"the model says: I am Not logged in anywhere\n")
     assert not watch.is_set() and watch.reason() is None
     watch.feed(b"Not logged in \xc2\xb7 Please run /login\n")

@@ -117,7 +117,8 @@ def test_the_architecture_document_names_every_module():
     for name in modules():
         if name != "autoloop":
             leaf = name.rsplit(".", 1)[1]   # the tree names a package's modules indented under it
-            assert re.search(rf"(^|\s){re.escape(leaf)}(\.py|/)\s", text, re.MULTILINE), f"docs/architecture.md does not name {name}"
+            named = re.search(rf"(^|\s){re.escape(leaf)}(\.py|/)\s", text, re.MULTILINE)
+            assert named, f"docs/architecture.md does not name {name}"
     assert autoloop.__file__
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import TRAIN_PY, init_repo
+from helpers.git import TRAIN_PY, init_repo
 
 from autoloop.config.settings import Settings
 from autoloop.core.layout import Layout

@@ -32,13 +32,13 @@ def test_steps_fit_recovers_a_known_slope_and_residual():
     bpb = load_bpb()
     steps = [800.0, 900.0, 1000.0, 1100.0]
     noise = [0.01, -0.01, -0.01, 0.01]   # orthogonal to ln(steps) only approximately: checked below
-    values = [2.0 - 0.5 * math.log(n) + e for n, e in zip(steps, noise)]
+    values = [2.0 - 0.5 * math.log(n) + e for n, e in zip(steps, noise, strict=True)]
     per_10pct, resid = bpb.steps_fit(values, steps)
     # Least squares by hand: the slope over ln(steps), then the residual sd on n - 2 dof.
     xs = [math.log(n) for n in steps]
     mx, my = sum(xs) / 4, sum(values) / 4
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sum((x - mx) ** 2 for x in xs)
-    res = [y - my - slope * (x - mx) for x, y in zip(xs, values)]
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    res = [y - my - slope * (x - mx) for x, y in zip(xs, values, strict=True)]
     assert per_10pct == pytest.approx(slope * math.log(1.1))
     assert slope == pytest.approx(-0.5, abs=0.05)
     assert resid == pytest.approx(math.sqrt(sum(r * r for r in res) / 2))
@@ -53,7 +53,7 @@ def test_summarize_prints_the_tables_of_a_json_file(tmp_path, tiny_data_dir):
     runs = tmp_path / "runs.jsonl"
     rows = []
     for side, path, base in (("A", "/x/train.py", 1.3), ("B", "/x/port.py", 1.6)):
-        for seed, steps in zip((42, 43, 44), (800, 900, 1000)):
+        for seed, steps in zip((42, 43, 44), (800, 900, 1000), strict=True):
             rows.append({"side": side, "path": path, "budget": 300.0, "seed": seed, "fingerprint": fingerprint,
                          "val_bpb": base - 0.3 * math.log(steps / 900), "num_steps": float(steps)})
     runs.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from autoloop.config.settings import ConfigError, Settings, date_tag, format_duration, load_settings, parse_duration
 
@@ -253,5 +254,5 @@ def test_tool_autoloop_must_be_a_table(tmp_path):
 
 
 def test_settings_model_forbids_extra_fields():
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         Settings(bugdet=1)

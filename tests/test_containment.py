@@ -25,7 +25,8 @@ CONTAINMENT, SAYS = procs.containment()
 needs_cgroups = pytest.mark.skipif(CONTAINMENT is None, reason=f"no writable cgroup here: {SAYS}")
 
 # A process that keeps forking children (a fork storm in miniature), to be ended whole.
-FORKER = "import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n        time.sleep(120)\n        os._exit(0)\ntime.sleep(120)\n"
+FORKER = ("import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n        time.sleep(120)\n        os._exit(0)\n"
+          "time.sleep(120)\n")
 
 
 def dead(pid: int) -> bool:

@@ -14,9 +14,9 @@ import threading
 import time
 
 import pytest
-from conftest import git
-from night_helpers import build_night, realistic_steps
-from watch_helpers import DashboardProcess
+from helpers.git import git
+from helpers.night import build_night, realistic_steps
+from helpers.watch import DashboardProcess
 
 from autoloop.review.dashboard.server import (
     host_header_is_loopback,
@@ -159,7 +159,8 @@ def test_bad_dashboard_settings_are_one_line_errors(night, tmp_path):
         proc = subprocess.run([sys.executable, "-m", "autoloop.cli", "dashboard", "--port", str(dash.port)],
                               cwd=night.repo, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 1
-        assert proc.stderr == f"autoloop: port {dash.port} is in use on 127.0.0.1 (pick another with --port, or 0 for any)\n"
+        assert proc.stderr == (f"autoloop: port {dash.port} is in use on 127.0.0.1 "
+                               "(pick another with --port, or 0 for any)\n")
     proc = subprocess.run([sys.executable, "-m", "autoloop.cli", "dashboard", "--port", "70000"], cwd=night.repo,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "expected a port from 0 to 65535" in proc.stderr

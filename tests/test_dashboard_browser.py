@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from loop_helpers import read_ledger
-from watch_helpers import DashboardProcess, cli_env, fake, fake_repo, queue, run_args
+from helpers.loop import read_ledger
+from helpers.watch import DashboardProcess, cli_env, fake, fake_repo, queue, run_args
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -128,8 +128,9 @@ def test_agent_text_cannot_break_the_digest_or_the_prompt():
 def test_the_duplicate_just_refused_is_said_first():
     records = synthetic_night(20)
     t = records[-1].ended_at
-    records.append(LedgerRecord(trial=20, started_at=t, ended_at=t, proposer="agent", description="MATRIX_LR 0.04 -> 0.05",
-                                status="skip", reason="same change as #12", extra={"duplicate_of": 12}))
+    records.append(LedgerRecord(trial=20, started_at=t, ended_at=t, proposer="agent",
+                                description="MATRIX_LR 0.04 -> 0.05", status="skip", reason="same change as #12",
+                                extra={"duplicate_of": 12}))
     digest = research_digest(records)
     said = section(digest, "Your previous proposal was not run")
     assert "Trial 20 («MATRIX_LR 0.04 -> 0.05») was same change as #12" in said

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TRAIN_PY, git, init_repo
+from helpers.git import TRAIN_PY, git, init_repo
 from test_agent_presets import cli_env
 
 LINE = re.compile(r"^(ok|warn|fail) +([\w .-]+?): (\S.*)$")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loop_helpers import BUDGET, assert_invariants, autoloop
+from helpers.loop import BUDGET, assert_invariants, autoloop
 
 from autoloop.core.duplicate_gate import Earlier, changed_constants, normalise, same_as
 
@@ -21,11 +21,13 @@ def test_comments_whitespace_and_number_spelling_are_ignored():
     assert normalise(a) == normalise(b)
     assert normalise(a) != normalise(BASE.replace("LR = 0.04", "LR = 0.07"))
     assert normalise(BASE) != normalise(BASE.replace("DEPTH = 4", "DEPTH = 4.0"))         # an int is not a float
-    assert normalise("if x:\n    a = 1\nb = 2\n") != normalise("if x:\n    a = 1\n    b = 2\n")   # indentation is meaning
+    # indentation is meaning
+    assert normalise("if x:\n    a = 1\nb = 2\n") != normalise("if x:\n    a = 1\n    b = 2\n")
 
 
 def test_same_as_finds_the_earlier_attempt_and_says_which_constants():
-    tried = [Earlier("3", BASE.replace("DEPTH = 4", "DEPTH = 5")), Earlier("7.2", BASE.replace("LR = 0.04", "LR = 0.06"))]
+    tried = [Earlier("3", BASE.replace("DEPTH = 4", "DEPTH = 5")),
+             Earlier("7.2", BASE.replace("LR = 0.04", "LR = 0.06"))]
     candidate = BASE.replace("LR = 0.04", "LR = 0.060  # again")
     assert same_as(candidate, tried).label == "7.2"
     assert same_as(BASE.replace("LR = 0.04", "LR = 0.05"), tried) is None

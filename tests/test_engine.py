@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_tsv
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, autoloop_in_process, read_tsv
 
 FAKE = '''\
 A = 1.0
@@ -42,9 +42,9 @@ def queue(repo: Path) -> None:
 def night(tmp_path: Path, name: str, data_dir: Path, *flags: str) -> Path:
     repo = init_repo(tmp_path / name, {"train.py": FAKE})
     queue(repo)
-    proc = autoloop(repo, "run", "--budget", "1", "--timeout", "60", "--proposer", "queue", "--tag", "t",
-                    "--device", "cpu", "--command", f"{sys.executable} train.py", "--noise-runs", "1",
-                    "--sanity-bound", "0.2", *flags, data_dir=data_dir)
+    proc = autoloop_in_process(repo, "run", "--budget", "1", "--timeout", "60", "--proposer", "queue", "--tag", "t",
+                               "--device", "cpu", "--command", f"{sys.executable} train.py", "--noise-runs", "1",
+                               "--sanity-bound", "0.2", *flags, data_dir=data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "has no more ideas" in proc.stdout
     return repo
@@ -91,9 +91,10 @@ def test_a_kill_and_resume_is_recovered_the_same_way(tmp_path, tiny_data_dir, fl
             "--command", f"{sys.executable} train.py", "--noise-runs", "0", "--sanity-bound", "0", *flags]
     killed = autoloop(repo, *args, data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "running:2"})
     assert killed.returncode == -9, killed.stdout + killed.stderr
-    resumed = autoloop(repo, *args, "--resume", data_dir=tiny_data_dir)
+    resumed = autoloop_in_process(repo, *args, "--resume", data_dir=tiny_data_dir)   # the kill needs a process
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     ledger = assert_invariants(repo)
     [interrupted] = [r for r in ledger if r["trial"] == 2]
-    assert interrupted["status"] == "crash" and interrupted["reason"] == "interrupted (orchestrator stopped during running)"
+    assert interrupted["status"] == "crash"
+    assert interrupted["reason"] == "interrupted (orchestrator stopped during running)"
     assert interrupted["commit"] and "B = 1.5" in git(repo, "show", f"{interrupted['commit']}:train.py")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import init_repo
-from loop_helpers import assert_invariants, autoloop, queue_file, queue_patch
+from helpers.git import init_repo
+from helpers.loop import assert_invariants, autoloop, queue_file, queue_patch
 
 from autoloop.config.settings import ConfigError, build_settings
 from autoloop.core.classify import classify
@@ -120,14 +120,16 @@ def test_sbatch_parameters_come_from_the_settings(tmp_path, fake_sbatch):
 def test_local_is_the_default_and_never_needs_submitit(tmp_path):
     assert isinstance(make_executor(build_settings({}), tmp_path), LocalExecutor)
     code = ("import sys; sys.modules['submitit'] = None\n"
-            "from autoloop.config.settings import build_settings\nfrom autoloop.execution.executors import make_executor\n"
+            "from autoloop.config.settings import build_settings\n"
+            "from autoloop.execution.executors import make_executor\n"
             "print(type(make_executor(build_settings({}), '.')).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "LocalExecutor"
 
 
 def test_bad_executor_settings_are_one_line_errors(tmp_path, fake_sbatch, monkeypatch):
-    with pytest.raises(ExecutorError, match=r"^slurm_options: unknown sbatch option 'acount' \(did you mean 'account'\?\)$"):
+    with pytest.raises(ExecutorError,
+                       match=r"^slurm_options: unknown sbatch option 'acount' \(did you mean 'account'\?\)$"):
         make_executor(build_settings({"executor": "slurm", "slurm_options": {"acount": "x"}}), tmp_path)
     with pytest.raises(ExecutorError, match="set by slurm_partition"):
         make_executor(build_settings({"executor": "slurm", "slurm_options": {"partition": "x"}}), tmp_path)
@@ -220,7 +222,8 @@ def test_a_scheduler_signal_on_the_node_is_a_crash_not_a_stop(tmp_path):
 
     outcome = slurm(tmp_path).run(spec, on_progress=cancel_like_the_scheduler, on_job=jobs.append)
     verdict = classify(outcome)
-    assert verdict.kind == "fundamental" and verdict.reason.startswith(f"job {jobs[0]['job_id']} was ended by the scheduler")
+    assert verdict.kind == "fundamental"
+    assert verdict.reason.startswith(f"job {jobs[0]['job_id']} was ended by the scheduler")
 
 
 # A job that waits in the queue: submitit's local job process starts, but (through this

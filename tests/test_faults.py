@@ -40,8 +40,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger, read_tsv
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, queue_file, read_ledger, read_tsv
 
 from autoloop.execution import procs
 
@@ -224,17 +224,20 @@ def stopped_by_sigint(repo: Path, row: dict, tmp: Path) -> None:
 
 FAULTS = [
     # -- train.py fails: the edit is to blame (trivial: a fixing proposer gets the traceback)
-    Fault("syntax-error", "crash", "trivial", "SyntaxError: invalid syntax (train.py:5)", train=script("syntax_error.py")),
+    Fault("syntax-error", "crash", "trivial", "SyntaxError: invalid syntax (train.py:5)",
+          train=script("syntax_error.py")),
     Fault("indentation-error", "crash", "trivial", "IndentationError: unexpected indent (train.py:4)",
           train=script("indentation_error.py")),
-    Fault("name-error", "crash", "trivial", "NameError: name 'lr' is not defined (train.py:6)", train=script("name_error.py")),
+    Fault("name-error", "crash", "trivial", "NameError: name 'lr' is not defined (train.py:6)",
+          train=script("name_error.py")),
     Fault("import-error", "crash", "trivial", "ModuleNotFoundError: No module named 'autoloop_no_such_module'",
           train=script("import_error.py")),
     Fault("attribute-error", "crash", "trivial", "AttributeError: module 'math' has no attribute 'tau2'",
           train=script("attribute_error.py")),
     Fault("type-error", "crash", "trivial", "TypeError: object of type 'int' has no len() (train.py:3)",
           train=script("type_error.py")),
-    Fault("shape-mismatch", "crash", "trivial", "shape mismatch: RuntimeError: mat1 and mat2 shapes cannot be multiplied",
+    Fault("shape-mismatch", "crash", "trivial",
+          "shape mismatch: RuntimeError: mat1 and mat2 shapes cannot be multiplied",
           train=script("shape_mismatch.py")),
     Fault("value-error", "crash", "trivial", "ValueError: too many values to unpack (expected 2) (train.py:3)",
           train='print("step 00001 | loss: 5.0")\nheads, dim = (4, 3, 2)\n'),
@@ -246,14 +249,15 @@ FAULTS = [
           train='import sys\nprint("giving up")\nsys.exit(2)\n'),
     Fault("segfault", "crash", "fundamental", "killed by SIGSEGV", train=script("segfault.py")),
     Fault("sigkill-like-oom-killer", "crash", "fundamental", "killed by SIGKILL (likely the host out-of-memory killer)",
-          train='import os, signal\nprint("step 00001 | loss: 5.0", flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n'),
+          train='import os, signal\nprint("step 00001 | loss: 5.0", flush=True)\n'
+                'os.kill(os.getpid(), signal.SIGKILL)\n'),
     Fault("memory-hog", "crash", "fundamental", "host memory cap 0.25 GiB exceeded", train=script("memory_hog.py"),
           args=("--max-rss-gb", "0.25")),
     # -- train.py does not end by itself
     Fault("infinite-loop", "crash", "timeout", "hard timeout 3 s exceeded", train=script("infinite_loop.py"),
           args=("--timeout", "3")),
-    Fault("ignores-sigterm-at-timeout", "crash", "timeout", "hard timeout 3 s exceeded", train=script("ignores_sigterm.py"),
-          args=("--timeout", "3")),
+    Fault("ignores-sigterm-at-timeout", "crash", "timeout", "hard timeout 3 s exceeded",
+          train=script("ignores_sigterm.py"), args=("--timeout", "3")),
     Fault("metric-then-hang", "crash", "timeout", "hard timeout 3 s exceeded",
           train='import time\nprint("val_bpb: 0.5", flush=True)\ntime.sleep(60)\n', args=("--timeout", "3"),
           check=metric_not_taken),
@@ -291,7 +295,8 @@ FAULTS = [
     Fault("agent-hangs-past-timeout", "skip", None, "agent timed out after 2s (process tree killed",
           agent=f"{AGENTS / 'hang.py'} {{tmp}}/pids", args=("--agent-timeout", "2s"),
           check=agent_processes_ended),
-    Fault("agent-makes-no-change", "skip", None, "agent made no change to train.py", agent=str(AGENTS / "no_change.py")),
+    Fault("agent-makes-no-change", "skip", None, "agent made no change to train.py",
+          agent=str(AGENTS / "no_change.py")),
     Fault("agent-killed-by-signal", "skip", None, "agent killed by SIGKILL", agent="sh -c 'kill -9 $$'"),
     Fault("agent-edits-outside-train-py", "keep", None, "improved", agent=f"{AGENTS / 'outside_edit.py'} LR=0.5",
           check=outside_quarantined),
@@ -551,7 +556,8 @@ def test_kill_9_during_an_agent_call_puts_back_the_refs_it_moved(night_templates
     git(repo, "tag", "v1", "main")
     main, best = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "HEAD")
     args = [*RUN, *NIGHTS["stdout"][1], "--resume", "--noise-runs", "0"]
-    killed = autoloop(repo, *args, "--proposer", "agent", "--agent-cmd", f"{AGENTS / 'git_move_refs_then_kill.py'} LR=0.5",
+    killed = autoloop(repo, *args, "--proposer", "agent",
+                      "--agent-cmd", f"{AGENTS / 'git_move_refs_then_kill.py'} LR=0.5",
                       data_dir=tiny_data_dir, timeout=120, own_group=True)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     moved = git(repo, "rev-parse", "main")

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import git
-from night_helpers import Step, build_night, realistic_steps
+from helpers.git import git
+from helpers.night import Step, build_night, realistic_steps, set_values
 
 from autoloop.review.finalize import changed_ranges, commit_message, kept_changes, ranges_overlap
 
@@ -41,7 +41,8 @@ def test_finalize_makes_one_commit_per_kept_change(night):
     before = snapshot(repo)
     proc = cli(repo, "finalize")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0] == f"created autoloop/t-final: 6 commits on top of the baseline {night.baseline[:7]}"
+    assert proc.stdout.splitlines()[0] == \
+        f"created autoloop/t-final: 6 commits on top of the baseline {night.baseline[:7]}"
     assert f"its tree equals the best commit {night.best[:7]}" in proc.stdout
 
     # Same tree as the best commit (under the results commit); starts at the baseline; original
@@ -52,7 +53,8 @@ def test_finalize_makes_one_commit_per_kept_change(night):
 
     subjects = git(repo, "log", "--reverse", "--format=%s", f"{night.baseline}..autoloop/t-final").splitlines()
     assert subjects == ["MATRIX_LR 0.04 -> 0.06", "weight decay 0 -> 0.1", "warmdown 0.5 -> 0.7", "width 128 -> 160",
-                        "HEAD_LR 0.004 -> 0.006", "MATRIX_LR 0.06 -> 0.07", "autoloop results: 29 attempts of autoloop/t"]
+                        "HEAD_LR 0.004 -> 0.006", "MATRIX_LR 0.06 -> 0.07",
+                        "autoloop results: 29 attempts of autoloop/t"]
     shas = git(repo, "rev-list", "--reverse", f"{night.baseline}..autoloop/t-final~1").split()
     first = git(repo, "log", "-1", "--format=%B", shas[0])
     assert first.startswith("MATRIX_LR 0.04 -> 0.06\n\nval_bpb 1.0275 -> 1.0234 (trial 1)\n")
@@ -60,7 +62,7 @@ def test_finalize_makes_one_commit_per_kept_change(night):
     assert f"autoloop-commit: {kept[0].commit}" in first
     assert "val_bpb 1.0168 -> 1.0159 (trial 25)" in git(repo, "log", "-1", "--format=%B", shas[-1])
     # Each commit is exactly its kept change: same tree as the kept commit, one file touched.
-    for sha, record in zip(shas, kept):
+    for sha, record in zip(shas, kept, strict=True):
         assert git(repo, "rev-parse", f"{sha}^{{tree}}") == git(repo, "rev-parse", f"{record.commit}^{{tree}}")
         assert git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", sha) == "train.py"
         assert git(repo, "log", "-1", "--format=%an <%ae>", sha) == "autoloop test <test@autoloop.invalid>"
@@ -138,8 +140,6 @@ def test_finalize_applies_a_change_built_on_an_older_best(tmp_path):
     """Two kept changes both built on the baseline (as parallel workers would make them):
     the second is applied as a patch on top of the first, and finalize says that the
     result differs from the ledger's best commit (which lacks the first change)."""
-    from night_helpers import set_values
-
     from autoloop.store.ledger import Ledger, LedgerRecord
 
     n = build_night(tmp_path, [])
@@ -152,7 +152,7 @@ def test_finalize_applies_a_change_built_on_an_older_best(tmp_path):
         commits.append(git(repo, "rev-parse", "HEAD"))
         git(repo, "reset", "-q", "--hard", n.baseline)
     ledger = Ledger(n.results, fsync=False)
-    for i, (commit, metric) in enumerate(zip(commits, (1.02, 1.01)), 1):
+    for i, (commit, metric) in enumerate(zip(commits, (1.02, 1.01), strict=True), 1):
         ledger.append(LedgerRecord(trial=i, started_at=i, ended_at=i + 1, proposer="worker", parent=n.baseline,
                                    commit=commit, description=f"change {i}", status="keep", metric=metric,
                                    best=commit, best_metric=metric))
@@ -186,7 +186,8 @@ def test_finalize_ends_with_the_results_commit_and_notes_the_final_commits(night
                          text=True, check=True).stdout
     assert tsv == format_tsv(night.records)
     lines = tsv.splitlines()
-    header, rows = lines[0].split("\t"), [dict(zip(lines[0].split("\t"), line.split("\t"))) for line in lines[1:]]
+    header = lines[0].split("\t")
+    rows = [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
     judged = [r for r in night.records if r.status != "skip"]
     assert header[:5] == ["commit", "val_bpb", "memory_gb", "status", "description"]
     assert [(row["commit"], row["status"], row["trial"], row["description"]) for row in rows] == \
@@ -201,7 +202,7 @@ def test_finalize_ends_with_the_results_commit_and_notes_the_final_commits(night
     expected = notes_by_commit(night.records)
     finals = git(repo, "rev-list", "--reverse", f"{night.baseline}..autoloop/t-final~1").split()
     kept = [r for r in night.records if r.status == "keep" and r.kind != "baseline"]
-    for sha, record in zip(finals, kept):
+    for sha, record in zip(finals, kept, strict=True):
         shown = subprocess.run(["git", "notes", "--ref", NOTES_REF, "show", sha], cwd=repo, capture_output=True,
                                text=True, check=True).stdout
         assert shown == expected[record.commit]

@@ -17,8 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, init_repo
-from loop_helpers import assert_invariants, autoloop, queue_file, read_ledger
+from helpers.git import REPO_ROOT, init_repo
+from helpers.loop import assert_invariants, autoloop, queue_file, read_ledger
 
 from autoloop.core.decide import judge_runs
 from autoloop.execution.integrity import (
@@ -99,7 +99,8 @@ def make_inputs(root: Path) -> tuple[Path, Path, Path]:
 
 def snap(tmp_path, **kw) -> tuple[InputsSnapshot, Path, Path, Path]:
     pkg, ws, data = make_inputs(tmp_path)
-    guard = InputsSnapshot.snapshot(tmp_path / "results" / ".pristine", harness=pkg, workspace=ws, data_dir=data, tag="t", **kw)
+    guard = InputsSnapshot.snapshot(tmp_path / "results" / ".pristine", harness=pkg, workspace=ws, data_dir=data,
+                                    tag="t", **kw)
     return guard, pkg, ws, data
 
 

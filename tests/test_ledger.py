@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from autoloop.store import ledger as ledger_mod
 from autoloop.store import queries
@@ -294,6 +295,6 @@ def test_non_finite_numbers_round_trip_as_strict_json(tmp_path):
 def test_append_accepts_a_dict_and_rejects_bad_records(tmp_path):
     ledger = Ledger(tmp_path)
     ledger.append(rec(0).model_dump())
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         ledger.append({"trial": 1})
     assert len(ledger.records()) == 1

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_ledger
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, read_ledger
 
 FAKE = '''\
 A = 1.0

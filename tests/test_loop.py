@@ -17,8 +17,8 @@ import time
 
 import psutil
 import pytest
-from conftest import TRAIN_PY, git, init_repo
-from loop_helpers import (
+from helpers.git import TRAIN_PY, git, init_repo
+from helpers.loop import (
     BUDGET,
     GOOD,
     REAL_TRAIN,

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TRAIN_PY
+from helpers.git import TRAIN_PY
 
 from autoloop.proposers.base import FixContext, ProposalRequest
 from autoloop.proposers.mutate import (
@@ -77,7 +77,7 @@ def changed_bytes(old: bytes, new: bytes) -> tuple[int, bytes, bytes]:
     """(line number, old line, new line) of the single line that differs."""
     old_lines, new_lines = old.split(b"\n"), new.split(b"\n")
     assert len(old_lines) == len(new_lines)
-    diff = [(i + 1, a, b) for i, (a, b) in enumerate(zip(old_lines, new_lines)) if a != b]
+    diff = [(i + 1, a, b) for i, (a, b) in enumerate(zip(old_lines, new_lines, strict=True)) if a != b]
     assert len(diff) == 1, diff
     return diff[0]
 
@@ -133,7 +133,7 @@ def test_moves_never_produce_nonsense(source):
     assert names.isdisjoint({"LOG_EVERY_S", "EVAL_BATCH", "COMPILE_ON_CPU", "CUDA_FULL_BATCH_GIB", "BUDGET_S", "SEED"})
     for m in moves:
         for old, new in zip(m.old if isinstance(m.old, tuple) else (m.old,),
-                            m.new if isinstance(m.new, tuple) else (m.new,)):
+                            m.new if isinstance(m.new, tuple) else (m.new,), strict=True):
             if isinstance(old, bool):
                 continue
             assert (old > 0) == (new > 0) or old == 0, m.description

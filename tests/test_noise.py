@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from conftest import init_repo
-from loop_helpers import BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_ledger, read_tsv
+from helpers.git import init_repo
+from helpers.loop import BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_ledger, read_tsv
 
 from autoloop.store.ledger import TSV_COLUMNS
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-from conftest import git
-from loop_helpers import read_ledger
-from night_helpers import build_night, realistic_steps
-from watch_helpers import cli_env, fake, fake_repo, queue, run_args, run_night
+from helpers.git import git
+from helpers.loop import read_ledger
+from helpers.night import build_night, realistic_steps
+from helpers.watch import cli_env, fake, fake_repo, queue, run_args, run_night
 
 from autoloop.observe.notes import NOTES_REF, Notes, attempt_block, blob_sha, notes_by_commit
 from autoloop.store.ledger import LedgerRecord
@@ -84,8 +84,9 @@ def test_a_commit_run_several_times_has_one_block_per_attempt_and_text_stays_in_
     records = list(night.records)
     base = records[0]
     hostile = "line one\nline two\x1b[31m red \x07 <b>bold</b>"
-    records.append(LedgerRecord(trial=0, attempt=2, kind="confirm", started_at=base.ended_at, ended_at=base.ended_at + 1,
-                                proposer="-", parent=base.commit, commit=base.commit, description=hostile,
+    records.append(LedgerRecord(trial=0, attempt=2, kind="confirm", started_at=base.ended_at,
+                                ended_at=base.ended_at + 1, proposer="-", parent=base.commit, commit=base.commit,
+                                description=hostile,
                                 status="keep", reason="noise sample 1/1\nsecond line", metric=1.0270, noise=0.0005,
                                 best=base.commit, best_metric=1.02725, extra={"noise_samples": [1.0275, 1.027]}))
     text = notes_by_commit(records)[base.commit]

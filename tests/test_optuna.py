@@ -10,8 +10,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_ledger
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, read_ledger
 
 from autoloop.proposers.mutate import find_constants
 from autoloop.proposers.optuna_search import STUDY_FILE
@@ -189,7 +189,7 @@ def test_parallel_workers_never_run_one_point_twice(bowl_repo, tiny_data_dir):
     trials = by_number(study_trials(bowl_repo))
     told = [trials[r["extra"]["optuna"]["trial"]] for r in runs]
     assert sum(t.state.name == "RUNNING" for t in told) <= 2      # at most the last one of each worker
-    for r, t in zip(runs, told):
+    for r, t in zip(runs, told, strict=True):
         if t.state.name == "COMPLETE":
             assert t.value == pytest.approx(r["metric"])
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import init_repo
-from loop_helpers import BUDGET, LR_ARGS, assert_invariants, autoloop, read_tsv
+from helpers.git import init_repo
+from helpers.loop import BUDGET, LR_ARGS, assert_invariants, autoloop, read_tsv
 
 from autoloop.store.person_notes import PersonNotesError, active_notes, add_note, clear_notes, history, notes_path
 

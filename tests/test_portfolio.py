@@ -11,8 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import init_repo
-from loop_helpers import assert_invariants, autoloop
+from helpers.git import init_repo
+from helpers.loop import assert_invariants, autoloop
 
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest
 from autoloop.proposers.outcomes import portfolio_skip_reason, proposer_yields, trial_outcomes
@@ -176,8 +176,8 @@ def test_a_failed_member_names_itself_in_the_skip(tmp_path):
             break
     with pytest.raises(ProposalFailed) as e:
         portfolio.propose(portfolio_request)
-    assert re.match(r"^portfolio chose agent \(thompson draw .*\); it failed after \d+\.\d s: agent timed out after 15m$",
-                    str(e.value))
+    assert re.match(r"^portfolio chose agent \(thompson draw .*\); "
+                    r"it failed after \d+\.\d s: agent timed out after 15m$", str(e.value))
     record = rec(trial, status="skip", reason=str(e.value))
     assert trial_outcomes([record])[trial].proposer == "agent"
 

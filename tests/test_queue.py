@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo
+from helpers.git import git, init_repo
 
 from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest
 from autoloop.proposers.queue import QueueProposer, description_from_name, description_from_patch

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_ledger
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, read_ledger
 
 from autoloop.repo import reconcile
 from autoloop.repo.workspace import Workspace

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from night_helpers import Step, build_night, realistic_steps
+from helpers.git import git
+from helpers.night import Step, build_night, realistic_steps, set_values
 
 from autoloop.observe.console import Console, format_verdict, live_line, parse_progress, plain
 from autoloop.review.report import eval_seconds, report_markdown, time_split, write_report
@@ -41,7 +42,8 @@ def test_parse_progress_reads_train_py_lines():
 
 
 def test_verdict_line_with_and_without_noise():
-    assert format_verdict("#17", record(noise=0.00128), 1.0275) == "#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06"
+    assert format_verdict("#17", record(noise=0.00128), 1.0275) == \
+        "#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06"
     assert format_verdict("#17", record(), 1.0275) == "#17 keep 1.0234 (-0.0041) MATRIX_LR 0.04 -> 0.06"
     assert format_verdict("#18", record(trial=18, status="discard", metric=1.0301, description="x"), 1.0234) \
         == "#18 discard 1.0301 (+0.0067) x"
@@ -237,9 +239,6 @@ def test_picture_of_a_night_with_only_a_baseline_and_crashes(tmp_path):
 def test_report_since_last_lists_exactly_the_new_rows_with_the_kept_diffs(tmp_path):
     """A report, then more attempts, then --since-last: exactly those rows (skips are not rows),
     each kept change followed by its diff from git; then nothing new."""
-    from conftest import git
-    from night_helpers import set_values
-
     from autoloop.store.ledger import Ledger, tsv_row
 
     steps = realistic_steps()

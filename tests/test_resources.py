@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_tsv, run_args
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, read_tsv, run_args
 
 from autoloop.core.classify import classify
 from autoloop.execution import isolate

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TRAIN_PY, init_repo
+from helpers.git import TRAIN_PY, init_repo
 
 from autoloop.config.settings import ConfigError, load_settings
 from autoloop.proposers import ProposerError, make_proposer
@@ -29,7 +29,8 @@ def test_flags_and_file(tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     ({"sampler": "random"}, "--sampler: must be 'tpe', 'cmaes' or 'gp', got 'random'"),
-    ({"portfolio": "optuna,human"}, "--portfolio: unknown proposer 'human' (a portfolio takes agent, optuna, mutate, queue)"),
+    ({"portfolio": "optuna,human"},
+     "--portfolio: unknown proposer 'human' (a portfolio takes agent, optuna, mutate, queue)"),
     ({"portfolio": "optuna,optuna"}, "--portfolio: a proposer is listed twice: optuna,optuna"),
     ({"portfolio": "optuna"}, "--portfolio: a portfolio needs at least two proposers, got optuna"),
     ({"portfolio": ","}, "--portfolio: a portfolio needs at least two proposers, got none"),

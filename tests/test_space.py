@@ -7,7 +7,7 @@ import itertools
 import math
 
 import pytest
-from conftest import TRAIN_PY
+from helpers.git import TRAIN_PY
 
 from autoloop.proposers.mutate import find_constants
 from autoloop.proposers.space import Space, build_space
@@ -68,7 +68,8 @@ def test_every_width_and_head_count_in_the_space_divide():
     width = next(d for d in space.dimensions if d.name == "WIDTH")
     heads = next(d for d in space.dimensions if d.name == "HEAD_DIM")   # the default's divisor of WIDTH
     assert heads.value(heads.high) >= 64 and width.value(width.low) >= heads.value(heads.high)
-    for w, h in itertools.product(range(int(width.low), int(width.high) + 1), range(int(heads.low), int(heads.high) + 1)):
+    widths, heads_range = range(int(width.low), int(width.high) + 1), range(int(heads.low), int(heads.high) + 1)
+    for w, h in itertools.product(widths, heads_range):
         values = {"WIDTH": width.value(w), "HEAD_DIM": heads.value(h)}
         assert space.infeasible(values) is None, values
 
@@ -126,7 +127,7 @@ def test_write_rewrites_several_literals_and_nothing_else():
     assert b"LR   =   0.031    # learning rate (keep this comment)\n" in new
     assert b"BETAS = (0.85, 0.97)  # one line, two literals\n" in new
     assert space.read(new) == {**space.read(AWKWARD), **{k: v for k, v in values.items()}}
-    changed = [(a, b) for a, b in zip(AWKWARD.split(b"\n"), new.split(b"\n")) if a != b]
+    changed = [(a, b) for a, b in zip(AWKWARD.split(b"\n"), new.split(b"\n"), strict=True) if a != b]
     assert len(changed) == 5
     assert space.write(AWKWARD, space.read(AWKWARD)) == (AWKWARD, [])   # the same point: no move
 

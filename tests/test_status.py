@@ -10,7 +10,9 @@ import sys
 import time
 
 import pytest
-from night_helpers import build_night, realistic_steps
+from helpers.git import init_repo
+from helpers.loop import GOOD, SLOW, queue_file
+from helpers.night import build_night, realistic_steps
 
 from autoloop.review.report import status_data, status_json, status_text
 from autoloop.store.state import RunState, save_state
@@ -27,16 +29,17 @@ def test_status_of_a_running_attempt(night, tmp_path):
     results = night.results
     now = time.time()
     state = RunState(tag="nov29", phase="running", pid=os.getpid(), run_started_at=now - 3600, deadline=now + 7200,
-                     trial=29, attempt=1, kind="candidate", description="EMBED_LR 0.6 -> 0.8", phase_started_at=now - 42,
-                     attempt_started_at=now - 45, progress=PROGRESS, best=night.best, best_metric=1.0159)
+                     trial=29, attempt=1, kind="candidate", description="EMBED_LR 0.6 -> 0.8",
+                     phase_started_at=now - 42, attempt_started_at=now - 45, progress=PROGRESS,
+                     best=night.best, best_metric=1.0159)
     save_state(results, state)
     data = status_data(results, now=now)
     assert data["running"] is True
     assert data["current"] == {"trial": 29, "attempt": 1, "kind": "candidate", "phase": "running",
                                "description": "EMBED_LR 0.6 -> 0.8", "elapsed_s": 45.0, "phase_elapsed_s": 42.0,
                                "progress": PROGRESS, "loss": 2.345, "percent": 41.0, "alive": True}
-    assert data["best"] == {"commit": night.best, "metric": 1.0159, "trial": 25, "description": "MATRIX_LR 0.06 -> 0.07",
-                            "confidence": None}
+    assert data["best"] == {"commit": night.best, "metric": 1.0159, "trial": 25,
+                            "description": "MATRIX_LR 0.06 -> 0.07", "confidence": None}
     assert data["baseline"] == {"commit": night.baseline, "metric": 1.0275}
     assert data["improvement"] == pytest.approx(0.0116)
     assert data["status_counts"] == {"keep": 7, "discard": 16, "crash": 6, "skip": 1}
@@ -74,9 +77,6 @@ def test_status_of_a_fresh_workspace(tmp_path):
 
 @pytest.mark.slow
 def test_status_during_and_after_a_real_run(tiny_data_dir, tmp_path):
-    from conftest import init_repo
-    from loop_helpers import GOOD, SLOW, queue_file
-
     # Its own repo (baseline included) and a generous --timeout: the check is about status,
     # and must not fail because a shared machine made start-up slow.
     repo = init_repo(tmp_path / "repo", {"train.py": SLOW})

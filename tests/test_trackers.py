@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git
-from loop_helpers import read_ledger
-from watch_helpers import fake, fake_repo, queue, run_night
+from helpers.git import git
+from helpers.loop import read_ledger
+from helpers.watch import fake, fake_repo, queue, run_night
 
 from autoloop.observe.trackers import loss_curve
 
@@ -150,8 +150,9 @@ def test_mlflow_local_store_one_run_per_attempt_with_params_metrics_and_diff(tmp
             assert sorted((m.step, m.value) for m in losses) == [(1, 3.0), (2, 1.5), (3, 1.0)]
         if record["kind"] != "baseline":
             path = client.download_artifacts(run.info.run_id, "diff.patch", str(tmp_path / label))
-            assert Path(path).read_text() == subprocess.run(["git", "diff", record["parent"], record["commit"]], cwd=repo,
-                                                            capture_output=True, text=True, check=True).stdout
+            diff = subprocess.run(["git", "diff", record["parent"], record["commit"]], cwd=repo,
+                                  capture_output=True, text=True, check=True).stdout
+            assert Path(path).read_text() == diff
     assert git(repo, "status", "--porcelain") == ""
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TRAIN_PY
+from helpers.git import TRAIN_PY
 
 SUMMARY_FIELDS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                   "total_tokens_M", "num_steps", "num_params_M", "depth"]
@@ -161,7 +161,8 @@ def test_scaled_profile_trains_for_real_on_cpu(trial_env, tmp_path):
     assert line, "PROFILES has no mps entry"
     seq = 512 // int(re.search(r"^SEQ_LEN = (\d+)", source, re.M).group(1))   # to the 512-byte context
     script = tmp_path / "train.py"
-    script.write_text(source.replace(line.group(0), f'    "mps": dict(width=1, depth=1, batch=1, seq={seq}, bf16=False, compile=False, sparse=False),'))
+    tiny = f'    "mps": dict(width=1, depth=1, batch=1, seq={seq}, bf16=False, compile=False, sparse=False),'
+    script.write_text(source.replace(line.group(0), tiny))
     proc = run_train(script, {**trial_env, "AUTOLOOP_PROFILE": "mps", "AUTOLOOP_BUDGET_S": "2"}, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"profile: mps \(\d+ x \d+, batch \d+ x 512\)", proc.stdout), proc.stdout

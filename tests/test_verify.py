@@ -18,8 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo, private_copy
-from loop_helpers import autoloop, read_ledger
+from helpers.git import git, init_repo, private_copy
+from helpers.loop import assert_invariants, autoloop, read_ledger
 
 from autoloop.core.contributions import paired, ratio, t975
 from autoloop.repo.workspace import Workspace
@@ -136,7 +136,7 @@ def test_an_estimate_needs_two_pairs_and_leaves_out_what_crashed():
 
 def test_the_scale_is_applied_with_the_mutators_literal_rewriter():
     out = scaled_source(SOURCE, {"DEPTH": "6", "SIGMA": "0.5"}, "train.py")
-    changed = [(a, b) for a, b in zip(SOURCE.splitlines(), out.splitlines()) if a != b]
+    changed = [(a, b) for a, b in zip(SOURCE.splitlines(), out.splitlines(), strict=True) if a != b]
     assert changed == [("DEPTH = 2         # layers: the LR's gain fades from 2 to 6",
                         "DEPTH = 6         # layers: the LR's gain fades from 2 to 6"),
                        ("SIGMA = 0.003     # the run-to-run noise", "SIGMA = 0.5     # the run-to-run noise")]
@@ -280,7 +280,8 @@ def test_verify_refuses_what_it_cannot_do(tmp_path, night_repo, tiny_data_dir):
     assert (proc.returncode, proc.stderr) == (1, "autoloop: no verification of tag 't': run autoloop verify first\n")
     proc = verify(repo, "--scale", "WIDTH=256", data_dir=tiny_data_dir)
     assert proc.returncode == 1
-    assert proc.stderr == "autoloop: --scale WIDTH=256: the best train.py has no constant WIDTH set to a number or bool\n"
+    assert proc.stderr == \
+        "autoloop: --scale WIDTH=256: the best train.py has no constant WIDTH set to a number or bool\n"
     git(repo, "switch", "-q", "main")
     proc = verify(repo, data_dir=tiny_data_dir)
     assert proc.returncode == 1 and "git switch autoloop/t first" in proc.stderr
@@ -294,7 +295,6 @@ def test_kill_9_during_verify_then_resume_loses_nothing_and_runs_nothing_twice(n
     """Killed just after a run was recorded (before git and the state caught up), then killed
     in the middle of another run: each --resume recovers, and in the end every (variant,
     repeat) has exactly one measured record; the interrupted run is in the ledger as such."""
-    from loop_helpers import assert_invariants
 
     repo = night_repo
     best = git(repo, "rev-parse", "HEAD")
@@ -382,7 +382,8 @@ def test_sigterm_stops_verify_cleanly_and_resume_finishes_it(night_repo, tiny_da
     # The stand-in sleeps: each run lasts long enough to be caught in flight.
     slow = repo / "train.py"
     cmd = [sys.executable, "-m", "autoloop.cli", "verify", "--budget", "1", "--timeout", TIMEOUT, "--repeats", "1",
-           "--command", f"{sys.executable} -c \"import time, runpy; time.sleep(1.5); runpy.run_path('{slow.name}', run_name='__main__')\""]
+           "--command", f"{sys.executable} -c \"import time, runpy; time.sleep(1.5); "
+                        f"runpy.run_path('{slow.name}', run_name='__main__')\""]
     proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 60
     while time.time() < deadline and not verify_records(repo):

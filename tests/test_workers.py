@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo
-from loop_helpers import assert_invariants, autoloop, read_ledger, read_tsv
+from helpers.git import git, init_repo
+from helpers.loop import assert_invariants, autoloop, autoloop_in_process, read_ledger, read_tsv
 
 FAKE = '''\
 A = 1.0
@@ -92,7 +92,7 @@ def check_worker_invariants(repo: Path, queued: list[str] | None, tag: str = "t"
     assert metrics == sorted(metrics, reverse=True), metrics
     # the worker column agrees with the ledger
     judged = [r for r in ledger if r["status"] != "skip"]
-    for row, record in zip(read_tsv(repo), judged):
+    for row, record in zip(read_tsv(repo), judged, strict=True):
         assert row["worker"] == ("-" if record["worker"] is None else str(record["worker"]))
     assert ledger[0]["kind"] == "baseline" and ledger[0]["worker"] is None
     assert all(r["worker"] in (0, 1) for r in ledger[1:])
@@ -110,7 +110,7 @@ def by_source(ledger: list[dict], name: str) -> list[dict]:
 def test_a_slower_winner_is_replayed_on_the_new_best_and_wins_again(repo, tiny_data_dir):
     queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="lower b"))      # 1.5, finishes second
     queue(repo, "02_lower_b.py", fake(B=0.7))                          # 1.7, finishes first
-    proc = autoloop(repo, *args(), data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *args(), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no more ideas" in proc.stdout
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
@@ -143,7 +143,7 @@ def test_kill_between_the_replaying_record_and_the_replay_run_is_resumed(repo, t
     assert first["next"] == "replay"
     assert [r for r in read_ledger(repo) if r["trial"] == first["trial"]] == [first]   # nothing of the replay ran
 
-    proc = autoloop(repo, *args("--resume"), data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *args("--resume"), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"#{first['trial']}: resuming its replay on" in proc.stdout
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
@@ -155,14 +155,14 @@ def test_kill_between_the_replaying_record_and_the_replay_run_is_resumed(repo, t
     assert replay["status"] == "keep" and replay["metric"] == pytest.approx(1.2)
     assert ledger[-1]["best"] == replay["commit"] == git(repo, "rev-parse", "HEAD")
     # Resumed once: a further start finds no replay pending.
-    again = autoloop(repo, *args("--resume"), data_dir=tiny_data_dir)
+    again = autoloop_in_process(repo, *args("--resume"), data_dir=tiny_data_dir)
     assert again.returncode == 0 and "resuming its replay" not in again.stdout, again.stdout + again.stderr
 
 
 def test_a_replay_that_loses_on_the_new_best_is_discarded(repo, tiny_data_dir):
     queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="lower b"))      # 1.5 alone
     queue(repo, "02_lower_b.py", fake(B=0.7, CLASH=5.0))               # 1.7 alone, 6.2 with a
-    proc = autoloop(repo, *args(), data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *args(), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
     b = by_source(ledger, "02_lower_b.py")[0]
@@ -176,7 +176,7 @@ def test_a_replay_that_loses_on_the_new_best_is_discarded(repo, tiny_data_dir):
 def test_two_candidates_editing_the_same_line_the_later_is_stale(repo, tiny_data_dir):
     queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="a bit lower"))  # 1.5, finishes second
     queue(repo, "02_a_bit_lower_a.py", fake(A=0.8))                    # 1.8, finishes first
-    proc = autoloop(repo, *args(), data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *args(), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_a_bit_lower_a.py"])
     kept = by_source(ledger, "02_a_bit_lower_a.py")
@@ -196,7 +196,7 @@ def test_confirmation_re_runs_work_with_workers_and_replays(repo, tiny_data_dir)
     # which it passes with the best unmoved.
     queue(repo, "01_lower_a.py", fake(A=0.5, WAIT_FOR="lower b"))
     queue(repo, "02_lower_b.py", fake(B=0.9))
-    proc = autoloop(repo, *args("--sanity-bound", "0.1"), data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *args("--sanity-bound", "0.1"), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = check_worker_invariants(repo, ["01_lower_a.py", "02_lower_b.py"])
     [b] = by_source(ledger, "02_lower_b.py")
@@ -216,7 +216,7 @@ def test_candidates_while_the_best_stays_are_judged_as_usual(repo, tiny_data_dir
     queue(repo, "01_raise_a.py", fake(A=1.5))
     queue(repo, "02_raise_b.py", fake(B=1.5))
     queue(repo, "03_crash.py", "raise SystemExit(3)\n")
-    proc = autoloop(repo, *args(), data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *args(), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = check_worker_invariants(repo, ["01_raise_a.py", "02_raise_b.py", "03_crash.py"])
     assert sorted(r["status"] for r in ledger[1:]) == ["crash", "discard", "discard"]
@@ -262,8 +262,8 @@ def test_sigint_stops_both_workers_cleanly(repo, tiny_data_dir):
 
 
 def test_mutate_with_two_workers_never_tries_one_move_twice_on_one_best(repo, tiny_data_dir):
-    proc = autoloop(repo, *[a if a != "queue" else "mutate" for a in args("--max-trials", "6")],
-                    data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *[a if a != "queue" else "mutate" for a in args("--max-trials", "6")],
+                               data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "reached --max-trials 6" in proc.stdout
     ledger = check_worker_invariants(repo, None)
@@ -289,7 +289,7 @@ def test_kill_9_with_two_workers_in_flight_then_resume(repo, tiny_data_dir):
     refused = autoloop(repo, *args(), data_dir=tiny_data_dir)
     assert refused.returncode == 1 and "--resume" in refused.stderr and "Traceback" not in refused.stderr
 
-    proc = autoloop(repo, *args("--resume"), data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *args("--resume"), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "recovery" in proc.stdout
     ledger = check_worker_invariants(repo, None)
@@ -316,7 +316,7 @@ def test_kill_9_between_a_keep_and_the_branch_move_then_resume(repo, tiny_data_d
     queue(repo, "03_lower_b_a_little.py", fake(B=0.9))
     killed = autoloop(repo, *args(), data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "recorded:1"})
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
-    proc = autoloop(repo, *args("--resume"), data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *args("--resume"), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = check_worker_invariants(repo, None)
     # each queued change claimed once, run at most once; what the kill interrupted is recorded
@@ -335,8 +335,8 @@ def test_an_agent_works_in_its_worker_worktree(repo, tiny_data_dir):
     # (an edit of the main checkout would leave the worktree unchanged: a skip, and a dirty tree).
     agent = Path(__file__).resolve().parent / "fake_agents" / "improve.py"
     argv = [a for a in args("--max-trials", "2") if a not in ("--proposer", "queue")]
-    proc = autoloop(repo, *argv, "--proposer", "agent", "--agent-cmd", f"{sys.executable} {agent} A=0.5",
-                    data_dir=tiny_data_dir)
+    proc = autoloop_in_process(repo, *argv, "--proposer", "agent", "--agent-cmd", f"{sys.executable} {agent} A=0.5",
+                               data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = check_worker_invariants(repo, None)
     kept = [r for r in ledger[1:] if r["status"] == "keep"]

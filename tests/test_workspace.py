@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, init_repo
+from helpers.git import git, init_repo
 
 from autoloop.repo.workspace import Workspace, WorkspaceError
 
@@ -110,7 +110,8 @@ def test_tracked_changes_alone_name_commit_and_stash(ws, repo):
     (repo / "util.py").write_text("x = 3\n")
     with pytest.raises(WorkspaceError) as info:
         ws.ensure_clean()
-    assert str(info.value) == "working tree has uncommitted changes: util.py (commit them, or set them aside with git stash)"
+    assert str(info.value) == \
+        "working tree has uncommitted changes: util.py (commit them, or set them aside with git stash)"
 
 
 def test_ignored_files_do_not_count(ws, repo):

@@ -20,5 +20,6 @@ if trial == 1:
     subprocess.run([sys.executable, "-m", "autoloop.cli", "note", sys.argv[2]], check=True)
 scale_constants(Path("train.py"), values_from(sys.argv[3:]), 1 + trial / 10)
 describe(f"learning rates x{1 + trial / 10}")
-Path(os.environ["AUTOLOOP_HYPOTHESIS_FILE"]).write_text("larger   steps learn faster in a short budget\n(a second line, not kept)\n")
+Path(os.environ["AUTOLOOP_HYPOTHESIS_FILE"]).write_text(
+    "larger   steps learn faster in a short budget\n(a second line, not kept)\n")
 print(f"fake agent: trial {trial}")

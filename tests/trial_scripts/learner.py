@@ -8,7 +8,7 @@ with the run's nonce. "Training" sleeps the budget; val_bpb is a pure function o
 (and a little of the seed), so a verdict never depends on how loaded the machine is.
 
   * each rate learns up to 2 bits per byte, less by |log10(rate / best)|: the defaults
-    below reach 2.0, rates 50-100x too small (loop_helpers.SLOW) about 7.7;
+    below reach 2.0, rates 50-100x too small (tests/helpers/loop.py: SLOW) about 7.7;
   * all rates 0 learns nothing: exactly 8.0, a uniform guess over 256 bytes;
   * the seed moves the result by under 0.001: the noise a --noise-runs estimate sees.
 """

@@ -12,9 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import git, init_repo
-
 from autoloop.store.ledger import Ledger, LedgerRecord
+from helpers.git import git, init_repo
 
 CONSTANTS = {
     "DEPTH": "4", "WIDTH": "128", "HEADS": "4", "SEQ_LEN": "256",
@@ -139,8 +138,8 @@ def realistic_steps() -> list[Step]:
         S("depth 4 -> 6", "crash", crash="fundamental", reason="CUDA out of memory (tried to allocate 2.1 GiB)",
           edit={"DEPTH": "6"}),
         S("warmup 0 -> 0.05", "discard", 1.0240, edit={"WARMUP": "0.05"}),
-        S("swap GELU for ReLU^2", "crash", crash="trivial", reason="NameError: name 'relu2' is not defined (train.py:88)",
-          edit={"DROPOUT": "0.0 + relu2"}),
+        S("swap GELU for ReLU^2", "crash", crash="trivial",
+          reason="NameError: name 'relu2' is not defined (train.py:88)", edit={"DROPOUT": "0.0 + relu2"}),
         S("swap GELU for ReLU^2 (fixed)", "discard", 1.0249, edit={"DROPOUT": "0.00"}, attempt=2),
         S("weight decay 0 -> 0.1", "keep", 1.0212, edit={"WEIGHT_DECAY": "0.1"}),
         S("HEAD_LR 0.004 -> 0.008", "discard", 1.0230, edit={"HEAD_LR": "0.008"}),

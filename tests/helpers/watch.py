@@ -1,4 +1,4 @@
-"""Helpers for the tests of watching a night (#20): a scripted train.py stand-in, a queue of
+"""Helpers for the tests of watching a night: a scripted train.py stand-in, a queue of
 whole-file changes, the real CLI, and a dashboard server started as `autoloop dashboard`.
 
 The stand-in's val_bpb is A + B, so every verdict is known in advance. It prints progress
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import init_repo
+from helpers.git import init_repo
 
 FAKE = '''\
 """A scripted stand-in for train.py: val_bpb = A + B."""

@@ -9,16 +9,21 @@ training through the loop is tested where the model is the point (REAL_TRAIN, te
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
-from conftest import TRAIN_PY, git
+
+from helpers.git import TRAIN_PY, git
 
 BUDGET = "2"
 TIMEOUT = "25"  # hard limit: the stand-in sleeps 2 s; start-up on a loaded machine takes the rest
@@ -31,7 +36,7 @@ def set_constants(source: str, **values) -> str:
     return source
 
 
-GOOD = (Path(__file__).parent / "trial_scripts" / "learner.py").read_text()
+GOOD = (Path(__file__).parent.parent / "trial_scripts" / "learner.py").read_text()
 SLOW = set_constants(GOOD, MATRIX_LR="0.0004", EMBED_LR="0.003", HEAD_LR="0.0001")
 # GOOD's learning rates as NAME=VALUE arguments: the fake agents restore them in SLOW.
 LRS = {name: re.search(rf"^{name} = (\S+)", GOOD, re.M).group(1) for name in ("MATRIX_LR", "EMBED_LR", "HEAD_LR")}
@@ -69,10 +74,7 @@ def night_queue(repo: Path) -> None:
                "spin forever")
 
 
-def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeout: float = 300,
-             env: dict | None = None, own_group: bool = False) -> subprocess.CompletedProcess:
-    """Run the CLI; own_group: in a process group of its own, as a shell starts a job (so that
-    a Ctrl-C to that group, sent as a terminal does, reaches the CLI and its helpers alone)."""
+def with_defaults(args: tuple[str, ...]) -> tuple[str, ...]:
     if args and args[0] in ("run", "trial") and "--noise-runs" not in args:
         # The existing end-to-end tests count ledger rows of a night without noise runs;
         # tests/test_noise.py covers them.
@@ -81,13 +83,64 @@ def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeou
         # Nor the sanity re-run of large gains (GOOD beats SLOW by far more than 10 %);
         # tests/test_integrity.py covers it.
         args = (*args, "--sanity-bound", "0")
-    cmd = [sys.executable, "-m", "autoloop.cli", *args]
-    full_env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu", **(env or {})}
+    return args
+
+
+def loop_env(data_dir: Path, env: dict | None = None) -> dict[str, str]:
+    """What autoloop() adds to the environment: the test's data, the CPU, and env."""
+    return {"AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu", **(env or {})}
+
+
+def autoloop(repo: Path, *args: str, data_dir: Path, check: bool = False, timeout: float = 300,
+             env: dict | None = None, own_group: bool = False) -> subprocess.CompletedProcess:
+    """Run the CLI; own_group: in a process group of its own, as a shell starts a job (so that
+    a Ctrl-C to that group, sent as a terminal does, reaches the CLI and its helpers alone)."""
+    cmd = [sys.executable, "-m", "autoloop.cli", *with_defaults(args)]
+    full_env = {**os.environ, **loop_env(data_dir, env)}
     proc = subprocess.run(cmd, cwd=repo, env=full_env, capture_output=True, text=True, timeout=timeout,
                           start_new_session=own_group)
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
+
+
+def autoloop_in_process(repo: Path, *args: str, data_dir: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """autoloop() without a new Python: autoloop.cli.main.main() called here, in repo, with the
+    same arguments and environment, its sys.stdout and sys.stderr captured. It saves the start-up
+    and the imports (about a second a call), for tests where the CLI process is not under test.
+
+    Not for a run that is to be killed or signalled (AUTOLOOP_FAULT_KILL_AT would kill pytest),
+    and the output is what main() printed, not what its children wrote to the descriptors they
+    inherit. What a night changes process-wide must be put back when main() returns: the
+    SIGINT/SIGTERM handlers (graceful_signals) and its threads are checked here."""
+    full_env = loop_env(data_dir, env)
+    assert "AUTOLOOP_FAULT_KILL_AT" not in full_env, "a kill point would kill this process: use autoloop()"
+    from autoloop.cli.main import main
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    threads = set(threading.enumerate())
+    saved_env, cwd = {name: os.environ.get(name) for name in full_env}, os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.update(full_env)
+        os.chdir(repo)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(with_defaults(args)))
+            except SystemExit as e:   # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(cwd)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+    for thread in set(threading.enumerate()) - threads:
+        thread.join(10)
+        assert not thread.is_alive(), f"autoloop left a thread running: {thread.name}"
+    return subprocess.CompletedProcess(["autoloop", *args], code, out.getvalue(), err.getvalue())
 
 
 def run_args(tag: str = "t") -> list[str]:
@@ -98,7 +151,7 @@ def run_args(tag: str = "t") -> list[str]:
 def read_tsv(repo: Path) -> list[dict]:
     lines = (repo / "results" / "results.tsv").read_text().splitlines()
     header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
 
 
 def read_ledger(repo: Path) -> list[dict]:
@@ -123,7 +176,7 @@ def assert_invariants(repo: Path, tag: str = "t") -> list[dict]:
     tsv = read_tsv(repo)
     judged = [r for r in ledger if r["status"] != "skip" and r["kind"] != "verify"]   # the TSV's rows
     assert len(tsv) == len(judged)
-    for row, record in zip(tsv, judged):
+    for row, record in zip(tsv, judged, strict=True):
         assert row["status"] == record["status"]
         assert row["crash"] == (record["crash"] or "-")
         assert row["commit"] == (record["commit"] or "-")[:7]
