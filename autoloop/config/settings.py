@@ -309,8 +309,8 @@ class Settings(BaseModel):
     def _slurm_limit_after_timeout(self) -> Settings:
         # The scheduler would kill every trial before the harness's own timeout could.
         if self.slurm_time_limit is not None and self.slurm_time_limit <= self.timeout_s:
-            raise ValueError(f"slurm_time_limit: must be longer than the trial timeout ({format_duration(self.timeout_s)}), "
-                             f"got {format_duration(self.slurm_time_limit)}")
+            raise ValueError(f"slurm_time_limit: must be longer than the trial timeout "
+                             f"({format_duration(self.timeout_s)}), got {format_duration(self.slurm_time_limit)}")
         return self
 
     @field_validator("devices", mode="before")

@@ -66,10 +66,10 @@ def _search(text: Callable[[Evidence], str], pattern: str) -> Matcher:
     compiled = re.compile(pattern, re.MULTILINE)
 
     def match(evidence: Evidence) -> re.Match[str] | None:
-        found = None
+        last = None
         for found in compiled.finditer(text(evidence)):  # the last occurrence is the latest evidence
-            pass
-        return found
+            last = found
+        return last
 
     return match
 

@@ -231,7 +231,7 @@ class _Reader(threading.Thread):
             return
         try:
             self._on_progress(line)
-        except Exception:  # noqa: BLE001 - a display bug must not end the night's run
+        except Exception:  # a display bug must not end the night's run
             if not self._progress_failed:
                 logger.exception("on_progress callback failed; further failures are not logged")
             self._progress_failed = True
@@ -239,7 +239,7 @@ class _Reader(threading.Thread):
     def _report_output(self, data: bytes) -> None:
         try:
             self._on_output(data)
-        except Exception:  # noqa: BLE001 - a watcher's bug must not stop the draining
+        except Exception:  # a watcher's bug must not stop the draining
             logger.exception("on_output callback failed; no more output is given to it")
             self._on_output = None
 
@@ -252,10 +252,10 @@ class _Reader(threading.Thread):
 
 
 def _last_match(pattern: re.Pattern[bytes], data: bytes) -> re.Match[bytes] | None:
-    found = None
+    last = None
     for found in pattern.finditer(data):
-        pass
-    return found
+        last = found
+    return last
 
 
 # ---------------------------------------------------------------------------------
@@ -462,13 +462,13 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
         started_at, t0 = time.time(), time.monotonic()
         stdin = open(spec.stdin_path, "rb") if spec.stdin_path is not None else subprocess.DEVNULL
         try:
-            # preexec_fn runs between fork and exec; ruff calls it unsafe with threads because
+            # preexec_fn runs between fork and exec; it is unsafe with threads because
             # the child may need a lock another thread held at the fork. Joining the cgroup is
             # one os.write, the isolation code takes none (see autoloop.execution.isolate); with neither
             # there is no preexec_fn.
             proc = subprocess.Popen(spec.command, cwd=spec.cwd, env=env, stdin=stdin,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_preexec(group, spec.isolate))  # noqa: PLW1509
+                                    preexec_fn=_preexec(group, spec.isolate))
         except FileNotFoundError:
             return _launch_failure(spec, log, spec.timeout_s, 127, f"command not found: {program}", group)
         except PermissionError:
@@ -478,8 +478,8 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
                                    group)
         except subprocess.SubprocessError:  # only preexec_fn raises it: the namespace was refused
             why = isolation_available()[1] or "the kernel refused it"
-            return _launch_failure(spec, log, spec.timeout_s, 126, f"--isolate: cannot enter a network namespace ({why})",
-                                   group)
+            return _launch_failure(spec, log, spec.timeout_s, 126,
+                                   f"--isolate: cannot enter a network namespace ({why})", group)
         finally:
             if stdin is not subprocess.DEVNULL:
                 stdin.close()  # the child has its own copy of the descriptor
@@ -490,7 +490,7 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
         if on_start is not None:
             try:
                 on_start(tree.members())
-            except Exception:  # noqa: BLE001 - see the docstring
+            except Exception:  # see the docstring
                 logger.exception("on_start callback failed")
         killed_reason, peak = _supervise(proc, tree, log, spec, t0 + spec.timeout_s, stop_event)
         wall_seconds = time.monotonic() - t0

@@ -67,7 +67,7 @@ def attempt_block(record: LedgerRecord, reference: float | None) -> str:
 def notes_by_commit(records: list[LedgerRecord]) -> dict[str, str]:
     """commit sha -> the full text of its note, for every commit the ledger names."""
     blocks: dict[str, list[str]] = {}
-    for record, reference in zip(records, best_before(records)):
+    for record, reference in zip(records, best_before(records), strict=True):
         if record.commit and record.status != "skip" and record.kind != "verify":   # verify: report.md has them
             blocks.setdefault(record.commit, []).append(attempt_block(record, reference))
     return {sha: "\n\n".join(parts) + "\n" for sha, parts in blocks.items()}

@@ -74,8 +74,9 @@ def open_observers(root: Path, results_dir: Path, tag: str, ledger: Records, con
             trackers.append(open_tracker(name, results_dir, tag))
         except TrackerError:
             raise
-        except Exception as e:  # noqa: BLE001 - a tracker never stops the loop: one warning line
-            console.line(f"warning: --track {name}: cannot start ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
+        except Exception as e:  # a tracker never stops the loop: one warning line
+            said = " ".join(str(e).split())[:300]
+            console.line(f"warning: --track {name}: cannot start ({type(e).__name__}: {said}); "
                          "the night goes on without it, and the next start logs what it missed")
     tracking = None
     if trackers:

@@ -326,7 +326,7 @@ class Tracking:
             key = attempt_key(self.tag, record)
             try:
                 run = gather(record, self.root, self.results_dir, self.tag, self.target, self.settings)
-            except Exception as e:  # noqa: BLE001 - a tracker never stops the loop
+            except Exception as e:  # a tracker never stops the loop
                 self.warn(f"track: could not gather #{trial_label(record.trial, record.attempt)}: {_one_line(e)}")
                 continue
             for tracker in self.trackers:
@@ -335,7 +335,7 @@ class Tracking:
                 try:
                     tracker.log(run)
                     self._mark_done(tracker.name, key)
-                except Exception as e:  # noqa: BLE001 - a tracker never stops the loop: one warning line
+                except Exception as e:  # a tracker never stops the loop: one warning line
                     self.warn(f"track {tracker.name}: could not log #{trial_label(record.trial, record.attempt)} "
                               f"({type(e).__name__}: {_one_line(e)}); the loop goes on")
 
@@ -350,5 +350,5 @@ class Tracking:
         for tracker in self.trackers:
             try:
                 tracker.close()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # a tracker never stops the loop
                 self.warn(f"track {tracker.name}: closing failed ({_one_line(e)})")

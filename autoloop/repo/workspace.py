@@ -552,7 +552,7 @@ class Workspace:
             return None
         with tempfile.TemporaryDirectory(prefix="autoloop-merge-") as tmp:
             paths = []
-            for name, text in zip(("ours", "base", "theirs"), texts):
+            for name, text in zip(("ours", "base", "theirs"), texts, strict=True):
                 path = Path(tmp) / name
                 path.write_text(text)
                 paths.append(str(path))

@@ -119,7 +119,7 @@ def tampered_attempts(records: list[LedgerRecord]) -> list[dict]:
 def infer_direction(records: list[LedgerRecord]) -> str:
     """'min' or 'max' from the ledger itself: a kept change that raised the metric means
     higher is better. Ties and an empty ledger: 'min' (val_bpb)."""
-    for r, ref in zip(records, best_before(records)):
+    for r, ref in zip(records, best_before(records), strict=True):
         if (r.status == "keep" and r.kind != "baseline" and r.metric is not None and ref is not None
                 and not is_noise_sample(r)):
             if r.metric > ref:

@@ -194,7 +194,7 @@ class RunLog:
         self._piece_index += 1
         if self._piece_index >= 2:  # two pieces back falls out of the tail: its bytes are the ones cut
             self.path.with_name(f"{self.path.name}{PIECE_INFIX}{self._piece_index - 2}").unlink(missing_ok=True)
-        self._piece = open(self.path.with_name(f"{self.path.name}{PIECE_INFIX}{self._piece_index}"),  # noqa: SIM115
+        self._piece = open(self.path.with_name(f"{self.path.name}{PIECE_INFIX}{self._piece_index}"),
                            "wb", buffering=0)  # open across writes, closed by the next rotation or close()
         self._piece_len = 0
 

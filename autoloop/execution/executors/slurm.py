@@ -126,14 +126,17 @@ class _LogFollower:
             return
         end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1   # whole lines only
         self.offset += end
-        found = None
+        last = None
         for found in _PROGRESS_RE.finditer(data[:end]):
-            pass
-        if found is not None:
-            self.last = found.group().decode(errors="replace").strip()
+            last = found
+        if last is not None:
+            self.last = last.group().decode(errors="replace").strip()
             if on_progress is not None:
                 with contextlib.suppress(Exception):   # a display bug must not lose the trial
                     on_progress(self.last)
+
+
+_NO_SUBMITIT = "--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)"
 
 
 class SlurmExecutor:
@@ -142,7 +145,7 @@ class SlurmExecutor:
     def __init__(self, cluster: str, folder: Path, parameters: dict, poll_s: float = POLL_S,
                  pending_timeout_s: float | None = None):
         if submitit is None:
-            raise ExecutorError("--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)")
+            raise ExecutorError(_NO_SUBMITIT)
         missing = [tool for tool in ("sbatch", "srun") if cluster == "slurm" and shutil.which(tool) is None]
         if missing:
             raise ExecutorError(f"--executor slurm: {' and '.join(missing)} not found on PATH; run the loop on a "
@@ -167,7 +170,7 @@ class SlurmExecutor:
     @classmethod
     def from_settings(cls, settings, root: Path) -> SlurmExecutor:
         if submitit is None:
-            raise ExecutorError("--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)")
+            raise ExecutorError(_NO_SUBMITIT)
         folder = Path(settings.slurm_folder)
         return cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
                    sbatch_parameters(settings), pending_timeout_s=settings.slurm_pending_timeout)
@@ -194,7 +197,7 @@ class SlurmExecutor:
         else:
             try:
                 job = self.submitit.submit(run_on_node, spec.model_dump_json())
-            except Exception as exc:  # noqa: BLE001 - sbatch refused it: recorded like a launch failure
+            except Exception as exc:  # sbatch refused it: recorded like a launch failure
                 return self._outcome(spec, started_at, t0, follower, {"executor": self.name, "cluster": self.cluster},
                                      launch_error=f"job submission failed: {_said(exc)}")
         info = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id)}
@@ -219,7 +222,7 @@ class SlurmExecutor:
             data = job.result() if failure is None and pending_expired is None else None
         except (FailedJobError, UncompletedJobError) as exc:
             failure = exc
-        except Exception as exc:  # noqa: BLE001 - an unreadable result pickle: the job gave no outcome
+        except Exception as exc:  # an unreadable result pickle: the job gave no outcome
             failure = exc
         stopped = stopped or (stop_event is not None and stop_event.is_set())
         follower.poll(on_progress)
@@ -249,8 +252,9 @@ class SlurmExecutor:
             # Nobody here asked: the scheduler signalled the job (time limit, preemption, scancel).
             state = _job_state(job)
             timed_out = state.upper().startswith("TIMEOUT") or node_signal == "SIGUSR2"
-            update["job_error"] = (f"job {job.job_id} was ended by the scheduler ({node_signal or 'a signal'} on its node"
-                                   f"{', time limit' if timed_out else ': preemption or scancel'}; state {state})")
+            update["job_error"] = (f"job {job.job_id} was ended by the scheduler ({node_signal or 'a signal'} "
+                                   f"on its node{', time limit' if timed_out else ': preemption or scancel'}; "
+                                   f"state {state})")
             update["timed_out"] = timed_out
         return outcome.model_copy(update=update)
 
@@ -273,7 +277,7 @@ class SlurmExecutor:
             if hook is not None and value is not None:
                 try:
                     hook(value)
-                except Exception:  # noqa: BLE001 - the job is running; recovery is best effort
+                except Exception:  # the job is running; recovery is best effort
                     pass
 
     def _cancel(self, job) -> None:
@@ -308,7 +312,7 @@ class SlurmExecutor:
 def _job_state(job) -> str:
     try:
         return str(job.state)
-    except Exception:  # noqa: BLE001 - sacct unreachable: the state is only evidence
+    except Exception:  # sacct unreachable: the state is only evidence
         return "UNKNOWN"
 
 
@@ -339,7 +343,7 @@ def cancel_recorded_job(job: dict) -> str | None:
     if cluster == "slurm" and job_id and submitit is not None and shutil.which("scancel"):
         try:
             submitit.SlurmJob(folder=job.get("folder") or ".", job_id=str(job_id)).cancel(check=False)
-        except Exception as exc:  # noqa: BLE001 - recovery goes on; the user can scancel
+        except Exception as exc:  # recovery goes on; the user can scancel
             return f"could not cancel slurm job {job_id} ({exc}); scancel it"
         return f"cancelled slurm job {job_id}"
     return None
