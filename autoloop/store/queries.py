@@ -13,9 +13,8 @@ import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from autoloop.core.keep import Best as Best  # re-exported: the engine names it queries.Best
 from autoloop.store.ledger import LedgerRecord
-
-Best = tuple[str | None, float | None]     # (best commit, its metric); (None, None) before the baseline
 
 
 def best(records: list[LedgerRecord]) -> Best:
