@@ -227,7 +227,7 @@ def _directions(records: list[LedgerRecord], before: list[float | None], sigma: 
             continue
         delta = None if r.metric is None or ref is None or r.status == "crash" else r.metric - ref
         settings = _settings(r.description)
-        keys = settings or [(_words(r.description), None)]
+        keys: list[tuple[str, str | None]] = list(settings) or [(_words(r.description), None)]
         for key, value in keys:
             group = groups.setdefault(key, _Group(key, constant=bool(settings)))
             group.add(r, value, delta, sign)
@@ -282,7 +282,8 @@ def _value_range(values: list[str]) -> str:
     return ", ".join(shown) + (f" (+{len(values) - 4} more)" if len(values) > 4 else "")
 
 
-def _crashes(records: list[LedgerRecord], before, sigma, sign) -> Section | None:
+def _crashes(records: list[LedgerRecord], before: list[float | None], sigma: float | None,
+             sign: float) -> Section | None:
     groups: OrderedDict[tuple[str, str], list[LedgerRecord]] = OrderedDict()
     for r in records:
         if r.status == "crash":
@@ -294,7 +295,8 @@ def _crashes(records: list[LedgerRecord], before, sigma, sign) -> Section | None
     return _titled("## Crashes, by reason", lines, "crash reasons")
 
 
-def _not_run(records: list[LedgerRecord], before, sigma, sign) -> Section | None:
+def _not_run(records: list[LedgerRecord], before: list[float | None], sigma: float | None,
+             sign: float) -> Section | None:
     groups: OrderedDict[str, list[LedgerRecord]] = OrderedDict()
     for r in records:
         if r.status == "skip":
@@ -308,7 +310,8 @@ def _not_run(records: list[LedgerRecord], before, sigma, sign) -> Section | None
     return _titled("## Proposals not run", lines, "reasons")
 
 
-def _recent(records: list[LedgerRecord], before, sigma, sign) -> Section | None:
+def _recent(records: list[LedgerRecord], before: list[float | None], sigma: float | None,
+            sign: float) -> Section | None:
     lines = []
     for r in records[-RECENT_ROWS:]:
         metric = _num(r.metric) if r.status in ("keep", "discard") else "-"
