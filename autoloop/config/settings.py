@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from autoloop.config.presets import PRESETS
 from autoloop.core.durations import DURATION_HINT, default_timeout, format_duration, parse_duration
@@ -522,8 +523,9 @@ SETTING_NAMES = tuple(Settings.model_fields)
 
 def flag_of(name: str) -> str:
     """The flag of a setting: its declared one, else --<name with dashes>."""
-    extra = Settings.model_fields[name].json_schema_extra or {}
-    return extra.get("flag") or f"--{name.replace('_', '-')}"
+    extra = Settings.model_fields[name].json_schema_extra   # setting() always gives a dict
+    flag = extra.get("flag") if isinstance(extra, dict) else None
+    return flag if isinstance(flag, str) and flag else f"--{name.replace('_', '-')}"
 
 
 def numeric_fields() -> frozenset[str]:
@@ -548,7 +550,7 @@ AUTOLOOP_TOML = "autoloop.toml"
 PYPROJECT_LABEL = "pyproject.toml [tool.autoloop]"
 
 
-def _read_toml(path: Path) -> dict:
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -560,10 +562,10 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path.name}: cannot read: {e.strerror or e}") from None
 
 
-def read_config_file(workdir: Path) -> tuple[str | None, dict]:
+def read_config_file(workdir: Path) -> tuple[str | None, dict[str, Any]]:
     """(label of the file, its settings table) from the workspace root; (None, {}) when none."""
     workdir = Path(workdir)
-    found: list[tuple[str, dict]] = []
+    found: list[tuple[str, dict[str, Any]]] = []
     own = workdir / AUTOLOOP_TOML
     if own.is_file():
         table = _read_toml(own)
@@ -572,18 +574,18 @@ def read_config_file(workdir: Path) -> tuple[str | None, dict]:
     pyproject = workdir / PYPROJECT
     if pyproject.is_file():
         tool = _read_toml(pyproject).get("tool", {})
-        table = tool.get("autoloop") if isinstance(tool, dict) else None
-        if table is not None:
-            if not isinstance(table, dict):
+        ours = tool.get("autoloop") if isinstance(tool, dict) else None
+        if ours is not None:
+            if not isinstance(ours, dict):
                 raise ConfigError(f"{PYPROJECT}: tool.autoloop must be a table ([tool.autoloop])")
-            if table:
-                found.append((PYPROJECT_LABEL, table))
+            if ours:
+                found.append((PYPROJECT_LABEL, ours))
     if len(found) > 1:
         raise ConfigError(f"settings in both {AUTOLOOP_TOML} and {PYPROJECT_LABEL}; keep them in one")
     return found[0] if found else (None, {})
 
 
-def _normalise(table: dict, where: str, flag_style: bool) -> dict[str, tuple[Any, str]]:
+def _normalise(table: dict[str, Any], where: str, flag_style: bool) -> dict[str, tuple[Any, str]]:
     """key -> (value, location label). '-' accepted for '_'; unknown keys rejected with a hint."""
     out: dict[str, tuple[Any, str]] = {}
     for raw_key, value in table.items():
@@ -608,7 +610,7 @@ def _normalise(table: dict, where: str, flag_style: bool) -> dict[str, tuple[Any
     return out
 
 
-def load_settings(workdir: Path, overrides: dict | None = None) -> Settings:
+def load_settings(workdir: Path, overrides: dict[str, Any] | None = None) -> Settings:
     """Settings from the workspace's config files, with non-None overrides applied on top."""
     source, table = read_config_file(workdir)
     merged = _normalise(table, source or "", flag_style=False)
@@ -625,7 +627,7 @@ def load_settings(workdir: Path, overrides: dict | None = None) -> Settings:
     return settings
 
 
-def build_settings(values: dict, labels: dict[str, str] | None = None) -> Settings:
+def build_settings(values: dict[str, Any], labels: dict[str, str] | None = None) -> Settings:
     """Validate values into Settings; a failure becomes ONE ConfigError line naming the
     key's origin from labels (key -> 'autoloop.toml: budget' or '--budget')."""
     labels = labels or {}
@@ -649,7 +651,7 @@ def _explain(e: ValidationError, labels: dict[str, str]) -> str:
     return f"{label}: {message}"
 
 
-def _message(err: dict) -> str:
+def _message(err: ErrorDetails) -> str:
     """A pydantic error as a short predicate ('must be positive')."""
     kind = err.get("type", "")
     ctx = err.get("ctx") or {}

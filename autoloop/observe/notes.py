@@ -110,7 +110,8 @@ class Notes:
             lines = [line.strip() for line in proc.stderr.decode(errors="replace").splitlines() if line.strip()]
             why = lines[-1] if lines else f"exit code {proc.returncode}"
             raise NotesError(f"git {args[0]} failed: {why.removeprefix('fatal: ').removeprefix('error: ')}")
-        return proc.stdout.decode(errors="replace").strip()
+        out: bytes = proc.stdout
+        return out.decode(errors="replace").strip()
 
     def existing(self) -> dict[str, str]:
         """commit -> blob id of its current autoloop note."""

@@ -10,7 +10,7 @@ failure is one warning line, and the next start catches up.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from autoloop.observe.console import Console
 from autoloop.observe.notes import Notes, NotesError
@@ -63,7 +63,7 @@ class Observers:
 
 
 def open_observers(root: Path, results_dir: Path, tag: str, ledger: Records, console: Console,
-                   track: list[str], target: str, run_settings: dict) -> Observers:
+                   track: list[str], target: str, run_settings: dict[str, Any]) -> Observers:
     """Notes always; the trackers named in ``track``. A tracker that is not installed is a
     setup mistake (TrackerError, before anything runs); one that fails to start (a store it
     cannot open) is a warning line, and the night goes on without it: its done-file then
