@@ -68,7 +68,7 @@ def date_tag(now: float | None = None) -> str:
     return f"{_MONTHS[t.tm_mon - 1]}{t.tm_mday}"
 
 
-# The proposers a portfolio can share a night among (#18, proposers/portfolio.py).
+# The proposers a portfolio can share a night among (proposers/portfolio.py).
 PORTFOLIO_MEMBERS = ("agent", "optuna", "mutate", "queue")
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
@@ -207,7 +207,7 @@ class Settings(BaseModel):
         "(codex 'Reconnecting...', gemini 'Retrying with backoff'; default {default}; 0: off)",
         metavar="DURATION", run_only=True)
 
-    # #17: what the agent is told about the night (autoloop/digest.py).
+    # What the agent is told about the night (autoloop/store/digest.py).
     digest_kb: float = setting(
         8.0, "proposer", "the research digest in each agent prompt (kept changes, directions tried, crashes, "
         "notes) holds at most this many kB however long the night", metavar="KB", run_only=True, ge=1,
@@ -218,13 +218,13 @@ class Settings(BaseModel):
         "as the CLIs report it (Claude Code and Aider do, Codex only tokens; nothing is estimated; calls in flight "
         "finish)", metavar="USD", run_only=True, default_text="no limit", gt=0, allow_inf_nan=False)
 
-    # #16: propose the next trial while the current one trains (README "Look-ahead").
+    # Propose the next trial while the current one trains (README "Look-ahead").
     lookahead: int | None = setting(
         None, "proposer", "1: while a trial trains, the proposer already prepares the next one in a worktree of its "
         "own (worktrees/ahead), so the device never waits for it; 0: propose, then train", metavar="0|1",
         run_only=True, ge=0, le=1, default_text="1 when the proposer is an agent, 0 for the mutator and the queue")
 
-    # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
+    # Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
     # portfolio's members (README "Proposers").
     sampler: Literal["tpe", "cmaes", "gp"] = setting(
         "tpe", "proposer", "Optuna's sampler for --proposer optuna and a portfolio's optuna: tpe (Bayesian), "
@@ -326,7 +326,7 @@ class Settings(BaseModel):
             raise ValueError(f"a device is listed twice: {v}")
         return v
 
-    # -- watching the night (#20, README "Watching the night") ----------------------------------
+    # -- watching the night (README "Watching the night") ----------------------------------------
     track: list[Literal["wandb", "mlflow"]] = setting(
         [], "watch", "send every attempt to an experiment tracker as one run, grouped by the night: "
         "wandb or mlflow (optional extras autoloop[wandb], autoloop[mlflow]); repeat or list with "
@@ -343,7 +343,7 @@ class Settings(BaseModel):
             return list(dict.fromkeys(names))
         return v
 
-    # -- verification (#19, README "The morning verdict"; verify.py) ----------------------------
+    # -- verification (README "The morning verdict"; verification/verify.py) -----------------------
     verify_repeats: int = setting(
         3, "verify", "runs of each variant (the best, the baseline, the best without each kept change), with "
         "new seeds; the intervals need 2 or more", metavar="R", flag="--repeats", run_only=True, ge=1, le=100)

@@ -155,7 +155,7 @@ def replays_of(records: list[LedgerRecord], trial: int) -> int:
 
 @dataclass(frozen=True)
 class AgentSpend:
-    """What the night's agent calls cost, as their CLIs reported it (#17; never estimated)."""
+    """What the night's agent calls cost, as their CLIs reported it (never estimated)."""
 
     calls: int                  # agent calls that ran (each record with extra.agent_usage)
     cost_usd: float             # the sum of the costs reported
@@ -187,7 +187,8 @@ def agent_spend(records: list[LedgerRecord]) -> AgentSpend:
 
 
 class Pipeline(NamedTuple):
-    """How well the proposer kept the device fed (#16), over the attempts since a moment."""
+    """How well the proposer kept the device fed (what the look-ahead is for), over the attempts
+    since a moment."""
 
     busy_s: float            # wall time during which an attempt was running (overlaps counted once)
     span_s: float            # from the moment to the last attempt's end
