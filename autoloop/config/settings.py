@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from autoloop.config.presets import PRESETS
 from autoloop.core.durations import DURATION_HINT, default_timeout, format_duration, parse_duration
@@ -67,7 +68,7 @@ def date_tag(now: float | None = None) -> str:
     return f"{_MONTHS[t.tm_mon - 1]}{t.tm_mday}"
 
 
-# The proposers a portfolio can share a night among (#18, proposers/portfolio.py).
+# The proposers a portfolio can share a night among (proposers/portfolio.py).
 PORTFOLIO_MEMBERS = ("agent", "optuna", "mutate", "queue")
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
@@ -206,7 +207,7 @@ class Settings(BaseModel):
         "(codex 'Reconnecting...', gemini 'Retrying with backoff'; default {default}; 0: off)",
         metavar="DURATION", run_only=True)
 
-    # #17: what the agent is told about the night (autoloop/digest.py).
+    # What the agent is told about the night (autoloop/store/digest.py).
     digest_kb: float = setting(
         8.0, "proposer", "the research digest in each agent prompt (kept changes, directions tried, crashes, "
         "notes) holds at most this many kB however long the night", metavar="KB", run_only=True, ge=1,
@@ -217,13 +218,13 @@ class Settings(BaseModel):
         "as the CLIs report it (Claude Code and Aider do, Codex only tokens; nothing is estimated; calls in flight "
         "finish)", metavar="USD", run_only=True, default_text="no limit", gt=0, allow_inf_nan=False)
 
-    # #16: propose the next trial while the current one trains (README "Look-ahead").
+    # Propose the next trial while the current one trains (README "Look-ahead").
     lookahead: int | None = setting(
         None, "proposer", "1: while a trial trains, the proposer already prepares the next one in a worktree of its "
         "own (worktrees/ahead), so the device never waits for it; 0: propose, then train", metavar="0|1",
         run_only=True, ge=0, le=1, default_text="1 when the proposer is an agent, 0 for the mutator and the queue")
 
-    # #18: Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
+    # Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
     # portfolio's members (README "Proposers").
     sampler: Literal["tpe", "cmaes", "gp"] = setting(
         "tpe", "proposer", "Optuna's sampler for --proposer optuna and a portfolio's optuna: tpe (Bayesian), "
@@ -309,8 +310,8 @@ class Settings(BaseModel):
     def _slurm_limit_after_timeout(self) -> Settings:
         # The scheduler would kill every trial before the harness's own timeout could.
         if self.slurm_time_limit is not None and self.slurm_time_limit <= self.timeout_s:
-            raise ValueError(f"slurm_time_limit: must be longer than the trial timeout ({format_duration(self.timeout_s)}), "
-                             f"got {format_duration(self.slurm_time_limit)}")
+            raise ValueError(f"slurm_time_limit: must be longer than the trial timeout "
+                             f"({format_duration(self.timeout_s)}), got {format_duration(self.slurm_time_limit)}")
         return self
 
     @field_validator("devices", mode="before")
@@ -325,7 +326,7 @@ class Settings(BaseModel):
             raise ValueError(f"a device is listed twice: {v}")
         return v
 
-    # -- watching the night (#20, README "Watching the night") ----------------------------------
+    # -- watching the night (README "Watching the night") ----------------------------------------
     track: list[Literal["wandb", "mlflow"]] = setting(
         [], "watch", "send every attempt to an experiment tracker as one run, grouped by the night: "
         "wandb or mlflow (optional extras autoloop[wandb], autoloop[mlflow]); repeat or list with "
@@ -342,7 +343,7 @@ class Settings(BaseModel):
             return list(dict.fromkeys(names))
         return v
 
-    # -- verification (#19, README "The morning verdict"; verify.py) ----------------------------
+    # -- verification (README "The morning verdict"; verification/verify.py) -----------------------
     verify_repeats: int = setting(
         3, "verify", "runs of each variant (the best, the baseline, the best without each kept change), with "
         "new seeds; the intervals need 2 or more", metavar="R", flag="--repeats", run_only=True, ge=1, le=100)
@@ -522,8 +523,9 @@ SETTING_NAMES = tuple(Settings.model_fields)
 
 def flag_of(name: str) -> str:
     """The flag of a setting: its declared one, else --<name with dashes>."""
-    extra = Settings.model_fields[name].json_schema_extra or {}
-    return extra.get("flag") or f"--{name.replace('_', '-')}"
+    extra = Settings.model_fields[name].json_schema_extra   # setting() always gives a dict
+    flag = extra.get("flag") if isinstance(extra, dict) else None
+    return flag if isinstance(flag, str) and flag else f"--{name.replace('_', '-')}"
 
 
 def numeric_fields() -> frozenset[str]:
@@ -548,7 +550,7 @@ AUTOLOOP_TOML = "autoloop.toml"
 PYPROJECT_LABEL = "pyproject.toml [tool.autoloop]"
 
 
-def _read_toml(path: Path) -> dict:
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -560,10 +562,10 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path.name}: cannot read: {e.strerror or e}") from None
 
 
-def read_config_file(workdir: Path) -> tuple[str | None, dict]:
+def read_config_file(workdir: Path) -> tuple[str | None, dict[str, Any]]:
     """(label of the file, its settings table) from the workspace root; (None, {}) when none."""
     workdir = Path(workdir)
-    found: list[tuple[str, dict]] = []
+    found: list[tuple[str, dict[str, Any]]] = []
     own = workdir / AUTOLOOP_TOML
     if own.is_file():
         table = _read_toml(own)
@@ -572,18 +574,18 @@ def read_config_file(workdir: Path) -> tuple[str | None, dict]:
     pyproject = workdir / PYPROJECT
     if pyproject.is_file():
         tool = _read_toml(pyproject).get("tool", {})
-        table = tool.get("autoloop") if isinstance(tool, dict) else None
-        if table is not None:
-            if not isinstance(table, dict):
+        ours = tool.get("autoloop") if isinstance(tool, dict) else None
+        if ours is not None:
+            if not isinstance(ours, dict):
                 raise ConfigError(f"{PYPROJECT}: tool.autoloop must be a table ([tool.autoloop])")
-            if table:
-                found.append((PYPROJECT_LABEL, table))
+            if ours:
+                found.append((PYPROJECT_LABEL, ours))
     if len(found) > 1:
         raise ConfigError(f"settings in both {AUTOLOOP_TOML} and {PYPROJECT_LABEL}; keep them in one")
     return found[0] if found else (None, {})
 
 
-def _normalise(table: dict, where: str, flag_style: bool) -> dict[str, tuple[Any, str]]:
+def _normalise(table: dict[str, Any], where: str, flag_style: bool) -> dict[str, tuple[Any, str]]:
     """key -> (value, location label). '-' accepted for '_'; unknown keys rejected with a hint."""
     out: dict[str, tuple[Any, str]] = {}
     for raw_key, value in table.items():
@@ -608,7 +610,7 @@ def _normalise(table: dict, where: str, flag_style: bool) -> dict[str, tuple[Any
     return out
 
 
-def load_settings(workdir: Path, overrides: dict | None = None) -> Settings:
+def load_settings(workdir: Path, overrides: dict[str, Any] | None = None) -> Settings:
     """Settings from the workspace's config files, with non-None overrides applied on top."""
     source, table = read_config_file(workdir)
     merged = _normalise(table, source or "", flag_style=False)
@@ -625,7 +627,7 @@ def load_settings(workdir: Path, overrides: dict | None = None) -> Settings:
     return settings
 
 
-def build_settings(values: dict, labels: dict[str, str] | None = None) -> Settings:
+def build_settings(values: dict[str, Any], labels: dict[str, str] | None = None) -> Settings:
     """Validate values into Settings; a failure becomes ONE ConfigError line naming the
     key's origin from labels (key -> 'autoloop.toml: budget' or '--budget')."""
     labels = labels or {}
@@ -649,7 +651,7 @@ def _explain(e: ValidationError, labels: dict[str, str]) -> str:
     return f"{label}: {message}"
 
 
-def _message(err: dict) -> str:
+def _message(err: ErrorDetails) -> str:
     """A pydantic error as a short predicate ('must be positive')."""
     kind = err.get("type", "")
     ctx = err.get("ctx") or {}

@@ -27,7 +27,7 @@ import signal as signals
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 Kind = Literal["ok", "trivial", "fundamental", "timeout"]
 
@@ -37,6 +37,27 @@ MAX_REASON = 200
 class Classification(NamedTuple):
     kind: Kind
     reason: str   # one line naming the evidence, e.g. "NameError: name 'lr' is not defined"
+
+
+class Outcome(Protocol):
+    """What the rules read of a finished trial: the fields of execution's TrialOutcome (core
+    may not import it). ``job_error``, ``launch_error`` and ``timeout_s`` are read with a
+    default, so an object without them still classifies."""
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    killed_reason: str | None
+    max_rss_gb: float | None
+    metric_name: str
+    metric: float | None
+    metric_error: str | None
+    peak_rss_mb: float
+    log_tail: str
+
+
+def _optional(outcome: Outcome, name: str) -> str | None:
+    value: str | None = getattr(outcome, name, None)
+    return value
 
 
 @dataclass(frozen=True)
@@ -66,10 +87,10 @@ def _search(text: Callable[[Evidence], str], pattern: str) -> Matcher:
     compiled = re.compile(pattern, re.MULTILINE)
 
     def match(evidence: Evidence) -> re.Match[str] | None:
-        found = None
+        last = None
         for found in compiled.finditer(text(evidence)):  # the last occurrence is the latest evidence
-            pass
-        return found
+            last = found
+        return last
 
     return match
 
@@ -202,7 +223,7 @@ def _final_exception(lines: list[str]) -> tuple[str, str]:
     return "\n".join(message), location
 
 
-def _signal_name(outcome) -> tuple[str, str]:
+def _signal_name(outcome: Outcome) -> tuple[str, str]:
     """(name, how it is shown): from the signal, or from a wrapper's exit code 128 + n."""
     number, shown = outcome.signal, ""
     code = outcome.exit_code
@@ -217,8 +238,8 @@ def _signal_name(outcome) -> tuple[str, str]:
     return name, name + shown
 
 
-def _state(outcome) -> str:
-    if getattr(outcome, "job_error", None):
+def _state(outcome: Outcome) -> str:
+    if _optional(outcome, "job_error"):
         return "job_timeout" if outcome.timed_out else "job"
     if outcome.killed_reason == "stopped":
         return "stopped"
@@ -226,7 +247,7 @@ def _state(outcome) -> str:
         return "timeout"
     if outcome.killed_reason == "max_rss":
         return "max_rss"
-    if getattr(outcome, "launch_error", None):
+    if _optional(outcome, "launch_error"):
         return "launch"
     if outcome.exit_code == 0 and outcome.signal is None:
         if outcome.metric_error:
@@ -248,12 +269,12 @@ def _last_error(lines: list[str], exception_text: str, exit_code: int | None) ->
     return f"exit code {exit_code} with no output"
 
 
-def evidence_of(outcome) -> Evidence:
+def evidence_of(outcome: Outcome) -> Evidence:
     """Everything the rules read, from a TrialOutcome (or any object with its fields)."""
     lines = (outcome.log_tail or "").splitlines()
     exception_text, location = _final_exception(lines)
     signal_name, signal_shown = _signal_name(outcome)
-    timeout_s = getattr(outcome, "timeout_s", None)
+    timeout_s: float | None = getattr(outcome, "timeout_s", None)
     fields = {
         "timeout": f"{timeout_s:g} s" if timeout_s is not None else "",
         "cap": _number(outcome.max_rss_gb),
@@ -261,8 +282,8 @@ def evidence_of(outcome) -> Evidence:
         "metric_name": outcome.metric_name,
         "metric": f"{outcome.metric:.6f}" if outcome.metric is not None else "",
         "metric_error": outcome.metric_error or "",
-        "launch_error": getattr(outcome, "launch_error", None) or "",
-        "job_error": getattr(outcome, "job_error", None) or "",
+        "launch_error": _optional(outcome, "launch_error") or "",
+        "job_error": _optional(outcome, "job_error") or "",
         "exception": exception_text.splitlines()[0] if exception_text else "",
         "at": location,
         "signal": signal_shown,
@@ -276,7 +297,7 @@ def _one_line(text: str) -> str:
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
-def classify(outcome) -> Classification:
+def classify(outcome: Outcome) -> Classification:
     """From a TrialOutcome (exit_code, signal, timed_out, killed_reason, metric,
     metric_error, metric_name, log_tail) to ok | trivial | fundamental | timeout."""
     evidence = evidence_of(outcome)

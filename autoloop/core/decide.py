@@ -13,7 +13,7 @@ The rule, in one place so that later rules slot in beside it:
 The threshold is ``min_delta`` today. A noise-aware rule ("beat best by more than
 z x noise") enters through ``required_improvement`` (``noise`` and ``z``, off by
 default), and a confirmation re-run would be a third outcome decided where the
-threshold is compared; callers only see :class:`Decision`.
+threshold is compared; callers only see :class:`MetricVerdict`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ Direction = Literal["min", "max"]
 
 
 @dataclass(frozen=True)
-class Decision:
+class MetricVerdict:
     status: Literal["keep", "discard"]
     reason: str                 # one line, for the ledger and the log
     delta: float | None         # signed improvement over the best (positive = better); None: no best
@@ -55,8 +55,8 @@ def required_improvement(min_delta: float = 0.0, noise: float | None = None,
     return threshold, label
 
 
-def decide(metric: float, best: float | None, direction: Direction = "min", min_delta: float = 0.0,
-           *, noise: float | None = None, z: float = 0.0) -> Decision:
+def judge_metric(metric: float, best: float | None, direction: Direction = "min", min_delta: float = 0.0,
+           *, noise: float | None = None, z: float = 0.0) -> MetricVerdict:
     """Keep the candidate when it beats best by MORE than the threshold (see module doc).
 
     A tie is never a keep: an unchanged metric is not worth a commit.
@@ -66,20 +66,20 @@ def decide(metric: float, best: float | None, direction: Direction = "min", min_
     threshold, label = required_improvement(min_delta, noise, z)
     if metric is None or not math.isfinite(metric):
         # Defensive: the runner turns these into crashes, but never keep one.
-        return Decision("discard", f"metric is not a finite number ({metric})", None)
+        return MetricVerdict("discard", f"metric is not a finite number ({metric})", None)
     if best is None:
-        return Decision("keep", "baseline", None)
+        return MetricVerdict("keep", "baseline", None)
     if not math.isfinite(best):
         # A NaN best (an unusable baseline) would otherwise reject everything forever.
-        return Decision("keep", f"best so far is {best}; a finite metric replaces it", None)
+        return MetricVerdict("keep", f"best so far is {best}; a finite metric replaces it", None)
 
     delta = improvement(metric, best, direction)
     change = metric - best   # raw change of the metric, as the user reads the numbers
     if delta > threshold:
-        return Decision("keep", f"improved by {_num(delta)} ({_num(metric)} vs best {_num(best)})", delta)
+        return MetricVerdict("keep", f"improved by {_num(delta)} ({_num(metric)} vs best {_num(best)})", delta)
     if delta <= 0:
-        return Decision("discard", f"no improvement ({_signed(change)} vs best {_num(best)})", delta)
-    return Decision("discard", f"improvement {_num(delta)} <= {label}", delta)
+        return MetricVerdict("discard", f"no improvement ({_signed(change)} vs best {_num(best)})", delta)
+    return MetricVerdict("discard", f"improvement {_num(delta)} <= {label}", delta)
 
 
 def _num(x: float) -> str:
@@ -128,9 +128,11 @@ def effective_rule(rule: str, noise: float | None) -> KeepRule:
     """'auto' is 'noise' once a usable noise estimate exists, else 'strict'."""
     if rule == "auto":
         return "noise" if noise is not None and math.isfinite(noise) and noise > 0 else "strict"
-    if rule not in ("noise", "strict"):
-        raise ValueError(f"keep rule must be 'noise', 'strict' or 'auto', got {rule!r}")
-    return rule  # type: ignore[return-value]
+    if rule == "noise":
+        return "noise"
+    if rule == "strict":
+        return "strict"
+    raise ValueError(f"keep rule must be 'noise', 'strict' or 'auto', got {rule!r}")
 
 
 @dataclass(frozen=True)
@@ -186,9 +188,9 @@ def judge_runs(runs: list[float], best: float | None, direction: Direction = "mi
     # its confirmation (P ~ 8 % at z 2 instead of ~ 28 %).
     mean_noise = noise / math.sqrt(len(xs)) if noise is not None and xs else noise
     if used == "strict":
-        d = decide(mean, best, direction, min_delta)
+        d = judge_metric(mean, best, direction, min_delta)
     else:
-        d = decide(mean, best, direction, min_delta, noise=mean_noise, z=z)
+        d = judge_metric(mean, best, direction, min_delta, noise=mean_noise, z=z)
     conf = confidence(d.delta, noise)
     if d.status == "keep" or d.delta is None or d.delta <= 0 or used == "strict":
         reason = d.reason if len(xs) < 2 or d.delta is None else f"mean of {len(xs)} runs: {d.reason}"

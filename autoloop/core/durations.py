@@ -21,7 +21,7 @@ def default_timeout(budget_s: float) -> float:
     return max(2 * budget_s, budget_s + 120)
 
 
-def parse_duration(text) -> float:
+def parse_duration(text: object) -> float:
     """'300', '300s', '5m', '1h30m', 90 -> seconds.
 
     Rejects zero, negative, non-finite and unreadable values with a ConfigError whose
@@ -29,6 +29,7 @@ def parse_duration(text) -> float:
     """
     if isinstance(text, bool) or not isinstance(text, (int, float, str)):
         raise ConfigError(f"cannot read {show(text)} as a duration ({DURATION_HINT})")
+    seconds: float | None
     if isinstance(text, (int, float)):
         seconds = float(text)
     else:
@@ -40,9 +41,7 @@ def parse_duration(text) -> float:
             m = _DURATION.match(s)
             if s and m and any(m.group(k) for k in "hms"):
                 seconds = sum(float(m.group(k) or 0) * f for k, f in (("h", 3600), ("m", 60), ("s", 1)))
-        if seconds is None:
-            raise ConfigError(f"cannot read {show(text)} as a duration ({DURATION_HINT})")
-    if not math.isfinite(seconds):
+    if seconds is None or not math.isfinite(seconds):
         raise ConfigError(f"cannot read {show(text)} as a duration ({DURATION_HINT})")
     if seconds <= 0:
         raise ConfigError(f"must be positive, got {show(text)}")

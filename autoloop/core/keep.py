@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
-from autoloop.core.decide import decide as decide_metric
-from autoloop.core.decide import judge_runs, noise_estimate
+from autoloop.core.decide import Direction, judge_metric, judge_runs, noise_estimate
 
 MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
 
@@ -43,25 +42,40 @@ def tampered_reason(paths: list[str]) -> str:
 
 
 Action = Literal["keep", "discard", "confirm", "replay", "stale"]
-Best = tuple[str | None, float | None]
+Best = tuple[str | None, float | None]   # (best commit, its metric); (None, None) before the baseline
 
 # A winning candidate is replayed on a best that moved at most this many times; a best that
 # keeps moving under it makes it stale (each replay costs a full trial).
 MAX_REPLAYS = 3
 
 
+class RuleSettings(Protocol):
+    """The settings the keep rule reads (config's Settings has them; core may not import it)."""
+
+    @property
+    def direction(self) -> Direction: ...
+    @property
+    def min_delta(self) -> float: ...
+    @property
+    def keep_rule(self) -> str: ...
+    @property
+    def noise_z(self) -> float: ...
+    @property
+    def sanity_bound(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class Rules:
     """The keep rule in force (from the settings)."""
 
-    direction: str = "min"
+    direction: Direction = "min"
     min_delta: float = 0.0
     keep_rule: str = "auto"
     noise_z: float = 2.0
     sanity_bound: float = 0.0
 
     @classmethod
-    def of(cls, settings) -> Rules:
+    def of(cls, settings: RuleSettings) -> Rules:
         return cls(settings.direction, settings.min_delta, settings.keep_rule, settings.noise_z, settings.sanity_bound)
 
 
@@ -94,7 +108,7 @@ class Decision:
     crash: str | None = None
     noise: float | None = None              # the noise estimate the record carries
     confidence: float | None = None         # gain over the noise, in sigma
-    extra: dict = field(default_factory=dict)   # facts for the record's extra (never control flow)
+    extra: dict[str, object] = field(default_factory=dict)   # facts for the record's extra (never control flow)
     metric_valid: bool = True               # False: the run's number cannot be trusted (tampered inputs)
 
 
@@ -104,7 +118,7 @@ def decide(f: Facts) -> Decision:
     if invalid is not None:
         return invalid
     if f.kind == "baseline":
-        d = decide_metric(f.runs[-1], None, f.rules.direction, f.rules.min_delta)
+        d = judge_metric(f.runs[-1], None, f.rules.direction, f.rules.min_delta)
         best = (f.commit, f.runs[-1]) if d.status == "keep" else (None, None)
         return Decision(d.status, d.status, d.reason, best)
     if f.kind == "verify":
@@ -137,7 +151,7 @@ def _invalid(f: Facts) -> Decision | None:
     best = (None, None) if f.kind == "baseline" else _unmoved(f)
     if f.tampered:
         paths = list(f.tampered)
-        extra = {"tampered": paths}
+        extra: dict[str, object] = {"tampered": paths}
         if f.crash is None and f.runs:
             extra["invalid_metric"] = f.runs[-1]
         return Decision("crash", "discard", tampered_reason(paths), best, crash="fundamental", extra=extra,
@@ -155,21 +169,21 @@ def _judged(f: Facts) -> Decision:
     r = f.rules
     j = judge_runs(list(f.runs), f.start[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
                    rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
-    extra = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
-    moved = f.current[0] is not None and f.current[0] != f.start[0]
-    if not moved:
+    extra: dict[str, object] = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
+    now = f.current[0]
+    if now is None or now == f.start[0]:   # the best has not moved since the attempt started
         if j.status == "keep":
             return Decision("keep", "keep", j.reason, (f.commit, j.mean), noise=f.noise, confidence=j.confidence,
                             extra=extra)
         # confirm: recorded as a discard of this run; the candidate stays checked out for the re-run.
         return Decision("discard", j.status, j.reason, _unmoved(f), noise=f.noise, confidence=j.confidence,
                         extra=extra)
-    current = f.current[0][:7]
+    current = now[:7]
     if j.status == "discard":
         return Decision("discard", "discard", f"{j.reason} (best has moved to {current} meanwhile)", f.current,
                         noise=f.noise, confidence=j.confidence, extra=extra)
     # It beat the best it started from, which is no longer the best: it must win on the new one.
-    how = f"beat its start {f.start[0][:7]} ({j.reason})"
+    how = f"beat its start {(f.start[0] or 'none')[:7]} ({j.reason})"
     extra["beat_start"] = f.start[0]
     action: Action = "stale"
     if f.replays >= MAX_REPLAYS:

@@ -49,10 +49,10 @@ STATE = "state.json"
 PRISTINE = ".pristine"
 HARNESS = ".harness"
 TORN_PREFIX = "ledger.torn-"
-OPTUNA_STUDY = "optuna.db"        # #18: one night's study, relearnt from the ledger when moved aside
+OPTUNA_STUDY = "optuna.db"        # one night's Optuna study, relearnt from the ledger when moved aside
 # What a new tag moves into archive/ (the rest: queue, locks, pristine copies, stay).
-VERIFY = "verify"                 # #19: autoloop verify's plan and its contributions picture
-PREPARED = "prepared"             # #16: look-ahead candidates waiting to run
+VERIFY = "verify"                 # autoloop verify's plan and its contributions picture
+PREPARED = "prepared"             # look-ahead candidates (--lookahead) waiting to run
 TAG_FILES = ("ledger.jsonl", "results.tsv", STATE, "runs", "agents", "quarantine", "progress.png", "report.md",
              VERIFY, OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm", PREPARED)
 
@@ -282,7 +282,7 @@ class Layout:
 
     @property
     def verify_plan(self) -> Path:
-        """#19: the verification's plan (variants, seeds, trials), what --resume continues."""
+        """The verification's plan (variants, seeds, trials), what --resume continues."""
         return self.root / VERIFY / "plan.json"
 
     @property

@@ -43,6 +43,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import autoloop
 from autoloop.core.errors import AutoloopError
@@ -193,7 +194,7 @@ class Tampering:
 class InputsSnapshot:
     """Snapshot, verify and restore the protected inputs of the measurement."""
 
-    def __init__(self, store: Path, areas: list[Area], entries: dict[str, Entry], meta: dict | None = None):
+    def __init__(self, store: Path, areas: list[Area], entries: dict[str, Entry], meta: dict[str, Any] | None = None):
         self.store = Path(store)
         self.areas = areas
         self.entries = entries
@@ -465,7 +466,8 @@ def open_snapshot(results_dir: Path, workspace: Path, data_dir: Path | None, tag
         return old
     if data_dir is not None:
         bad = prepared_mismatch(data_dir)
-        if bad and old is not None and old.area("data") and old.area("data").root == Path(data_dir):
+        old_data = old.area("data") if old is not None else None
+        if bad and old is not None and old_data and old_data.root == Path(data_dir):
             old.restore([DATA_LABEL + "/" + name for name in bad], evidence_dir)
             bad = prepared_mismatch(data_dir)
         if bad:

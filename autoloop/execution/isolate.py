@@ -84,7 +84,8 @@ def enter_network_namespace() -> None:
             _write_proc("uid_map", f"{uid} {uid} 1")
             _write_proc("gid_map", f"{gid} {gid} 1")
         except OSError as exc:
-            raise IsolationError(exc.errno, f"cannot map the user into the new user namespace ({exc.strerror})") from None
+            raise IsolationError(exc.errno,
+                                 f"cannot map the user into the new user namespace ({exc.strerror})") from None
     elif err == errno.ENOSYS:
         raise IsolationError(err, "unshare(2) is not available")
     elif err:

@@ -34,9 +34,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -48,7 +49,7 @@ KILL_WAIT_S = 10.0                  # after SIGKILL, how long to wait for the ke
 # Popen keywords for a helper out of the terminal's reach: a process group of its own (a
 # background group: git neither reads the terminal nor needs its signals). Use them through
 # `terminal_signal_held` or `run_own_group`: alone they leave a window open (below).
-OWN_GROUP: dict = {"process_group": 0} if os.name == "posix" else {}
+OWN_GROUP: dict[str, Any] = {"process_group": 0} if os.name == "posix" else {}
 _HELD = {signal.SIGINT} if os.name == "posix" else set()
 
 
@@ -75,7 +76,7 @@ def terminal_signal_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def run_own_group(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+def run_own_group(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
     """`subprocess.run` for a short helper (git), out of the terminal's process group."""
     with terminal_signal_held():
         return subprocess.run(command, **OWN_GROUP, **kwargs)
@@ -117,7 +118,7 @@ def adopting_orphans() -> Iterator[None]:
 class ProcessTree:
     """Every process of one trial (or agent call), remembered by (pid, start time) until it is gone."""
 
-    def __init__(self, root: subprocess.Popen, token: str, group: TrialGroup | None = None):
+    def __init__(self, root: subprocess.Popen[bytes], token: str, group: TrialGroup | None = None):
         self._root = root
         self._token = token
         self._group = group   # its cgroup, where the machine allows one: holds what escaped the rest
@@ -134,7 +135,7 @@ class ProcessTree:
         try:
             if proc.ppid() in {pid for pid, _ in self._known}:
                 return True
-            return proc.environ().get(TOKEN_VAR) == self._token
+            return bool(proc.environ().get(TOKEN_VAR) == self._token)
         except psutil.Error:
             return False
 
@@ -263,59 +264,87 @@ def find_leftovers(pids: list[tuple[int, float]], token: str | None = None,
     A session id cannot be reused while the session has a member, so a session proven ours
     by a live member holds nothing else; our own session is never one of them.
     """
-    found: dict[int, psutil.Process] = {}
-    sessions: set[int] = set()
     me = os.getpid()
-
-    def take(proc: psutil.Process) -> None:
-        found[proc.pid] = proc
-        try:
-            sessions.add(os.getsid(proc.pid))
-        except OSError:
-            pass
-
-    for pid, created in pids:
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - created) < 1.0:
-                take(proc)
-        except psutil.Error:
-            continue
+    left = _Leftovers()
+    for proc in _recorded(pids):
+        left.take(proc)
     procs = [p for p in psutil.process_iter() if p.pid != me]
     tokens = {token} if token else set()
     if results_dir is not None:
-        prefixes = tuple({str(Path(results_dir).absolute()) + os.sep, str(Path(results_dir).resolve()) + os.sep})
-        for proc in procs:
-            try:
-                env = proc.environ()
-                if env.get(TOKEN_VAR) and any(env.get(k, "").startswith(prefixes)
-                                              for k in ("AUTOLOOP_RESULT", "AUTOLOOP_PROMPT_FILE")):
-                    tokens.add(env[TOKEN_VAR])
-            except psutil.Error:
-                continue
+        tokens |= _tokens_of_runs_in(procs, results_dir)
     if tokens:
         for proc in procs:
             try:
                 if proc.environ().get(TOKEN_VAR) in tokens:
-                    take(proc)
+                    left.take(proc)
             except psutil.Error:
                 continue
-    sessions.discard(os.getsid(0))
-    for proc in procs:
+    left.sessions.discard(os.getsid(0))
+    left.add_session_members(procs)
+    left.add_descendants(me)
+    return _living(left.found.values())
+
+
+class _Leftovers:
+    """What find_leftovers has found so far, by pid, and the sessions of what it took."""
+
+    def __init__(self) -> None:
+        self.found: dict[int, psutil.Process] = {}
+        self.sessions: set[int] = set()
+
+    def take(self, proc: psutil.Process) -> None:
+        self.found[proc.pid] = proc
+        with contextlib.suppress(OSError):
+            self.sessions.add(os.getsid(proc.pid))
+
+    def add_session_members(self, procs: list[psutil.Process]) -> None:
+        for proc in procs:
+            try:
+                if proc.pid not in self.found and os.getsid(proc.pid) in self.sessions:
+                    self.found[proc.pid] = proc
+            except OSError:
+                continue
+
+    def add_descendants(self, me: int) -> None:
+        for proc in list(self.found.values()):
+            try:
+                for child in proc.children(recursive=True):
+                    if child.pid != me:
+                        self.found.setdefault(child.pid, child)
+            except psutil.Error:
+                continue
+
+
+def _recorded(pids: list[tuple[int, float]]) -> Iterator[psutil.Process]:
+    """The recorded processes still running: same pid *and* start time (a pid is reused)."""
+    for pid, created in pids:
         try:
-            if proc.pid not in found and os.getsid(proc.pid) in sessions:
-                found[proc.pid] = proc
-        except OSError:
-            continue
-    for proc in list(found.values()):
-        try:
-            for child in proc.children(recursive=True):
-                if child.pid != me:
-                    found.setdefault(child.pid, child)
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 1.0:
+                yield proc
         except psutil.Error:
             continue
+
+
+def _tokens_of_runs_in(procs: list[psutil.Process], results_dir: Path) -> set[str]:
+    """The process tokens of runs whose result (a trial) or prompt file (an agent) lies in
+    results_dir."""
+    tokens: set[str] = set()
+    prefixes = tuple({str(Path(results_dir).absolute()) + os.sep, str(Path(results_dir).resolve()) + os.sep})
+    for proc in procs:
+        try:
+            env = proc.environ()
+            if env.get(TOKEN_VAR) and any(env.get(k, "").startswith(prefixes)
+                                          for k in ("AUTOLOOP_RESULT", "AUTOLOOP_PROMPT_FILE")):
+                tokens.add(env[TOKEN_VAR])
+        except psutil.Error:
+            continue
+    return tokens
+
+
+def _living(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
     living = []
-    for proc in found.values():
+    for proc in procs:
         try:
             if proc.status() != psutil.STATUS_ZOMBIE:   # a zombie has nothing left to end
                 living.append(proc)
@@ -439,6 +468,7 @@ def _candidates() -> list[Containment]:
     own = _own_cgroups()
     found = []
     for point, fstype, options in _mounts():
+        kind: str | None
         if fstype == "cgroup2":
             path = next((p for controllers, p in own if controllers == ""), None)
             kind = "cgroup2"
@@ -513,6 +543,7 @@ class TrialGroup:
         self.path.mkdir(exist_ok=True)
         # Opened here, written in the child between fork and exec (os.write only: no locks).
         self._procs_fd = os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+        self._ended = False
 
     @classmethod
     def open(cls, token: str) -> TrialGroup | None:
@@ -535,10 +566,10 @@ class TrialGroup:
     def end(self) -> int:
         """SIGKILL everything in the group, wait until it is empty, remove it; how many there
         were. Once: a second call finds nothing."""
-        if self._procs_fd is None:
+        if self._ended:
             return 0
         os.close(self._procs_fd)
-        self._procs_fd = None
+        self._ended = True
         return kill_group(self.path, self.kind)
 
 

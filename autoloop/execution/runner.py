@@ -43,8 +43,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import IO, Any
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -116,7 +118,7 @@ class TrialOutcome(BaseModel):
     metric: float | None = None        # finite, validated metric; None when missing or invalid
     metric_error: str | None = None    # why the metric is unusable ("val_bpb is nan", disagreement...)
     summary: dict[str, float] = Field(default_factory=dict)  # parsed '---' summary block fields
-    result: dict | None = None         # the result JSON as written by autoloop.evaluate
+    result: dict[str, Any] | None = None         # the result JSON as written by autoloop.evaluate
     peak_rss_mb: float = 0.0           # peak resident memory of the whole process tree
     wall_seconds: float = 0.0
     log_path: Path
@@ -131,7 +133,7 @@ class TrialOutcome(BaseModel):
     # Executor slurm (autoloop.execution.executors): the job that ran the trial (executor, cluster,
     # job_id; copied into the ledger record's extra), and why it gave no normal outcome
     # (cancelled by the scheduler, its node died, ...).
-    job: dict = Field(default_factory=dict)
+    job: dict[str, Any] = Field(default_factory=dict)
     job_error: str | None = None
 
 
@@ -174,7 +176,7 @@ class _Reader(threading.Thread):
         self._log = log
         self._on_progress = on_progress
         self._progress_failed = False
-        self._on_output = on_output   # #15: every chunk, for the agent's output watch
+        self._on_output = on_output   # every chunk, for the agent proposer's output watch (agent_watch.py)
         self._metric_key = metric.encode() + b":"
         self._metric_re = re.compile(_LINE_START + re.escape(self._metric_key) + rb"[ \t]*(" + _NUMBER + rb")",
                                      re.IGNORECASE)
@@ -231,15 +233,18 @@ class _Reader(threading.Thread):
             return
         try:
             self._on_progress(line)
-        except Exception:  # noqa: BLE001 - a display bug must not end the night's run
+        except Exception:  # a display bug must not end the night's run
             if not self._progress_failed:
                 logger.exception("on_progress callback failed; further failures are not logged")
             self._progress_failed = True
 
     def _report_output(self, data: bytes) -> None:
+        watch = self._on_output
+        if watch is None:
+            return
         try:
-            self._on_output(data)
-        except Exception:  # noqa: BLE001 - a watcher's bug must not stop the draining
+            watch(data)
+        except Exception:  # a watcher's bug must not stop the draining
             logger.exception("on_output callback failed; no more output is given to it")
             self._on_output = None
 
@@ -252,10 +257,10 @@ class _Reader(threading.Thread):
 
 
 def _last_match(pattern: re.Pattern[bytes], data: bytes) -> re.Match[bytes] | None:
-    found = None
+    last = None
     for found in pattern.finditer(data):
-        pass
-    return found
+        last = found
+    return last
 
 
 # ---------------------------------------------------------------------------------
@@ -266,7 +271,7 @@ class _ExitWatch:
     """Sleeps until the main process exits or a timeout passes. A pidfd (Linux) wakes at the
     exit itself; elsewhere Popen.wait polls, up to 50 ms late."""
 
-    def __init__(self, proc: subprocess.Popen):
+    def __init__(self, proc: subprocess.Popen[bytes]):
         self._proc = proc
         self._fd: int | None = None
         with contextlib.suppress(AttributeError, OSError):
@@ -314,7 +319,7 @@ def _print_tolerance(text: str) -> float:
 
 
 def _read_metric(spec: TrialSpec, result_path: Path | None, nonce: str | None,
-                 stdout_text: str | None) -> tuple[float | None, str | None, dict | None]:
+                 stdout_text: str | None) -> tuple[float | None, str | None, dict[str, Any] | None]:
     """(metric, metric_error, result record): the result file first, stdout as the fallback,
     and a number only when it is finite and both sources agree."""
     name = spec.metric
@@ -348,7 +353,7 @@ def _read_metric(spec: TrialSpec, result_path: Path | None, nonce: str | None,
     value = float(value)
     if not math.isfinite(value):
         return None, f"{name} is {value}", result
-    if stdout_value is not None:
+    if stdout_text is not None and stdout_value is not None:
         tolerance = _print_tolerance(stdout_text) + 1e-9 * abs(value)
         if not abs(stdout_value - value) <= tolerance:  # also true for a nan on stdout
             return None, f"result file {name} {value:.6f} disagrees with stdout {stdout_text}", result
@@ -395,7 +400,7 @@ def _launch_failure(spec: TrialSpec, log: RunLog, timeout_s: float, exit_code: i
                         log_tail=log.notes[-1], started_at=now, ended_at=now)
 
 
-def _supervise(proc: subprocess.Popen, tree: ProcessTree, log: RunLog, spec: TrialSpec, deadline: float,
+def _supervise(proc: subprocess.Popen[bytes], tree: ProcessTree, log: RunLog, spec: TrialSpec, deadline: float,
                stop_event: threading.Event | None) -> tuple[str | None, int]:
     """Sample the tree until the main process exits or a limit ends it:
     (killed_reason, peak RSS of the tree in bytes)."""
@@ -434,7 +439,7 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
     nothing it started is alive.
 
     on_output gets every chunk of the merged output as it is read (the agent proposer's
-    output watch, #15), called from the reader thread; stop_event may be any object with
+    output watch), called from the reader thread; stop_event may be any object with
     ``is_set()`` (that watch is one).
 
     on_progress gets the latest "step ..." line, called from the reader thread. on_start gets
@@ -442,82 +447,128 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
     process group and session), for recovery after the orchestrator itself dies. An exception
     in either callback is logged and otherwise ignored: the trial is already running.
     """
-    spec = spec.model_copy(update={"timeout_s": spec.timeout_s if spec.timeout_s is not None
-                                   else default_timeout(spec.budget_s)})
-    result_path = spec.result_path or (Path(spec.env["AUTOLOOP_RESULT"]) if spec.env.get("AUTOLOOP_RESULT") else None)
-    if result_path is not None:
-        result_path = Path(spec.cwd, result_path).absolute()
-        result_path.unlink(missing_ok=True)  # a stale result must never be read as this trial's
+    timeout_s = spec.timeout_s if spec.timeout_s is not None else default_timeout(spec.budget_s)
+    spec = spec.model_copy(update={"timeout_s": timeout_s})
+    result_path = _fresh_result_path(spec)
     # A caller that must find the tree again after its own death (the agent proposer,
     # for recovery) chooses the token and records it first.
     token = spec.env.get(TOKEN_VAR) or uuid.uuid4().hex
     env = _child_env(spec, result_path, token)
-    program = spec.command[0]
     log = RunLog(spec.log_path, spec.log_cap_bytes)
     if not Path(spec.cwd).is_dir():
-        return _launch_failure(spec, log, spec.timeout_s, 127, f"workspace not found: {spec.cwd}")
+        return _launch_failure(spec, log, timeout_s, 127, f"workspace not found: {spec.cwd}")
 
     group = TrialGroup.open(token)   # None where the machine has no cgroup for us
     with adopting_orphans():
         started_at, t0 = time.time(), time.monotonic()
-        stdin = open(spec.stdin_path, "rb") if spec.stdin_path is not None else subprocess.DEVNULL
-        try:
-            # preexec_fn runs between fork and exec; ruff calls it unsafe with threads because
-            # the child may need a lock another thread held at the fork. Joining the cgroup is
-            # one os.write, the isolation code takes none (see autoloop.execution.isolate); with neither
-            # there is no preexec_fn.
-            proc = subprocess.Popen(spec.command, cwd=spec.cwd, env=env, stdin=stdin,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_preexec(group, spec.isolate))  # noqa: PLW1509
-        except FileNotFoundError:
-            return _launch_failure(spec, log, spec.timeout_s, 127, f"command not found: {program}", group)
-        except PermissionError:
-            return _launch_failure(spec, log, spec.timeout_s, 126, f"command not executable: {program}", group)
-        except OSError as exc:
-            return _launch_failure(spec, log, spec.timeout_s, 126, f"cannot start {program}: {exc.strerror or exc}",
-                                   group)
-        except subprocess.SubprocessError:  # only preexec_fn raises it: the namespace was refused
-            why = isolation_available()[1] or "the kernel refused it"
-            return _launch_failure(spec, log, spec.timeout_s, 126, f"--isolate: cannot enter a network namespace ({why})",
-                                   group)
-        finally:
-            if stdin is not subprocess.DEVNULL:
-                stdin.close()  # the child has its own copy of the descriptor
-
-        reader = _Reader(proc.stdout.fileno(), log, spec.metric, on_progress, on_output)
+        launched = _launch(spec, env, group, log, timeout_s)
+        if isinstance(launched, TrialOutcome):
+            return launched
+        proc = launched
+        reader = _Reader(_pipe(proc).fileno(), log, spec.metric, on_progress, on_output)
         reader.start()
         tree = ProcessTree(proc, token, group)
         if on_start is not None:
             try:
                 on_start(tree.members())
-            except Exception:  # noqa: BLE001 - see the docstring
+            except Exception:  # see the docstring
                 logger.exception("on_start callback failed")
-        killed_reason, peak = _supervise(proc, tree, log, spec, t0 + spec.timeout_s, stop_event)
-        wall_seconds = time.monotonic() - t0
-        leftovers = tree.end(spec.grace_s)  # daemons, workers: anything that outlived the main process
-        if leftovers:
-            log.note(f"killed {leftovers} process(es) still running after the main process ended")
-        escaped = group.end() if group is not None else 0   # the run is over: nothing of it stays
-        if escaped:
-            log.note(f"killed {escaped} process(es) that had escaped the process tree (found in the run's cgroup)")
-            leftovers += escaped
+        killed_reason, peak = _supervise(proc, tree, log, spec, t0 + timeout_s, stop_event)
+        ran = _Ran(killed_reason, peak, started_at, time.monotonic() - t0, _end_the_rest(tree, group, log, spec))
+    _drain(reader, proc, log)
+    return _finished(spec, proc, reader, log, result_path, env.get("AUTOLOOP_NONCE"), ran)
 
+
+def _fresh_result_path(spec: TrialSpec) -> Path | None:
+    """Where the trial writes its result (absolute), with any stale one removed: a stale
+    result must never be read as this trial's."""
+    result_path = spec.result_path or (Path(spec.env["AUTOLOOP_RESULT"]) if spec.env.get("AUTOLOOP_RESULT") else None)
+    if result_path is not None:
+        result_path = Path(spec.cwd, result_path).absolute()
+        result_path.unlink(missing_ok=True)
+    return result_path
+
+
+def _launch(spec: TrialSpec, env: dict[str, str], group: TrialGroup | None, log: RunLog,
+            timeout_s: float) -> subprocess.Popen[bytes] | TrialOutcome:
+    """The trial's main process, started; or the outcome of a launch that failed."""
+    program = spec.command[0]
+    stdin = open(spec.stdin_path, "rb") if spec.stdin_path is not None else None
+    try:
+        # preexec_fn runs between fork and exec; it is unsafe with threads because
+        # the child may need a lock another thread held at the fork. Joining the cgroup is
+        # one os.write, the isolation code takes none (see autoloop.execution.isolate); with neither
+        # there is no preexec_fn.
+        return subprocess.Popen(spec.command, cwd=spec.cwd, env=env,
+                                stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_preexec(group, spec.isolate))
+    except FileNotFoundError:
+        return _launch_failure(spec, log, timeout_s, 127, f"command not found: {program}", group)
+    except PermissionError:
+        return _launch_failure(spec, log, timeout_s, 126, f"command not executable: {program}", group)
+    except OSError as exc:
+        return _launch_failure(spec, log, timeout_s, 126, f"cannot start {program}: {exc.strerror or exc}", group)
+    except subprocess.SubprocessError:  # only preexec_fn raises it: the namespace was refused
+        why = isolation_available()[1] or "the kernel refused it"
+        return _launch_failure(spec, log, timeout_s, 126,
+                               f"--isolate: cannot enter a network namespace ({why})", group)
+    finally:
+        if stdin is not None:
+            stdin.close()  # the child has its own copy of the descriptor
+
+
+def _pipe(proc: subprocess.Popen[bytes]) -> IO[bytes]:
+    """The main process's merged output: a pipe, as _launch asked (stdout=PIPE)."""
+    if proc.stdout is None:
+        raise RuntimeError("the trial's output is not a pipe")
+    return proc.stdout
+
+
+def _end_the_rest(tree: ProcessTree, group: TrialGroup | None, log: RunLog, spec: TrialSpec) -> int:
+    """After the main process: end whatever of the run outlived it; how many processes."""
+    leftovers = tree.end(spec.grace_s)  # daemons, workers: anything that outlived the main process
+    if leftovers:
+        log.note(f"killed {leftovers} process(es) still running after the main process ended")
+    escaped = group.end() if group is not None else 0   # the run is over: nothing of it stays
+    if escaped:
+        log.note(f"killed {escaped} process(es) that had escaped the process tree (found in the run's cgroup)")
+        leftovers += escaped
+    return leftovers
+
+
+def _drain(reader: _Reader, proc: subprocess.Popen[bytes], log: RunLog) -> None:
+    """Let the reader take the rest of the output, then close the pipe and the log."""
     reader.join(timeout=2.0)
     if reader.is_alive():  # only a process beyond reach (cleared env, other session) holds the pipe
         log.note("output pipe held open by an escaped process; stopped reading")
         reader.give_up_at = time.monotonic()
         reader.join()
-    proc.stdout.close()
+    _pipe(proc).close()
     log.close()
 
+
+@dataclass(frozen=True)
+class _Ran:
+    """How the main process's run went, as run_trial saw it."""
+
+    killed_reason: str | None
+    peak_bytes: int          # peak resident memory of the tree
+    started_at: float
+    wall_seconds: float
+    leftovers: int           # processes ended after the main process
+
+
+def _finished(spec: TrialSpec, proc: subprocess.Popen[bytes], reader: _Reader, log: RunLog,
+              result_path: Path | None, nonce: str | None, ran: _Ran) -> TrialOutcome:
     tail = "\n".join(filter(None, [reader.tail(), *log.notes]))
-    metric, metric_error, result = _read_metric(spec, result_path, env.get("AUTOLOOP_NONCE"), reader.metric_text)
+    metric, metric_error, result = _read_metric(spec, result_path, nonce, reader.metric_text)
     code = proc.returncode
     return TrialOutcome(
         exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
-        timed_out=killed_reason == "timeout", killed_reason=killed_reason, max_rss_gb=spec.max_rss_gb,
+        timed_out=ran.killed_reason == "timeout", killed_reason=ran.killed_reason, max_rss_gb=spec.max_rss_gb,
         metric_name=spec.metric, metric=metric, metric_error=metric_error, summary=_parse_summary(tail),
-        result=result, peak_rss_mb=peak / 2**20, wall_seconds=wall_seconds, log_path=spec.log_path,
-        log_tail=tail, started_at=started_at, ended_at=time.time(), timeout_s=spec.timeout_s,
-        last_progress=reader.last_progress, leftover_processes=leftovers, log_cut_bytes=log.cut_bytes,
+        result=result, peak_rss_mb=ran.peak_bytes / 2**20, wall_seconds=ran.wall_seconds, log_path=spec.log_path,
+        log_tail=tail, started_at=ran.started_at, ended_at=time.time(), timeout_s=spec.timeout_s,
+        last_progress=reader.last_progress, leftover_processes=ran.leftovers, log_cut_bytes=log.cut_bytes,
     )

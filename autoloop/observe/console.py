@@ -18,7 +18,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, TypedDict
 
 from autoloop.core.durations import format_duration
 
@@ -142,10 +142,16 @@ _PERCENT_RE = re.compile(r"\((\d+(?:\.\d+)?)%\)")
 _STEP_RE = re.compile(r"^step\s+(\d+)")
 
 
-def parse_progress(line: str | None) -> dict:
+class Progress(TypedDict, total=False):
+    step: int
+    percent: float
+    loss: float
+
+
+def parse_progress(line: str | None) -> Progress:
     """What a progress line says: ``step 00123 (41.0%) | loss: 2.3450 | ...`` ->
     ``{"step": 123, "percent": 41.0, "loss": 2.345}``; missing parts are left out."""
-    out: dict = {}
+    out: Progress = {}
     if not line:
         return out
     if m := _STEP_RE.match(line.strip()):

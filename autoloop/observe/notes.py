@@ -67,7 +67,7 @@ def attempt_block(record: LedgerRecord, reference: float | None) -> str:
 def notes_by_commit(records: list[LedgerRecord]) -> dict[str, str]:
     """commit sha -> the full text of its note, for every commit the ledger names."""
     blocks: dict[str, list[str]] = {}
-    for record, reference in zip(records, best_before(records)):
+    for record, reference in zip(records, best_before(records), strict=True):
         if record.commit and record.status != "skip" and record.kind != "verify":   # verify: report.md has them
             blocks.setdefault(record.commit, []).append(attempt_block(record, reference))
     return {sha: "\n\n".join(parts) + "\n" for sha, parts in blocks.items()}
@@ -110,7 +110,8 @@ class Notes:
             lines = [line.strip() for line in proc.stderr.decode(errors="replace").splitlines() if line.strip()]
             why = lines[-1] if lines else f"exit code {proc.returncode}"
             raise NotesError(f"git {args[0]} failed: {why.removeprefix('fatal: ').removeprefix('error: ')}")
-        return proc.stdout.decode(errors="replace").strip()
+        out: bytes = proc.stdout
+        return out.decode(errors="replace").strip()
 
     def existing(self) -> dict[str, str]:
         """commit -> blob id of its current autoloop note."""

@@ -10,7 +10,7 @@ failure is one warning line, and the next start catches up.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from autoloop.observe.console import Console
 from autoloop.observe.notes import Notes, NotesError
@@ -63,7 +63,7 @@ class Observers:
 
 
 def open_observers(root: Path, results_dir: Path, tag: str, ledger: Records, console: Console,
-                   track: list[str], target: str, run_settings: dict) -> Observers:
+                   track: list[str], target: str, run_settings: dict[str, Any]) -> Observers:
     """Notes always; the trackers named in ``track``. A tracker that is not installed is a
     setup mistake (TrackerError, before anything runs); one that fails to start (a store it
     cannot open) is a warning line, and the night goes on without it: its done-file then
@@ -74,8 +74,9 @@ def open_observers(root: Path, results_dir: Path, tag: str, ledger: Records, con
             trackers.append(open_tracker(name, results_dir, tag))
         except TrackerError:
             raise
-        except Exception as e:  # noqa: BLE001 - a tracker never stops the loop: one warning line
-            console.line(f"warning: --track {name}: cannot start ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
+        except Exception as e:  # a tracker never stops the loop: one warning line
+            said = " ".join(str(e).split())[:300]
+            console.line(f"warning: --track {name}: cannot start ({type(e).__name__}: {said}); "
                          "the night goes on without it, and the next start logs what it missed")
     tracking = None
     if trackers:

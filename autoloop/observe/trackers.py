@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from autoloop.core import module_constants
 from autoloop.core.errors import AutoloopError
@@ -60,7 +60,7 @@ class AttemptRun:
     record: LedgerRecord
     tag: str
     name: str                                   # "<tag> #7.2"
-    config: dict
+    config: dict[str, Any]
     metrics: dict[str, float]
     status: str
     crash: str | None
@@ -106,7 +106,7 @@ def loss_curve(log_text: str, limit: int = MAX_LOSS_POINTS) -> list[tuple[int, f
 
 
 def gather(record: LedgerRecord, root: Path, results_dir: Path, tag: str, target: str,
-           settings: dict) -> AttemptRun:
+           settings: dict[str, Any]) -> AttemptRun:
     """The run of one attempt: constants at its commit, metrics, diff and loss curve."""
     label = trial_label(record.trial, record.attempt)
     source = file_at(root, record.commit, target) if record.commit else None
@@ -132,7 +132,7 @@ def gather(record: LedgerRecord, root: Path, results_dir: Path, tag: str, target
     return AttemptRun(record, tag, f"{tag} #{label}", config, metrics, record.status, record.crash, diff, losses)
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return " ".join(str(text).split())[:300]
 
 
@@ -253,7 +253,7 @@ class MlflowTracker:
         pass
 
 
-def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in config.items():
         if isinstance(value, dict):
@@ -282,7 +282,7 @@ class Tracking:
     """The trackers of one run, fed from one background thread (see the module docstring)."""
 
     def __init__(self, trackers: list[Tracker], root: Path, results_dir: Path, tag: str, target: str,
-                 settings: dict, warn: Callable[[str], None]):
+                 settings: dict[str, Any], warn: Callable[[str], None]):
         self.trackers = trackers
         self.root, self.results_dir, self.tag, self.target = Path(root), Path(results_dir), tag, target
         self.settings = settings
@@ -326,7 +326,7 @@ class Tracking:
             key = attempt_key(self.tag, record)
             try:
                 run = gather(record, self.root, self.results_dir, self.tag, self.target, self.settings)
-            except Exception as e:  # noqa: BLE001 - a tracker never stops the loop
+            except Exception as e:  # a tracker never stops the loop
                 self.warn(f"track: could not gather #{trial_label(record.trial, record.attempt)}: {_one_line(e)}")
                 continue
             for tracker in self.trackers:
@@ -335,7 +335,7 @@ class Tracking:
                 try:
                     tracker.log(run)
                     self._mark_done(tracker.name, key)
-                except Exception as e:  # noqa: BLE001 - a tracker never stops the loop: one warning line
+                except Exception as e:  # a tracker never stops the loop: one warning line
                     self.warn(f"track {tracker.name}: could not log #{trial_label(record.trial, record.attempt)} "
                               f"({type(e).__name__}: {_one_line(e)}); the loop goes on")
 
@@ -350,5 +350,5 @@ class Tracking:
         for tracker in self.trackers:
             try:
                 tracker.close()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # a tracker never stops the loop
                 self.warn(f"track {tracker.name}: closing failed ({_one_line(e)})")

@@ -20,7 +20,7 @@ MAX_DIFF_BYTES = 2 * 2**20    # a diff beyond this is cut (a generated file, a v
 
 
 def is_sha(text: str | None) -> bool:
-    return bool(text) and bool(_SHA.match(text))
+    return text is not None and bool(_SHA.match(text))
 
 
 def _git(root: Path, *args: str) -> bytes | None:

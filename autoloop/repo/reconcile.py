@@ -199,76 +199,89 @@ def reconcile(ws: Workspace, tag: str, base: str, trial: int, attempt: int,
 
 def _reconcile(ws: Workspace, tag: str, base: str, trial: int, attempt: int,
                before: RefSnapshot | None) -> Reconciled:
-    git = ws.repo.git
     base = ws._resolve(base)          # a kept commit is held by its trial ref: it exists
-    branch = ws.branch_name(tag)
-    branch_ref = f"refs/heads/{branch}"
+    branch_ref = f"refs/heads/{ws.branch_name(tag)}"
     prefix = agent_ref_prefix(tag, trial, attempt)
     out = Reconciled()
-    events, saved = out.events, out.saved_refs
 
-    _abandon_operations(ws, events)
+    _abandon_operations(ws, out.events)
     head_ref = _symbolic_head(ws)
     head_sha = _sha(ws, "HEAD")
     branch_sha = _sha(ws, branch_ref)
+    _save_agent_work(ws, base, prefix, head_sha, branch_sha, trial, attempt, out)
+    _note_head(ws, base, branch_ref, head_ref, head_sha, out)
+    _note_branch(ws, base, branch_ref, head_ref == branch_ref, branch_sha, out)
+    _back_to_best(ws, tag, base, branch_ref, prefix, before, out)
+    if ws.target_path.is_file():
+        out.target_text = ws.target_path.read_text(errors="replace")
+    else:
+        out.target_deleted = True
+        out.events.append(f"agent deleted {ws.target}")
+    return out
 
+
+def _save_agent_work(ws: Workspace, base: str, prefix: str, head_sha: str | None, branch_sha: str | None,
+                     trial: int, attempt: int, out: Reconciled) -> None:
+    """Save what the best does not hold under the agent refs: the agent's work, never lost."""
     # What the agent left staged (against its own HEAD), saved before the index is reset.
-    if head_sha is not None and _index_events(ws, events):
-        _save_index(ws, head_sha, prefix + "index", trial, attempt, saved)
-
-    # Save tips holding commits the best does not: the agent's work, never lost.
+    if head_sha is not None and _index_events(ws, out.events):
+        _save_index(ws, head_sha, prefix + "index", trial, attempt, out.saved_refs)
+    # Tips holding commits the best does not.
     if head_sha and not ws.is_ancestor(head_sha, base):
-        _save(ws, prefix + "head", head_sha, saved)
+        _save(ws, prefix + "head", head_sha, out.saved_refs)
     if branch_sha and branch_sha != head_sha and not ws.is_ancestor(branch_sha, base):
-        _save(ws, prefix + "branch", branch_sha, saved)
+        _save(ws, prefix + "branch", branch_sha, out.saved_refs)
 
-    # Where HEAD went.
+
+def _note_head(ws: Workspace, base: str, branch_ref: str, head_ref: str | None, head_sha: str | None,
+               out: Reconciled) -> None:
+    """Where HEAD went, and the commits made there when it left the loop's branch."""
     if head_ref is None:
-        events.append(f"agent detached HEAD at {_short(head_sha)}")
+        out.events.append(f"agent detached HEAD at {_short(head_sha)}")
     elif head_ref != branch_ref:
         name = head_ref.removeprefix("refs/heads/")
-        events.append(f"agent switched to branch {name}" + ("" if head_sha else " (unborn)"))
-    on_branch = head_ref == branch_ref
-    if not on_branch and head_sha and head_sha != base and ws.is_ancestor(base, head_sha):
+        out.events.append(f"agent switched to branch {name}" + ("" if head_sha else " (unborn)"))
+    if head_ref != branch_ref and head_sha and head_sha != base and ws.is_ancestor(base, head_sha):
         n = _count(ws, f"{base}..{head_sha}")
         where = "a detached HEAD" if head_ref is None else head_ref.removeprefix("refs/heads/")
-        events.append(f"agent committed {n} commit(s) on {where}")
+        out.events.append(f"agent committed {n} commit(s) on {where}")
         out.commit_message = _subjects(ws, base, head_sha)
 
-    # What happened to the loop's branch.
+
+def _note_branch(ws: Workspace, base: str, branch_ref: str, on_branch: bool, branch_sha: str | None,
+                 out: Reconciled) -> None:
+    """What happened to the loop's branch."""
+    branch = branch_ref.removeprefix("refs/heads/")
     if branch_sha is None:
-        events.append(f"agent deleted branch {branch} (restored at the best {_short(base)})")
+        out.events.append(f"agent deleted branch {branch} (restored at the best {_short(base)})")
     elif branch_sha != base:
         if ws.is_ancestor(base, branch_sha):
             n = _count(ws, f"{base}..{branch_sha}")
-            events.append(f"agent committed {n} commit(s)" + ("" if on_branch else f" on {branch}"))
+            out.events.append(f"agent committed {n} commit(s)" + ("" if on_branch else f" on {branch}"))
             out.commit_message = out.commit_message or _subjects(ws, base, branch_sha)
         elif ws.is_ancestor(branch_sha, base):
             n = _count(ws, f"{branch_sha}..{base}")
-            events.append(f"agent reset {branch} back {n} commit(s) to {_short(branch_sha)} "
-                          f"(restored to the best {_short(base)})")
+            out.events.append(f"agent reset {branch} back {n} commit(s) to {_short(branch_sha)} "
+                              f"(restored to the best {_short(base)})")
         else:
-            events.append(f"agent rewrote {branch} (amend or rebase: {_short(branch_sha)} does not descend "
-                          f"from the best {_short(base)}; restored, its commits saved)")
+            out.events.append(f"agent rewrote {branch} (amend or rebase: {_short(branch_sha)} does not descend "
+                              f"from the best {_short(base)}; restored, its commits saved)")
 
-    # Back to the loop's branch at the best, the work tree untouched.
+
+def _back_to_best(ws: Workspace, tag: str, base: str, branch_ref: str, prefix: str, before: RefSnapshot | None,
+                  out: Reconciled) -> None:
+    """Back to the loop's branch at the best, the work tree untouched."""
+    git = ws.repo.git
     git.symbolic_ref("HEAD", branch_ref)
     git.update_ref("-m", "autoloop: back to the best after the proposer", branch_ref, base)
     if before is not None:
-        _restore_refs(ws, tag, before, branch_ref, prefix, events, saved)
+        _restore_refs(ws, tag, before, branch_ref, prefix, out.events, out.saved_refs)
     try:
         git.reset("-q", "--mixed", base)
     except GitCommandError:
         # An index the agent broke beyond reading: rebuild it from the best commit.
         (Path(ws.repo.git_dir) / "index").unlink(missing_ok=True)
         git.reset("-q", "--mixed", base)
-
-    if ws.target_path.is_file():
-        out.target_text = ws.target_path.read_text(errors="replace")
-    else:
-        out.target_deleted = True
-        events.append(f"agent deleted {ws.target}")
-    return out
 
 
 def _restore_refs(ws: Workspace, tag: str, before: RefSnapshot, branch_ref: str, prefix: str,

@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import git
 from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
+from git.objects import Commit
 
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import RESULTS, branch_name, trial_ref, trial_ref_prefix
@@ -61,7 +64,7 @@ class _OwnGroupGit(git.Git):
     started by a worker thread just as Ctrl-C landed died of it too (`terminal_signal_held`).
     """
 
-    def execute(self, command, *args, **kwargs):
+    def execute(self, command: str | Sequence[Any], *args: Any, **kwargs: Any) -> Any:
         for key, value in OWN_GROUP.items():
             kwargs.setdefault(key, value)
         with terminal_signal_held():
@@ -173,7 +176,8 @@ class Workspace:
         a proposer or a run creates, could not tell them from its own. Ignored files (data,
         logs) are outside all of this.
         """
-        changed, untracked = [], []
+        changed: list[str] = []
+        untracked: list[str] = []
         for xy, path, orig in self._status():
             (untracked if xy == "??" else changed).append(path)
             if orig:
@@ -258,8 +262,11 @@ class Workspace:
         return self.repo.head.commit.hexsha
 
     def _resolve(self, rev: str) -> str:
+        return self._commit(rev).hexsha
+
+    def _commit(self, rev: str) -> Commit:
         try:
-            return self.repo.commit(rev).hexsha
+            return self.repo.commit(rev)
         except (ValueError, BadName, GitCommandError):
             raise WorkspaceError(f"unknown commit {rev!r} in {self.root}") from None
 
@@ -354,7 +361,7 @@ class Workspace:
                     self.repo.git.read_tree(base)
                     self.repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{self.target}")
                     tree = self.repo.git.write_tree().strip()
-                    return self.repo.git.commit_tree(tree, "-p", base, "-m", message).strip()
+                    return str(self.repo.git.commit_tree(tree, "-p", base, "-m", message)).strip()
             except GitCommandError as err:
                 raise WorkspaceError(f"cannot make a commit on {base[:12]}: {_git_error(err)}") from None
 
@@ -518,14 +525,14 @@ class Workspace:
         """Unified diff of the target, work tree against commit a (default HEAD)."""
         rev = self._resolve(a) if a is not None else "HEAD"
         try:
-            return self.repo.git.diff(rev, "--", self.target, strip_newline_in_stdout=False)
+            return str(self.repo.git.diff(rev, "--", self.target, strip_newline_in_stdout=False))
         except GitCommandError as err:
             raise WorkspaceError(f"git diff failed: {_git_error(err)}") from None
 
     def is_ancestor(self, a: str, b: str) -> bool:
         """Whether a is an ancestor of b (a commit is its own ancestor); False when either is unknown."""
         try:
-            return self.repo.is_ancestor(self._resolve(a), self._resolve(b))
+            return self.repo.is_ancestor(self._commit(a), self._commit(b))
         except (WorkspaceError, GitCommandError):
             return False
 
@@ -542,17 +549,19 @@ class Workspace:
             return None
         if blob.type != "blob":
             return None
-        return blob.data_stream.read().decode("utf-8", errors="replace")
+        data: bytes = blob.data_stream.read()
+        return data.decode("utf-8", errors="replace")
 
     def merge_change(self, base: str, ours: str, theirs: str) -> str | None:
         """The target of `theirs` (a change built on `base`) replayed onto `ours`: a 3-way
         merge of the target alone; None on a conflict or when a side has no target."""
-        texts = [self.file_at(sha, self.target) for sha in (ours, base, theirs)]
-        if any(t is None for t in texts):
+        found = [self.file_at(sha, self.target) for sha in (ours, base, theirs)]
+        texts = [t for t in found if t is not None]
+        if len(texts) < len(found):
             return None
         with tempfile.TemporaryDirectory(prefix="autoloop-merge-") as tmp:
             paths = []
-            for name, text in zip(("ours", "base", "theirs"), texts):
+            for name, text in zip(("ours", "base", "theirs"), texts, strict=True):
                 path = Path(tmp) / name
                 path.write_text(text)
                 paths.append(str(path))

@@ -3,7 +3,7 @@ and the look-ahead's: ``worktrees/ahead`` (``worktrees/w<k>-ahead``) on ``autolo
 
 Each worker slot of the engine (N > 1) works in a linked worktree of its own, so that its
 proposer, commits and trial never touch another's files. The main checkout keeps the loop's
-branch ``autoloop/<tag>``, which always shows the best. A slot that looks ahead (#16) has one
+branch ``autoloop/<tag>``, which always shows the best. A slot that looks ahead (--lookahead) has one
 more, where the next trial is proposed while its trial runs. Worktrees are made at start (an
 existing one is kept: it may hold an interrupted attempt's edit, which recovery saves) and
 removed, with their branches, at a clean stop.

@@ -171,7 +171,7 @@ def _kept(records: list[LedgerRecord], before: list[float | None], sigma: float 
     """Every kept change in ``share`` bytes, descriptions cut narrower until they fit; else
     their trial numbers alone, in all the ``room`` there is; else (thousands of them under
     a small bound) the latest numbers that fit and how many earlier ones are left out."""
-    kept = [(r, ref) for r, ref in zip(records, before)
+    kept = [(r, ref) for r, ref in zip(records, before, strict=True)
             if r.status == "keep" and r.kind != "baseline" and not queries.is_noise_sample(r)]
     title = [f"## Kept changes, in order ({len(kept)})", ""]
     if not kept:
@@ -222,12 +222,12 @@ def _directions(records: list[LedgerRecord], before: list[float | None], sigma: 
     words of their description: how often, which values, the best delta."""
     kept_trials = {r.trial for r in records if r.status == "keep"}
     groups: OrderedDict[str, _Group] = OrderedDict()
-    for r, ref in zip(records, before):
+    for r, ref in zip(records, before, strict=True):
         if r.kind == "baseline" or r.status not in ("discard", "crash") or r.trial in kept_trials:
             continue
         delta = None if r.metric is None or ref is None or r.status == "crash" else r.metric - ref
         settings = _settings(r.description)
-        keys = settings or [(_words(r.description), None)]
+        keys: list[tuple[str, str | None]] = list(settings) or [(_words(r.description), None)]
         for key, value in keys:
             group = groups.setdefault(key, _Group(key, constant=bool(settings)))
             group.add(r, value, delta, sign)
@@ -282,7 +282,8 @@ def _value_range(values: list[str]) -> str:
     return ", ".join(shown) + (f" (+{len(values) - 4} more)" if len(values) > 4 else "")
 
 
-def _crashes(records: list[LedgerRecord], before, sigma, sign) -> Section | None:
+def _crashes(records: list[LedgerRecord], before: list[float | None], sigma: float | None,
+             sign: float) -> Section | None:
     groups: OrderedDict[tuple[str, str], list[LedgerRecord]] = OrderedDict()
     for r in records:
         if r.status == "crash":
@@ -294,11 +295,13 @@ def _crashes(records: list[LedgerRecord], before, sigma, sign) -> Section | None
     return _titled("## Crashes, by reason", lines, "crash reasons")
 
 
-def _not_run(records: list[LedgerRecord], before, sigma, sign) -> Section | None:
+def _not_run(records: list[LedgerRecord], before: list[float | None], sigma: float | None,
+             sign: float) -> Section | None:
     groups: OrderedDict[str, list[LedgerRecord]] = OrderedDict()
     for r in records:
         if r.status == "skip":
-            key = "same change as an earlier attempt" if r.extra.get("duplicate_of") is not None else _reason_key(r.reason)
+            duplicate = r.extra.get("duplicate_of") is not None
+            key = "same change as an earlier attempt" if duplicate else _reason_key(r.reason)
             groups.setdefault(key, []).append(r)
     lines = []
     for key, group in sorted(groups.items(), key=lambda kv: -len(kv[1])):
@@ -307,7 +310,8 @@ def _not_run(records: list[LedgerRecord], before, sigma, sign) -> Section | None
     return _titled("## Proposals not run", lines, "reasons")
 
 
-def _recent(records: list[LedgerRecord], before, sigma, sign) -> Section | None:
+def _recent(records: list[LedgerRecord], before: list[float | None], sigma: float | None,
+            sign: float) -> Section | None:
     lines = []
     for r in records[-RECENT_ROWS:]:
         metric = _num(r.metric) if r.status in ("keep", "discard") else "-"

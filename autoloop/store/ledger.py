@@ -74,7 +74,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NoReturn
 
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -132,7 +132,8 @@ class LedgerRecord(BaseModel):
     best: str | None = None            # best commit after this record's decision
     best_metric: float | None = None   # best metric after this record's decision
     outside_changes: list[str] = Field(default_factory=list)  # files reverted by the scope check
-    extra: dict = Field(default_factory=dict)   # facts about the attempt; the engine never reads control flow here
+    # Facts about the attempt; the engine never reads control flow here.
+    extra: dict[str, Any] = Field(default_factory=dict)
     worker: int | None = None          # parallel worker that ran it; None: the single loop
     # What the decision asked for next in this trial: "confirm" (the same commit once more,
     # another seed) or "replay" (its change merged onto a best another worker set); None:
@@ -266,7 +267,7 @@ def _parse(data: bytes, name: str) -> _Parsed:
     return _Parsed(records, good_end, torn, why)
 
 
-def _raise_middle(name: str, bad: tuple[int, str]):
+def _raise_middle(name: str, bad: tuple[int, str]) -> NoReturn:
     lineno, why = bad
     raise LedgerError(f"{name} line {lineno}: {why}, with good records after it, so not a torn "
                       "write; fix or remove the line by hand")
@@ -309,11 +310,11 @@ class Ledger:
 
     # -- locking ------------------------------------------------------------------------------
 
-    def _acquire(self):
+    def _acquire(self) -> None:
         try:
             # filelock polls a non-blocking flock; its 50 ms default interval would make
             # contended appends crawl, so poll often (appends hold the lock ~1 ms).
-            return self._lock.acquire(poll_interval=0.002)
+            self._lock.acquire(poll_interval=0.002)
         except Timeout:
             raise LedgerError(f"{self.lock_path}: another process has held the ledger lock for "
                               f"{self.lock_timeout:.0f}s; is it stuck?") from None
@@ -337,7 +338,7 @@ class Ledger:
     def __len__(self) -> int:
         return len(self.records())
 
-    def last(self, n: int) -> list[dict]:
+    def last(self, n: int) -> list[dict[str, Any]]:
         """The last n records as plain dicts (JSON-ready), oldest first."""
         if n <= 0:
             return []
@@ -384,7 +385,7 @@ class Ledger:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def append(self, record: LedgerRecord | dict, write_tsv: bool = True) -> None:
+    def append(self, record: LedgerRecord | dict[str, Any], write_tsv: bool = True) -> None:
         """Append (flush + fsync under the lock), then rewrite results.tsv atomically.
 
         ``write_tsv=False`` skips the rewrite (bulk writers); call write_tsv() after.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -74,7 +75,7 @@ def active_notes(results_dir: Path) -> list[Note]:
     return notes
 
 
-def history(results_dir: Path) -> list[dict]:
+def history(results_dir: Path) -> list[dict[str, Any]]:
     """Every note and clear, in order; [] when there has been none."""
     path = notes_path(results_dir)
     try:
@@ -94,7 +95,7 @@ def _valid(event: object) -> bool:
             and (event.get("clear") is True or isinstance(event.get("note"), str)))
 
 
-def _append(results_dir: Path, event: dict) -> None:
+def _append(results_dir: Path, event: dict[str, Any]) -> None:
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     try:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
+from autoloop.core.keep import Best as Best  # re-exported: the engine names it queries.Best
 from autoloop.store.ledger import LedgerRecord
-
-Best = tuple[str | None, float | None]     # (best commit, its metric); (None, None) before the baseline
 
 
 def best(records: list[LedgerRecord]) -> Best:
@@ -39,7 +38,8 @@ def best_record(records: list[LedgerRecord]) -> LedgerRecord | None:
 
 def best_before(records: list[LedgerRecord]) -> list[float | None]:
     """For each record, the best metric in force when it was judged (None before the baseline)."""
-    out, current = [], None
+    out: list[float | None] = []
+    current: float | None = None
     for r in records:
         out.append(current)
         if r.best is not None:
@@ -103,11 +103,20 @@ def typical_attempt_seconds(records: list[LedgerRecord], default: float) -> floa
     return statistics.median(walls) if walls else default
 
 
-def tampered_attempts(records: list[LedgerRecord]) -> list[dict]:
+class TamperedAttempt(TypedDict):
+    trial: int
+    attempt: int
+    when: str            # "during" the attempt or "before" its run
+    status: str
+    description: str
+    paths: list[str]     # the protected inputs found changed
+
+
+def tampered_attempts(records: list[LedgerRecord]) -> list[TamperedAttempt]:
     """Attempts that found a protected input of the measurement changed (integrity.py):
     "during" the attempt (its trial is invalid: crash, fundamental) or "before" its run
     (a proposer changed it; restored, so the run stood). Restored in both cases."""
-    out = []
+    out: list[TamperedAttempt] = []
     for r in records:
         for key, when in (("tampered", "during"), ("tampered_before_run", "before")):
             if r.extra.get(key):
@@ -119,7 +128,7 @@ def tampered_attempts(records: list[LedgerRecord]) -> list[dict]:
 def infer_direction(records: list[LedgerRecord]) -> str:
     """'min' or 'max' from the ledger itself: a kept change that raised the metric means
     higher is better. Ties and an empty ledger: 'min' (val_bpb)."""
-    for r, ref in zip(records, best_before(records)):
+    for r, ref in zip(records, best_before(records), strict=True):
         if (r.status == "keep" and r.kind != "baseline" and r.metric is not None and ref is not None
                 and not is_noise_sample(r)):
             if r.metric > ref:
@@ -146,7 +155,7 @@ def replays_of(records: list[LedgerRecord], trial: int) -> int:
 
 @dataclass(frozen=True)
 class AgentSpend:
-    """What the night's agent calls cost, as their CLIs reported it (#17; never estimated)."""
+    """What the night's agent calls cost, as their CLIs reported it (never estimated)."""
 
     calls: int                  # agent calls that ran (each record with extra.agent_usage)
     cost_usd: float             # the sum of the costs reported
@@ -159,7 +168,8 @@ class AgentSpend:
 def agent_spend(records: list[LedgerRecord]) -> AgentSpend:
     """The totals over the records of agent calls (a call is recorded once: its candidate,
     fix or skip; confirmations and replays carry no usage of their own)."""
-    calls = cost = tokens_in = tokens_out = unreported = without_cost = 0
+    calls = tokens_in = tokens_out = unreported = without_cost = 0
+    cost: float = 0
     for r in records:
         if "agent_usage" not in r.extra:
             continue
@@ -177,7 +187,8 @@ def agent_spend(records: list[LedgerRecord]) -> AgentSpend:
 
 
 class Pipeline(NamedTuple):
-    """How well the proposer kept the device fed (#16), over the attempts since a moment."""
+    """How well the proposer kept the device fed (what the look-ahead is for), over the attempts
+    since a moment."""
 
     busy_s: float            # wall time during which an attempt was running (overlaps counted once)
     span_s: float            # from the moment to the last attempt's end

@@ -18,7 +18,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -47,7 +47,7 @@ class RunState(BaseModel):
     attempt_started_at: float | None = None
     child_pids: list[tuple[int, float]] = Field(default_factory=list)  # (pid, create_time) to end on recovery
     child_token: str | None = None       # AUTOLOOP_TRIAL_TOKEN of the agent's processes, to end on recovery
-    job: dict | None = None              # the executor's job running the trial (executor slurm), to cancel on recovery
+    job: dict[str, Any] | None = None    # the executor's job running the trial (executor slurm), to cancel on recovery
     progress: str | None = None          # the latest progress line of the running trial
     stop_reason: str | None = None
     stopped_at: float | None = None
@@ -84,7 +84,7 @@ def save_state(results_dir: Path, state: RunState, name: str = STATE_FILE) -> No
     atomic_write(path, json.dumps(state.model_dump(mode="json")), sync_dir=False)
 
 
-def set_phase(results_dir: Path, state: RunState, phase: Phase, name: str = STATE_FILE, **fields) -> RunState:
+def set_phase(results_dir: Path, state: RunState, phase: Phase, name: str = STATE_FILE, **fields: Any) -> RunState:
     """Move to ``phase`` (updating ``fields``) and persist it before anything else happens."""
     now = time.time()
     updated = state.model_copy(update={"phase": phase, "phase_started_at": now, **fields})
@@ -115,12 +115,12 @@ class StateFile:
     def path(self) -> Path:
         return state_path(self.results_dir, self.name)
 
-    def enter(self, phase: Phase, **fields) -> None:
+    def enter(self, phase: Phase, **fields: Any) -> None:
         """Persist the phase (and fields) before anything of it happens."""
         self.state = set_phase(self.results_dir, self.state, phase, self.name, **fields)
         fault_point(phase, self.state.trial, self.state.attempt)
 
-    def update(self, **fields) -> None:
+    def update(self, **fields: Any) -> None:
         """Persist more of the current phase (the pids it started, its progress)."""
         self.state = self.state.model_copy(update=fields)
         save_state(self.results_dir, self.state, self.name)

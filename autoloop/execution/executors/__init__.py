@@ -14,14 +14,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autoloop.core.errors import AutoloopError
 from autoloop.execution.runner import TrialOutcome, TrialSpec, run_trial
 
+if TYPE_CHECKING:
+    from autoloop.config.settings import Settings
+
 OnProgress = Callable[[str], None]
 OnStart = Callable[[list[tuple[int, float]]], None]
-OnJob = Callable[[dict], None]
+OnJob = Callable[[dict[str, Any]], None]
 
 
 class ExecutorError(AutoloopError):
@@ -47,7 +50,7 @@ class LocalExecutor:
         return run_trial(spec, on_progress=on_progress, stop_event=stop_event, on_start=on_start)
 
 
-def make_executor(settings, root: Path) -> Executor:
+def make_executor(settings: Settings, root: Path) -> Executor:
     """The executor the settings ask for; ExecutorError (one line) when it cannot work here."""
     if settings.executor == "local":
         return LocalExecutor()
@@ -56,7 +59,7 @@ def make_executor(settings, root: Path) -> Executor:
     return SlurmExecutor.from_settings(settings, Path(root))
 
 
-def cancel_job(job: dict | None) -> str | None:
+def cancel_job(job: dict[str, Any] | None) -> str | None:
     """Cancel a job recorded by an interrupted run (state.json); what was done, or None."""
     if not job or job.get("executor") != "slurm":
         return None

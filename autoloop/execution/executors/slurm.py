@@ -32,7 +32,11 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 
@@ -41,11 +45,18 @@ from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnSta
 from autoloop.execution.procs import TOKEN_VAR, end_token_holders
 from autoloop.execution.runner import _PROGRESS_RE, TrialOutcome, TrialSpec, default_timeout, run_trial
 
+if TYPE_CHECKING:
+    from submitit import Job
+
+    from autoloop.config.settings import Settings
+
 try:
     import submitit
-    from submitit.core.utils import FailedJobError, UncompletedJobError
+    from submitit.core.utils import FailedJobError
 except ImportError:   # optional dependency: only `--executor slurm` needs it
-    submitit = None
+    submitit = None  # type: ignore[assignment]  # mypy sees the module; every use checks for None
+
+T = TypeVar("T")
 
 TIME_MARGIN_S = 300     # scheduler limit = trial timeout + this: job start-up, imports, the tree kill
 POLL_S = 1.0            # how often the orchestrator looks at the job and its log
@@ -55,16 +66,16 @@ _OWN_PARAMETERS = {"partition": "slurm_partition", "time": "slurm_time_limit",
                    "gpus_per_node": "slurm_gpus_per_trial"}
 
 
-def time_limit_minutes(settings) -> int:
+def time_limit_minutes(settings: Settings) -> int:
     """The scheduler's limit per job, in whole minutes (sbatch --time)."""
     seconds = settings.slurm_time_limit or settings.timeout_s + TIME_MARGIN_S
     return max(1, math.ceil(seconds / 60))
 
 
-def sbatch_parameters(settings) -> dict:
+def sbatch_parameters(settings: Settings) -> dict[str, Any]:
     """submitit SlurmExecutor parameters from the settings; ExecutorError for an unknown option."""
     valid = submitit.SlurmExecutor._valid_parameters()
-    params: dict = {"time": time_limit_minutes(settings), "gpus_per_node": settings.slurm_gpus_per_trial,
+    params: dict[str, Any] = {"time": time_limit_minutes(settings), "gpus_per_node": settings.slurm_gpus_per_trial,
                     "nodes": 1, "ntasks_per_node": 1, "job_name": "autoloop"}
     if settings.slurm_partition:
         params["partition"] = settings.slurm_partition
@@ -81,15 +92,15 @@ def sbatch_parameters(settings) -> dict:
 
 
 def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
-                on_progress: OnProgress | None = None, on_start: OnStart | None = None) -> dict:
+                on_progress: OnProgress | None = None, on_start: OnStart | None = None) -> dict[str, Any]:
     """The job: run the trial here and return its TrialOutcome as a dict (with ``node_signal``
     when a signal from the scheduler ended it)."""
     spec = TrialSpec.model_validate_json(spec_json)
     stop = stop_event or threading.Event()
     caught: list[str] = []
-    previous = {}
+    previous: dict[signal.Signals, Any] = {}
     if stop_event is None and threading.current_thread() is threading.main_thread():
-        def handler(signum, frame):
+        def handler(signum: int, frame: FrameType | None) -> None:
             caught.append(signal.Signals(signum).name)
             stop.set()
 
@@ -126,23 +137,26 @@ class _LogFollower:
             return
         end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1   # whole lines only
         self.offset += end
-        found = None
+        last = None
         for found in _PROGRESS_RE.finditer(data[:end]):
-            pass
-        if found is not None:
-            self.last = found.group().decode(errors="replace").strip()
+            last = found
+        if last is not None:
+            self.last = last.group().decode(errors="replace").strip()
             if on_progress is not None:
                 with contextlib.suppress(Exception):   # a display bug must not lose the trial
                     on_progress(self.last)
 
 
+_NO_SUBMITIT = "--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)"
+
+
 class SlurmExecutor:
     name = "slurm"
 
-    def __init__(self, cluster: str, folder: Path, parameters: dict, poll_s: float = POLL_S,
+    def __init__(self, cluster: str, folder: Path, parameters: dict[str, Any], poll_s: float = POLL_S,
                  pending_timeout_s: float | None = None):
         if submitit is None:
-            raise ExecutorError("--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)")
+            raise ExecutorError(_NO_SUBMITIT)
         missing = [tool for tool in ("sbatch", "srun") if cluster == "slurm" and shutil.which(tool) is None]
         if missing:
             raise ExecutorError(f"--executor slurm: {' and '.join(missing)} not found on PATH; run the loop on a "
@@ -151,6 +165,7 @@ class SlurmExecutor:
         self.folder = Path(folder).absolute()
         self.poll_s = poll_s
         self.pending_timeout_s = pending_timeout_s
+        self.submitit: submitit.Executor
         if cluster == "slurm":
             # max_num_timeout=0: a trial is not checkpointable, a timed-out job is not requeued.
             try:
@@ -165,9 +180,9 @@ class SlurmExecutor:
             self.submitit = submitit.DebugExecutor(folder=self.folder)
 
     @classmethod
-    def from_settings(cls, settings, root: Path) -> SlurmExecutor:
+    def from_settings(cls, settings: Settings, root: Path) -> SlurmExecutor:
         if submitit is None:
-            raise ExecutorError("--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)")
+            raise ExecutorError(_NO_SUBMITIT)
         folder = Path(settings.slurm_folder)
         return cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
                    sbatch_parameters(settings), pending_timeout_s=settings.slurm_pending_timeout)
@@ -177,14 +192,7 @@ class SlurmExecutor:
     def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
             on_job: OnJob | None = None) -> TrialOutcome:
-        # The node sees absolute paths (its working directory is not ours) and the timeout in
-        # force; the token is chosen here so that the trial's processes can be found from here.
-        token = spec.env.get(TOKEN_VAR) or uuid.uuid4().hex
-        spec = spec.model_copy(update={
-            "env": {**spec.env, TOKEN_VAR: token},
-            "cwd": Path(spec.cwd).absolute(), "log_path": Path(spec.log_path).absolute(),
-            "result_path": Path(spec.cwd, spec.result_path).absolute() if spec.result_path else None,
-            "timeout_s": spec.timeout_s if spec.timeout_s is not None else default_timeout(spec.budget_s)})
+        spec, token = _for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         started_at, t0 = time.time(), time.monotonic()
         follower = _LogFollower(spec.log_path)
@@ -194,65 +202,57 @@ class SlurmExecutor:
         else:
             try:
                 job = self.submitit.submit(run_on_node, spec.model_dump_json())
-            except Exception as exc:  # noqa: BLE001 - sbatch refused it: recorded like a launch failure
+            except Exception as exc:  # sbatch refused it: recorded like a launch failure
                 return self._outcome(spec, started_at, t0, follower, {"executor": self.name, "cluster": self.cluster},
                                      launch_error=f"job submission failed: {_said(exc)}")
-        info = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id)}
+        info: dict[str, Any] = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id)}
         self._announce(job, info, on_start, on_job)
-        stopped, pending_expired = False, None
-        try:
-            if self.cluster == "debug":
-                failure = job.exception()   # runs it; unlike result(), never opens a debugger on an error
-            else:
-                while not job.done():
-                    if stop_event is not None and stop_event.is_set() and not stopped:
-                        self._cancel(job)
-                        stopped = True
-                    if pending_expired is None and not stopped and self._pending_too_long(spec, t0):
-                        pending_expired = (f"job {job.job_id} still waiting in the queue after "
-                                           f"{format_duration(self.pending_timeout_s)} (state {_job_state(job)}; "
-                                           "slurm_pending_timeout): cancelled")
-                        self._cancel(job)
-                    follower.poll(on_progress)
-                    time.sleep(self.poll_s)
-                failure = None
-            data = job.result() if failure is None and pending_expired is None else None
-        except (FailedJobError, UncompletedJobError) as exc:
-            failure = exc
-        except Exception as exc:  # noqa: BLE001 - an unreadable result pickle: the job gave no outcome
-            failure = exc
-        stopped = stopped or (stop_event is not None and stop_event.is_set())
+        end = _JobEnd()
+        self._wait(job, spec, t0, follower, stop_event, on_progress, end)
         follower.poll(on_progress)
-        if pending_expired is not None:
-            return self._outcome(spec, started_at, t0, follower, info, job_error=None if stopped else pending_expired,
-                                 stopped=stopped, note=pending_expired)
+        if end.pending_expired is not None:
+            return self._outcome(spec, started_at, t0, follower, info,
+                                 job_error=None if end.stopped else end.pending_expired, stopped=end.stopped,
+                                 note=end.pending_expired)
         if self.cluster == "local":
             # A job killed on this machine leaves its trial running: end it (a real cluster's
             # scheduler ends everything in the job's cgroup).
-            strays = end_token_holders(token)
-            if strays:
-                with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
-                    f.write(f"\n[autoloop] ended {strays} trial process(es) left by job {job.job_id}\n")
-        if failure is not None or not isinstance(data, dict):
-            state = _job_state(job)
-            what = _said(failure) if failure is not None else f"returned {type(data).__name__}, not an outcome"
-            error = f"job {job.job_id} ended without a trial outcome (state {state}): {what}"
-            timed_out = state.upper().startswith("TIMEOUT")
-            if timed_out:
-                error = f"job {job.job_id} hit the scheduler's time limit (state {state}): {what}"
-            return self._outcome(spec, started_at, t0, follower, info, job_error=None if stopped else error,
-                                 stopped=stopped, timed_out=timed_out and not stopped, note=error)
-        node_signal = data.pop("node_signal", None)
-        outcome = TrialOutcome.model_validate(data)
-        update: dict = {"job": info}
-        if outcome.killed_reason == "stopped" and not stopped:
-            # Nobody here asked: the scheduler signalled the job (time limit, preemption, scancel).
-            state = _job_state(job)
-            timed_out = state.upper().startswith("TIMEOUT") or node_signal == "SIGUSR2"
-            update["job_error"] = (f"job {job.job_id} was ended by the scheduler ({node_signal or 'a signal'} on its node"
-                                   f"{', time limit' if timed_out else ': preemption or scancel'}; state {state})")
-            update["timed_out"] = timed_out
-        return outcome.model_copy(update=update)
+            _end_strays(job, token, spec.log_path)
+        if end.failure is not None or not isinstance(end.data, dict):
+            error, timed_out = _no_outcome_error(job, end.failure, end.data)
+            return self._outcome(spec, started_at, t0, follower, info, job_error=None if end.stopped else error,
+                                 stopped=end.stopped, timed_out=timed_out and not end.stopped, note=error)
+        return _node_outcome(job, end.data, info, end.stopped)
+
+    def _wait(self, job: Job[Any], spec: TrialSpec, t0: float, follower: _LogFollower,
+              stop_event: threading.Event | None, on_progress: OnProgress | None, end: _JobEnd) -> None:
+        """Wait for the job, cancelling it on a stop request or past the pending limit, and
+        take its result into ``end`` (filled as it goes: what was done stays on an error)."""
+        try:
+            if self.cluster == "debug":
+                end.failure = job.exception()   # runs it; unlike result(), never opens a debugger on an error
+            else:
+                while not job.done():
+                    self._look(job, spec, t0, stop_event, end)
+                    follower.poll(on_progress)
+                    time.sleep(self.poll_s)
+            if end.failure is None and end.pending_expired is None:
+                end.data = job.result()
+        except Exception as exc:  # a failed job, or an unreadable result pickle: the job gave no outcome
+            end.failure = exc
+        end.stopped = end.stopped or (stop_event is not None and stop_event.is_set())
+
+    def _look(self, job: Job[Any], spec: TrialSpec, t0: float, stop_event: threading.Event | None,
+              end: _JobEnd) -> None:
+        """One look at a job not done yet: cancel it on a stop request, or once past the pending limit."""
+        if stop_event is not None and stop_event.is_set() and not end.stopped:
+            self._cancel(job)
+            end.stopped = True
+        if end.pending_expired is None and not end.stopped and self._pending_too_long(spec, t0):
+            end.pending_expired = (f"job {job.job_id} still waiting in the queue after "
+                                   f"{format_duration(self.pending_timeout_s or 0)} (state {_job_state(job)}; "
+                                   "slurm_pending_timeout): cancelled")
+            self._cancel(job)
 
     def _pending_too_long(self, spec: TrialSpec, t0: float) -> bool:
         """The job has not started the trial (run_trial on the node creates its log first
@@ -260,7 +260,7 @@ class SlurmExecutor:
         return (self.pending_timeout_s is not None and time.monotonic() - t0 > self.pending_timeout_s
                 and not spec.log_path.exists())
 
-    def _announce(self, job, info: dict, on_start: OnStart | None, on_job: OnJob | None) -> None:
+    def _announce(self, job: Job[Any], info: dict[str, Any], on_start: OnStart | None, on_job: OnJob | None) -> None:
         """Tell the orchestrator which job (and, on this machine, which process) runs the trial."""
         recorded = {**info, "folder": str(self.folder)}
         if self.cluster == "local":
@@ -268,15 +268,12 @@ class SlurmExecutor:
             with contextlib.suppress(psutil.Error, ValueError):
                 pid = int(job.job_id)   # submitit's local job id is its controller's pid
                 recorded["pid"], recorded["create_time"] = pid, psutil.Process(pid).create_time()
-        for hook, value in ((on_job, recorded),
-                            (on_start, [(recorded["pid"], recorded["create_time"])] if "pid" in recorded else None)):
-            if hook is not None and value is not None:
-                try:
-                    hook(value)
-                except Exception:  # noqa: BLE001 - the job is running; recovery is best effort
-                    pass
+        if on_job is not None:
+            _quietly(on_job, recorded)
+        if on_start is not None and "pid" in recorded:
+            _quietly(on_start, [(recorded["pid"], recorded["create_time"])])
 
-    def _cancel(self, job) -> None:
+    def _cancel(self, job: Job[Any]) -> None:
         if self.cluster == "local":
             # SIGTERM to the controller reaches the job as SIGTERM: run_trial ends the tree and
             # the outcome comes back (submitit's cancel, SIGINT, SIGKILLs the job after 1 s).
@@ -286,7 +283,7 @@ class SlurmExecutor:
             with contextlib.suppress(Exception):
                 job.cancel(check=False)
 
-    def _outcome(self, spec: TrialSpec, started_at: float, t0: float, follower: _LogFollower, info: dict,
+    def _outcome(self, spec: TrialSpec, started_at: float, t0: float, follower: _LogFollower, info: dict[str, Any],
                  job_error: str | None = None, launch_error: str | None = None, stopped: bool = False,
                  timed_out: bool = False, note: str | None = None) -> TrialOutcome:
         """A TrialOutcome for a job that gave none; the evidence goes into the trial's log too."""
@@ -305,10 +302,74 @@ class SlurmExecutor:
             timeout_s=spec.timeout_s, last_progress=follower.last, job=info)
 
 
-def _job_state(job) -> str:
+def _quietly(hook: Callable[[T], None], value: T) -> None:
+    try:
+        hook(value)
+    except Exception:  # the job is running; recovery is best effort
+        pass
+
+
+@dataclass
+class _JobEnd:
+    """How waiting for a job ended."""
+
+    failure: BaseException | None = None    # why it gave no result
+    data: object = None                     # what the job returned (an outcome's dict)
+    stopped: bool = False                   # a stop request cancelled it
+    pending_expired: str | None = None      # it waited in the queue past the limit: why it was cancelled
+
+
+def _for_the_node(spec: TrialSpec) -> tuple[TrialSpec, str]:
+    """The spec with absolute paths (the node's working directory is not ours) and the
+    timeout in force, and its process token, chosen here so that the trial's processes can
+    be found from here."""
+    token = spec.env.get(TOKEN_VAR) or uuid.uuid4().hex
+    spec = spec.model_copy(update={
+        "env": {**spec.env, TOKEN_VAR: token},
+        "cwd": Path(spec.cwd).absolute(), "log_path": Path(spec.log_path).absolute(),
+        "result_path": Path(spec.cwd, spec.result_path).absolute() if spec.result_path else None,
+        "timeout_s": spec.timeout_s if spec.timeout_s is not None else default_timeout(spec.budget_s)})
+    return spec, token
+
+
+def _end_strays(job: Job[Any], token: str, log_path: Path) -> None:
+    strays = end_token_holders(token)
+    if strays:
+        with contextlib.suppress(OSError), open(log_path, "a") as f:
+            f.write(f"\n[autoloop] ended {strays} trial process(es) left by job {job.job_id}\n")
+
+
+def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object) -> tuple[str, bool]:
+    """Why a job gave no trial outcome, and whether the scheduler's time limit ended it."""
+    state = _job_state(job)
+    what = _said(failure) if failure is not None else f"returned {type(data).__name__}, not an outcome"
+    error = f"job {job.job_id} ended without a trial outcome (state {state}): {what}"
+    timed_out = state.upper().startswith("TIMEOUT")
+    if timed_out:
+        error = f"job {job.job_id} hit the scheduler's time limit (state {state}): {what}"
+    return error, timed_out
+
+
+def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], stopped: bool) -> TrialOutcome:
+    """The outcome the node returned, with the job; a stop nobody here asked for is the scheduler's."""
+    node_signal = data.pop("node_signal", None)
+    outcome = TrialOutcome.model_validate(data)
+    update: dict[str, Any] = {"job": info}
+    if outcome.killed_reason == "stopped" and not stopped:
+        # Nobody here asked: the scheduler signalled the job (time limit, preemption, scancel).
+        state = _job_state(job)
+        timed_out = state.upper().startswith("TIMEOUT") or node_signal == "SIGUSR2"
+        update["job_error"] = (f"job {job.job_id} was ended by the scheduler ({node_signal or 'a signal'} "
+                               f"on its node{', time limit' if timed_out else ': preemption or scancel'}; "
+                               f"state {state})")
+        update["timed_out"] = timed_out
+    return outcome.model_copy(update=update)
+
+
+def _job_state(job: Job[Any]) -> str:
     try:
         return str(job.state)
-    except Exception:  # noqa: BLE001 - sacct unreachable: the state is only evidence
+    except Exception:  # sacct unreachable: the state is only evidence
         return "UNKNOWN"
 
 
@@ -324,7 +385,7 @@ def _said(exc: BaseException) -> str:
     return lines[0]
 
 
-def cancel_recorded_job(job: dict) -> str | None:
+def cancel_recorded_job(job: dict[str, Any]) -> str | None:
     """Cancel the job of an interrupted run, from what state.json recorded."""
     cluster, job_id = job.get("cluster"), job.get("job_id")
     if cluster == "local" and job.get("pid"):
@@ -339,7 +400,7 @@ def cancel_recorded_job(job: dict) -> str | None:
     if cluster == "slurm" and job_id and submitit is not None and shutil.which("scancel"):
         try:
             submitit.SlurmJob(folder=job.get("folder") or ".", job_id=str(job_id)).cancel(check=False)
-        except Exception as exc:  # noqa: BLE001 - recovery goes on; the user can scancel
+        except Exception as exc:  # recovery goes on; the user can scancel
             return f"could not cancel slurm job {job_id} ({exc}); scancel it"
         return f"cancelled slurm job {job_id}"
     return None
