@@ -97,7 +97,7 @@ _COUPLED_TRUE_VALUE = (
 
 def fake_train(landscape: str) -> str:
     """The fake train.py of a landscape (sparse and dense byte for byte as before: the noise
-    of a run is keyed by the file's text, so the README's tables stay reproducible)."""
+    of a run is keyed by the file's text, so the tables in docs/noise.md stay reproducible)."""
     text = FAKE_TRAIN.replace("__WEIGHT__", repr(LANDSCAPES[landscape]))
     if landscape in COUPLINGS:
         assert _PLAIN_TRUE_VALUE in text
@@ -184,7 +184,7 @@ def main() -> int:
     ap.add_argument("--noise-runs", type=int, default=2, help="for the noise rule (strict gets 0, as autoresearch)")
     ap.add_argument("--noise-z", type=float, default=2.0, help="z of the noise rule")
     ap.add_argument("--landscape", choices=[*LANDSCAPES, "both"], default="both",
-                    help="both: sparse and dense (the table in the README); coupled is benchmarks/search.py's")
+                    help="both: sparse and dense (the table in docs/noise.md); coupled is benchmarks/search.py's")
     ap.add_argument("--checkpoints", default="20,30,45,60,90",
                     help="also print the true gain after this many runs (a shorter night), comma-separated")
     args = ap.parse_args()

@@ -524,13 +524,13 @@ def test_an_edit_of_the_autoloop_source_during_a_night_is_never_undone(tmp_path,
     trials import the session's private copy, so the edit is neither undone nor used."""
     harness, env = harness_copy
     repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0), "program.md": PROGRAM})
-    edit = ('p = pathlib.Path(os.environ["DEV_SOURCE"]) / "report.py"\n'
+    edit = ('p = pathlib.Path(os.environ["DEV_SOURCE"]) / "review" / "report.py"\n'
             'p.write_text(p.read_text() + "\\n# a developer\'s edit\\n")\n')
     queue_file(repo, "01.py", fake_train(0.95, edit), "meanwhile a developer edits report.py")
     proc = autoloop(repo, *night_args(), data_dir=data_copy, env={**env, "DEV_SOURCE": str(harness)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = assert_invariants(repo)
     assert [(r["trial"], r["status"]) for r in ledger] == [(0, "keep"), (1, "keep")]
-    assert (harness / "report.py").read_text().endswith("# a developer's edit\n")
-    private = repo / "results" / ".harness" / "autoloop" / "report.py"
+    assert (harness / "review" / "report.py").read_text().endswith("# a developer's edit\n")
+    private = repo / "results" / ".harness" / "autoloop" / "review" / "report.py"
     assert not private.read_text().endswith("# a developer's edit\n")

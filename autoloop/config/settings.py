@@ -155,7 +155,7 @@ class Settings(BaseModel):
     device: str | None = setting(
         None, "trial", "cpu, cuda, cuda:N or mps", metavar="DEV", default_text="auto-detect")
 
-    # -- noise and the keep rule (README "Noise") -----------------------------------------------
+    # -- noise and the keep rule (docs/noise.md) -----------------------------------------------
     min_delta: float = setting(0.0, "noise", "a keep must beat the best by more than X", metavar="X", ge=0)
     noise_runs: int = setting(
         2, "noise", "extra runs of the baseline with seeds seed+1.. to estimate the noise (default {default}; 0: off)",
@@ -166,12 +166,12 @@ class Settings(BaseModel):
     noise_z: float = setting(2.0, "noise", "z of the noise rule", metavar="Z", gt=0)
     remeasure: bool = setting(
         False, "noise", "re-run the best commit --noise-runs times first and re-estimate the noise", run_only=True)
-    # A single-run gain over sanity_bound x |best| is re-run before it can be kept (README "Safety").
+    # A single-run gain over sanity_bound x |best| is re-run before it can be kept (docs/safety.md).
     sanity_bound: float = setting(
         0.1, "noise", "re-run a trial whose gain exceeds X x |best| before keeping it, and keep it only if the "
         "re-run beats the best too (default {default}, i.e. 10%; 0: off)", metavar="X", ge=0, allow_inf_nan=False)
 
-    # -- the proposer and the agent (README "Proposers") ----------------------------------------
+    # -- the proposer and the agent (docs/proposers.md) ----------------------------------------
     proposer: Literal["auto", "queue", "mutate", "agent", "optuna", "portfolio"] = setting(
         "auto", "proposer", "where changes come from (default {default}: the portfolio when --portfolio is given, "
         "else the agent when one is configured, else the queue when patches are waiting, else mutate); optuna: "
@@ -181,8 +181,8 @@ class Settings(BaseModel):
         DEFAULT_QUEUE_DIR, "proposer", "folder of *.patch / *.py changes for the queue proposer", metavar="DIR",
         run_only=True)
     agent: str | None = setting(
-        None, "proposer", "coding agent preset: Claude Code, Codex CLI, Aider or Gemini CLI (commands in the "
-        "README)", choices=agent_presets, run_only=True)
+        None, "proposer", "coding agent preset: Claude Code, Codex CLI, Aider or Gemini CLI (commands in "
+        "docs/proposers.md)", choices=agent_presets, run_only=True)
     agent_cmd: str | None = setting(
         None, "proposer", "any other agent command, run in the workspace with the prompt on stdin; "
         "{prompt_file}, {description_file}, {target} are filled in", metavar="CMD", run_only=True)
@@ -198,7 +198,7 @@ class Settings(BaseModel):
         5, "proposer", "stop after N failed proposals in a row (the queue, the mutator)", metavar="N",
         run_only=True, ge=1)
     # The agent's preflight before the baseline and the watch that ends a call whose CLI only
-    # keeps retrying (README "A coding agent"; proposers/preflight.py, proposers/agent_watch.py).
+    # keeps retrying (docs/proposers.md; proposers/preflight.py, proposers/agent_watch.py).
     skip_preflight: bool = setting(
         False, "proposer", "start without the agent's preflight checks (executable, version, login or API key; "
         "autoloop doctor shows them) for setups they do not know", run_only=True)
@@ -218,14 +218,14 @@ class Settings(BaseModel):
         "as the CLIs report it (Claude Code and Aider do, Codex only tokens; nothing is estimated; calls in flight "
         "finish)", metavar="USD", run_only=True, default_text="no limit", gt=0, allow_inf_nan=False)
 
-    # Propose the next trial while the current one trains (README "Look-ahead").
+    # Propose the next trial while the current one trains (docs/proposers.md).
     lookahead: int | None = setting(
         None, "proposer", "1: while a trial trains, the proposer already prepares the next one in a worktree of its "
         "own (worktrees/ahead), so the device never waits for it; 0: propose, then train", metavar="0|1",
         run_only=True, ge=0, le=1, default_text="1 when the proposer is an agent, 0 for the mutator and the queue")
 
     # Optuna's sampler (--proposer optuna, and a portfolio's optuna member) and the
-    # portfolio's members (README "Proposers").
+    # portfolio's members (docs/proposers.md).
     sampler: Literal["tpe", "cmaes", "gp"] = setting(
         "tpe", "proposer", "Optuna's sampler for --proposer optuna and a portfolio's optuna: tpe (Bayesian), "
         "cmaes (evolution strategy), gp (Gaussian process)", run_only=True)
@@ -255,7 +255,7 @@ class Settings(BaseModel):
             raise ValueError(f"portfolio: only used with proposer 'portfolio' (the proposer is '{self.proposer}')")
         return self
 
-    # -- what a trial may use (README "Safety") -------------------------------------------------
+    # -- what a trial may use (docs/safety.md) -------------------------------------------------
     max_rss_gb: float | None = setting(
         None, "safety", "kill a trial whose processes use more memory than this", metavar="GB", gt=0)
     log_cap_mb: float = setting(
@@ -267,7 +267,7 @@ class Settings(BaseModel):
     isolate: bool = setting(
         False, "safety", "run trials without network access, in a network namespace of their own (Linux)")
 
-    # -- parallel workers (README "More than one GPU") ------------------------------------------
+    # -- parallel workers (docs/parallel.md) ------------------------------------------
     workers: int = setting(
         1, "workers", "run N trials at once, each in its own git worktree under worktrees/", metavar="N",
         run_only=True, ge=1, le=64)
@@ -275,7 +275,7 @@ class Settings(BaseModel):
         None, "workers", "CUDA devices of the workers, one each: 0,1,2,3", metavar="LIST", run_only=True,
         default_text="one GPU per worker when there are enough, else all on CPU, sharing the cores")
 
-    # -- where trials run (README "Running trials on a cluster") --------------------------------
+    # -- where trials run (docs/parallel.md) --------------------------------
     executor: Literal["local", "slurm"] = setting(
         "local", "slurm", "where trials run: local, or slurm (one job per trial through submitit)")
     slurm_cluster: Literal["slurm", "local", "debug"] = setting(
@@ -326,7 +326,7 @@ class Settings(BaseModel):
             raise ValueError(f"a device is listed twice: {v}")
         return v
 
-    # -- watching the night (README "Watching the night") ----------------------------------------
+    # -- watching the night (docs/watching.md) ----------------------------------------
     track: list[Literal["wandb", "mlflow"]] = setting(
         [], "watch", "send every attempt to an experiment tracker as one run, grouped by the night: "
         "wandb or mlflow (optional extras autoloop[wandb], autoloop[mlflow]); repeat or list with "
@@ -343,7 +343,7 @@ class Settings(BaseModel):
             return list(dict.fromkeys(names))
         return v
 
-    # -- verification (README "The morning verdict"; verification/verify.py) -----------------------
+    # -- verification (docs/verification.md; verification/verify.py) -----------------------
     verify_repeats: int = setting(
         3, "verify", "runs of each variant (the best, the baseline, the best without each kept change), with "
         "new seeds; the intervals need 2 or more", metavar="R", flag="--repeats", run_only=True, ge=1, le=100)

@@ -1,4 +1,4 @@
-"""One attempt: commit, run, check the inputs, record (README "What happens in one trial").
+"""One attempt: commit, run, check the inputs, record (docs/failures.md).
 
 An :class:`AttemptRunner` belongs to one worker :class:`Slot` (a work tree, a state file, a
 device). ``run(plan)`` takes a :class:`Candidate` (what to run: a commit, or the edit in the

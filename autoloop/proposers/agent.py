@@ -62,7 +62,7 @@ _TEMPLATE_PROGRAM = Path(__file__).resolve().parent.parent / "templates" / "prog
 
 # Known coding agents, each run headless with the prompt on stdin (presets.py: the flags,
 # checked against each CLI's --help, and how each CLI's output is read). The exact commands
-# are listed in the README; --agent-cmd runs anything else.
+# are listed in docs/proposers.md; --agent-cmd runs anything else.
 PRESETS: dict[str, str] = {name: preset.command for name, preset in AGENT_PRESETS.items()}
 
 
