@@ -23,10 +23,12 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from autoloop.config.settings import Settings
 from autoloop.core.classify import Classification, classify
 from autoloop.core.durations import format_duration
 from autoloop.core.errors import NightError
 from autoloop.core.keep import Decision, Facts, tampered_reason
+from autoloop.engine.night import Night
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import Tampering, harness_path
 from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
@@ -97,7 +99,7 @@ class Slot:
 
 
 class AttemptRunner:
-    def __init__(self, night, slot: Slot, settings=None):
+    def __init__(self, night: Night, slot: Slot, settings: Settings | None = None):
         """``settings``: what its trials run under when not the night's (verify.py's transfer
         runs: a longer budget)."""
         self.night, self.slot = night, slot

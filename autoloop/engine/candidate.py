@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 
 from git import BadName, BadObject
 
+from autoloop.config.settings import Settings
 from autoloop.core import duplicate_gate
 from autoloop.core.layout import Layout
 from autoloop.engine.attempt import Candidate, Slot
+from autoloop.engine.night import Night
 from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest, Proposer
 from autoloop.repo import reconcile
 from autoloop.repo.workspace import Workspace
@@ -61,7 +63,7 @@ def strip_audit(record: dict) -> dict:
             for k, v in record.items() if not str(k).startswith("audit")}
 
 
-def proposal_request(settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int, attempt: int,
+def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int, attempt: int,
                      best: tuple[str | None, float | None], fix: FixContext | None = None) -> ProposalRequest:
     """What the proposer is told: program.md, the best it builds on, the whole ledger and
     the recent results (audit figures stripped), the person's notes in force (read anew
@@ -89,7 +91,7 @@ def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[Fi
                       description=failed.description), broken
 
 
-def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
+def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalRequest,
             broken: str | None = None) -> Candidate | Skipped | None:
     """One proposal, guarded and screened (see the module docstring). The state file says
     ``proposing`` first, with the token every process of the proposer gets, so a kill while

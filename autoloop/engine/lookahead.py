@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field, ValidationError
 from autoloop.core.layout import Layout, prepared_ref
 from autoloop.engine.attempt import Candidate, Slot
 from autoloop.engine.candidate import Skipped, prepare, proposal_request, same_change
+from autoloop.engine.night import Night
 from autoloop.engine.trial import record_skip
 from autoloop.observe.console import Prefixed
 from autoloop.proposers.base import Proposer
@@ -95,7 +96,7 @@ def done(layout: Layout, trial: int) -> None:
     layout.prepared(trial).unlink(missing_ok=True)
 
 
-def pending(night) -> list[PreparedCandidate]:
+def pending(night: Night) -> list[PreparedCandidate]:
     """The candidates a stopped or killed run prepared and never started, by trial; the
     files of those whose trial has a record (it ran, or was recorded as dropped) removed."""
     layout, console = night.layout, night.console
@@ -130,7 +131,7 @@ class Dropped:
     outcome: str
 
 
-def rebase(night, slot: Slot, prepared: PreparedCandidate, best: queries.Best) -> Candidate | Dropped:
+def rebase(night: Night, slot: Slot, prepared: PreparedCandidate, best: queries.Best) -> Candidate | Dropped:
     """The prepared candidate as it may run on ``best`` (the slot's work tree is there), or
     Dropped when it may not (a conflict, the best holds it already, or the trial it was
     proposed beside made the same change meanwhile): then it is recorded as a skip and the
@@ -182,7 +183,7 @@ class Ahead:
 class Lookahead:
     """One slot's look-ahead: its worktree, its state file, the proposal in flight (a thread)."""
 
-    def __init__(self, night, slot: Slot, proposer: Proposer, claims):
+    def __init__(self, night: Night, slot: Slot, proposer: Proposer, claims):
         self.night, self.proposer, self.claims = night, proposer, claims
         self.key = key(slot.worker)
         ensure_worktrees_ignored(night.ws)

@@ -28,6 +28,7 @@ from pathlib import Path
 from autoloop.core.errors import NightError
 from autoloop.core.keep import Facts, decide, tampered_reason
 from autoloop.core.layout import Layout
+from autoloop.engine.night import Night
 from autoloop.execution.executors import cancel_job
 from autoloop.execution.integrity import Tampering, recover_inputs
 from autoloop.execution.procs import end_leftovers
@@ -51,7 +52,7 @@ def interrupted_lookahead(layout: Layout) -> list[tuple[int | None, RunState]]:
     return [(k, state) for k, state in found if state.in_flight]
 
 
-def recover_night(night) -> None:
+def recover_night(night: Night) -> None:
     """Finish every interrupted attempt: the single loop's, then each worker's (in its own
     worktree, made again if a kill left it half made), then each look-ahead proposal's."""
     found = interrupted(night.layout)
@@ -75,7 +76,7 @@ def recover_night(night) -> None:
         _remove_index_lock(night.ws)
 
 
-def _finish_lookahead(night, worker: int | None, state: RunState) -> None:
+def _finish_lookahead(night: Night, worker: int | None, state: RunState) -> None:
     """A look-ahead proposal in flight at the kill: one that got as far as being prepared
     (results/prepared/<trial>.json) is left for the scheduler to run; any other is finished
     like an interrupted proposal, in the look-ahead's worktree."""
@@ -92,7 +93,7 @@ def _finish_lookahead(night, worker: int | None, state: RunState) -> None:
     night.layout.state(name).unlink(missing_ok=True)
 
 
-def finish_attempt(night, ws: Workspace, state_file: StateFile, worker: int | None) -> None:
+def finish_attempt(night: Night, ws: Workspace, state_file: StateFile, worker: int | None) -> None:
     """Bring one interrupted attempt to a clean end (see the module docstring)."""
     state = state_file.state
     if state.tag and state.tag != night.tag:
@@ -115,7 +116,7 @@ def finish_attempt(night, ws: Workspace, state_file: StateFile, worker: int | No
     state_file.enter("idle", candidate=None, child_pids=[], job=None, progress=None)
 
 
-def _end_what_it_left(night, state: RunState) -> Tampering:
+def _end_what_it_left(night: Night, state: RunState) -> Tampering:
     """End its job and processes, mend its log, restore the inputs it changed."""
     console, layout = night.console, night.layout
     cancelled = cancel_job(state.job)   # a job of the interrupted trial still queued or running
@@ -138,7 +139,7 @@ def _end_what_it_left(night, state: RunState) -> Tampering:
     return tampered
 
 
-def _set_aside_untracked(night, ws: Workspace, state: RunState) -> None:
+def _set_aside_untracked(night: Night, ws: Workspace, state: RunState) -> None:
     """Untracked files in the work tree (the interrupted run's, or yours, made since the
     kill) are moved to the attempt's quarantine, never deleted by the reset that follows."""
     if state.trial is None or state.attempt is None:
@@ -156,7 +157,7 @@ def _remove_index_lock(ws: Workspace) -> None:
     index_lock.unlink(missing_ok=True)
 
 
-def _candidate(night, ws: Workspace, state: RunState) -> tuple[str | None, list[str]]:
+def _candidate(night: Night, ws: Workspace, state: RunState) -> tuple[str | None, list[str]]:
     """The interrupted attempt's candidate commit, made from the work tree if the kill came
     before the commit; and what the proposer had done to git meanwhile."""
     best = state.best or ws.head()
@@ -182,7 +183,7 @@ def _candidate(night, ws: Workspace, state: RunState) -> tuple[str | None, list[
     return candidate, events
 
 
-def _record_interrupted(night, ws: Workspace, state: RunState, tampered: Tampering, worker: int | None) -> str | None:
+def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: Tampering, worker: int | None) -> str | None:
     """Record the attempt as interrupted (its candidate kept under its trial ref); the best
     after the record."""
     candidate, events = _candidate(night, ws, state)

@@ -32,6 +32,7 @@ from autoloop.core.errors import NightError
 from autoloop.core.keep import skipped
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
 from autoloop.engine.candidate import Skipped, fix_context, prepare, proposal_request
+from autoloop.engine.night import Night
 from autoloop.observe.console import shorten
 from autoloop.proposers.base import Proposer
 from autoloop.repo import reconcile
@@ -66,7 +67,7 @@ Step = Propose | Fix | Run | Done
 class Trial:
     """One trial in one slot, started from the best ``start``."""
 
-    def __init__(self, night, slot: Slot, runner: AttemptRunner, proposer: Proposer | None, number: int,
+    def __init__(self, night: Night, slot: Slot, runner: AttemptRunner, proposer: Proposer | None, number: int,
                  start: queries.Best, claims=None):
         self.night, self.slot, self.runner, self.proposer = night, slot, runner, proposer
         self.number, self.start, self.claims = number, start, claims
@@ -252,7 +253,7 @@ def carried(extra: dict) -> dict:
     return {"hypothesis": extra["hypothesis"]} if extra.get("hypothesis") else {}
 
 
-def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,
+def record_skip(night: Night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,
                 outside: tuple[str, ...], events: tuple[str, ...], start: queries.Best,
                 extra: dict | None = None) -> LedgerRecord:
     """A proposal that failed before anything ran: in the ledger as a skip (not in the TSV).
@@ -272,7 +273,7 @@ def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reas
 # ------------------------------------------------------------------------------ the baseline
 
 
-def run_baseline(night, runner: AttemptRunner) -> LedgerRecord:
+def run_baseline(night: Night, runner: AttemptRunner) -> LedgerRecord:
     """The unmodified target, as trial 0 (or the next trial number), judged against nothing."""
     head = runner.slot.ws.head()
     trial = queries.next_trial(night.arbiter.records())
@@ -284,7 +285,7 @@ def run_baseline(night, runner: AttemptRunner) -> LedgerRecord:
     return record
 
 
-def measure_noise(night, runner: AttemptRunner) -> None:
+def measure_noise(night: Night, runner: AttemptRunner) -> None:
     """Run the best commit --noise-runs more times with seeds seed+1.. as attempts of its
     trial; the spread of its runs is the noise estimate, the best its mean."""
     s = night.settings
@@ -313,7 +314,7 @@ def measure_noise(night, runner: AttemptRunner) -> None:
 # ------------------------------------------------------------------------------ autoloop trial
 
 
-def judge_edit(night, runner: AttemptRunner, description: str) -> LedgerRecord:
+def judge_edit(night: Night, runner: AttemptRunner, description: str) -> LedgerRecord:
     """`autoloop trial -m DESC`: the current edit of the target as one trial, for an agent
     that drives itself (it edits, calls this, reads the verdict). The first call on a
     branch runs the baseline of the unmodified target first."""

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from autoloop.config.presets import PRESETS as AGENT_PRESETS
 from autoloop.config.presets import Preset, preset_for
+from autoloop.config.settings import Settings
 from autoloop.core import module_constants
 from autoloop.core.layout import RESULTS, Layout
 from autoloop.observe.console import plain
@@ -343,7 +344,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def make_agent_proposer(settings, workspace: Path) -> tuple[AgentProposer, str]:
+def make_agent_proposer(settings: Settings, workspace: Path) -> tuple[AgentProposer, str]:
     """The agent the settings ask for, checked now (a missing executable is a start-up
     error, not a failure per trial); and one line saying what runs."""
     template, label = agent_command(settings.agent, settings.agent_cmd)

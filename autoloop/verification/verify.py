@@ -37,8 +37,10 @@ import ast
 import os
 import time
 
+from autoloop.config.settings import Settings
 from autoloop.core.durations import format_duration
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
+from autoloop.engine.night import Night
 from autoloop.proposers.mutate import apply_move, find_constants, make_move
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
@@ -114,7 +116,7 @@ def revert_groups(ws, best: str, changes: list[LedgerRecord]) -> tuple[list[Chan
     return notes, groups
 
 
-def make_plan(night, settings) -> Plan:
+def make_plan(night: Night, settings: Settings) -> Plan:
     """The ablation's variants (commits made with plumbing: nothing is checked out), their
     trials and the new seeds."""
     records, ws = night.arbiter.records(), night.ws
@@ -146,7 +148,7 @@ def make_plan(night, settings) -> Plan:
                 scale_budget=settings.verify_budget, changes=notes, variants=variants, created_at=time.time())
 
 
-def plan_transfer(night, plan: Plan, summary: Summary) -> Plan:
+def plan_transfer(night: Night, plan: Plan, summary: Summary) -> Plan:
     """The transfer's variants, once the ablation is measured: the baseline, the best, and
     the best without each change the ablation confirmed, at the larger scale."""
     ws, records = night.ws, night.arbiter.records()
@@ -166,7 +168,7 @@ def plan_transfer(night, plan: Plan, summary: Summary) -> Plan:
 # ------------------------------------------------------------------------------ running it
 
 
-def _current_plan(night, settings, resume: bool) -> Plan:
+def _current_plan(night: Night, settings: Settings, resume: bool) -> Plan:
     """The plan to run: the unfinished one on --resume (if it is of this best), else a new one."""
     layout, records = night.layout, night.arbiter.records()
     old = load_plan(layout)
@@ -188,7 +190,7 @@ def _current_plan(night, settings, resume: bool) -> Plan:
     return plan
 
 
-def run_verification(night, settings, resume: bool = False) -> Summary:
+def run_verification(night: Night, settings: Settings, resume: bool = False) -> Summary:
     """Plan (or resume) and run the verification; returns its verdict. The best, the branch
     and the work tree are where they were when it returns."""
     plan = _current_plan(night, settings, resume)
@@ -221,7 +223,7 @@ def run_verification(night, settings, resume: bool = False) -> Summary:
     return summarize(plan, night.arbiter.records())
 
 
-def _warn_on_budget(night, settings) -> None:
+def _warn_on_budget(night: Night, settings: Settings) -> None:
     """The ablation must train as the night did; the budget is a setting, not in the ledger,
     so a --budget that differs clearly from what the baseline trained is said at once."""
     baseline = queries.baseline(night.arbiter.records())
@@ -232,7 +234,7 @@ def _warn_on_budget(night, settings) -> None:
                            "compare like with like")
 
 
-def _run(night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bool) -> None:
+def _run(night: Night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bool) -> None:
     for variant, repeat in pending(plan, night.arbiter.records(), scaled):
         if night.stop.is_set():
             return
@@ -247,7 +249,7 @@ def _run(night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bool) -> 
                                plan.seeds[repeat], can_confirm=False))
 
 
-def verify_at_end(night, settings) -> None:
+def verify_at_end(night: Night, settings: Settings) -> None:
     """`autoloop run --verify-at-end`: the night's verification when its trials stop, in the
     same hold of the workspace (the scheduler kept the time for it out of --hours)."""
     if not any(queries.is_kept_change(r) for r in night.arbiter.records()):
