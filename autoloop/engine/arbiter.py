@@ -80,7 +80,8 @@ class Arbiter:
                 **{k: v for k, v in draft.items() if k != "extra"}, worker=worker,
                 status=decision.status, crash=decision.crash, reason=decision.reason,
                 best=decision.best[0], best_metric=decision.best[1], noise=decision.noise,
-                confidence=decision.confidence, next=decision.action if decision.action in ("confirm", "replay") else None,
+                confidence=decision.confidence,
+                next=decision.action if decision.action in ("confirm", "replay") else None,
                 extra={**draft.get("extra", {}), **decision.extra})
             if not decision.metric_valid:
                 record.metric = None

@@ -161,7 +161,8 @@ class AttemptRunner:
             if ws.head() != cand.commit:
                 ws.reset_to(cand.commit)
             return cand.commit
-        commit = ws.commit_candidate(f"{cand.description}\n\nautoloop trial {plan.trial}.{plan.attempt} ({cand.proposer})")
+        message = f"{cand.description}\n\nautoloop trial {plan.trial}.{plan.attempt} ({cand.proposer})"
+        commit = ws.commit_candidate(message)
         fault_point("committed", plan.trial)
         return commit
 

@@ -63,8 +63,9 @@ def strip_audit(record: dict) -> dict:
             for k, v in record.items() if not str(k).startswith("audit")}
 
 
-def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int, attempt: int,
-                     best: tuple[str | None, float | None], fix: FixContext | None = None) -> ProposalRequest:
+def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int,
+                     attempt: int, best: tuple[str | None, float | None],
+                     fix: FixContext | None = None) -> ProposalRequest:
     """What the proposer is told: program.md, the best it builds on, the whole ledger and
     the recent results (audit figures stripped), the person's notes in force (read anew
     for every proposal: a note written a minute ago reaches the next one), and for a fix

@@ -140,7 +140,8 @@ def rebase(night: Night, slot: Slot, prepared: PreparedCandidate, best: queries.
     ws = slot.ws
     moved = best[0] != prepared.base
     merged = ws.merge_change(prepared.base, best[0], prepared.commit) if moved else None
-    provenance = {"prepared": prepared.commit, "prepared_on": prepared.base, **({"merged_onto": best[0]} if moved else {})}
+    provenance = {"prepared": prepared.commit, "prepared_on": prepared.base,
+                  **({"merged_onto": best[0]} if moved else {})}
     extra = {**prepared.extra, "lookahead": provenance} if moved else dict(prepared.extra)
 
     def skip(reason: str, more: dict | None = None) -> None:
@@ -233,7 +234,7 @@ class Lookahead:
     def _propose(self, trial: int, best: queries.Best) -> None:
         try:
             self._result = self._prepare(trial, best)
-        except BaseException as e:   # noqa: BLE001 - raised again in the slot's thread by wait()
+        except BaseException as e:   # raised again in the slot's thread by wait()
             self._error = e
 
     def _prepare(self, trial: int, best: queries.Best) -> Ahead:

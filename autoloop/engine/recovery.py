@@ -183,7 +183,8 @@ def _candidate(night: Night, ws: Workspace, state: RunState) -> tuple[str | None
     return candidate, events
 
 
-def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: Tampering, worker: int | None) -> str | None:
+def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: Tampering,
+                        worker: int | None) -> str | None:
     """Record the attempt as interrupted (its candidate kept under its trial ref); the best
     after the record."""
     candidate, events = _candidate(night, ws, state)

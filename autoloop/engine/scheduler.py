@@ -189,7 +189,7 @@ class Scheduler:
         aheads = [Lookahead(night, slot, self.proposer, self.claims) if self.lookahead else None for slot in slots]
         threads = [threading.Thread(target=self._work, args=(slot, ahead), name=f"autoloop-slot-{slot.worker}",
                                     daemon=True)
-                   for slot, ahead in zip(slots, aheads)]
+                   for slot, ahead in zip(slots, aheads, strict=True)]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
@@ -275,7 +275,7 @@ class Scheduler:
                     prepared = result.prepared
                     if prepared is None:
                         self._release(ahead.key, result.outcome)
-        except BaseException as e:   # noqa: BLE001 - handed to the main thread, which reports it
+        except BaseException as e:   # handed to the main thread, which reports it
             self._fail(e)
         finally:
             if ahead is not None:

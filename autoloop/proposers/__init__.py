@@ -122,7 +122,8 @@ def _portfolio(settings: Settings, root: Path, auto: bool) -> tuple[Proposer, st
         elif name == "mutate":
             member, why = _mutate(settings, root)
         else:
-            member, why = QueueProposer(root / settings.queue_dir), f"proposer: queue of patches in {settings.queue_dir}/"
+            member = QueueProposer(root / settings.queue_dir)
+            why = f"proposer: queue of patches in {settings.queue_dir}/"
         members[name] = member
         shown.append(why.removeprefix("proposer: "))
     why = " (auto: --portfolio given)" if auto else ""

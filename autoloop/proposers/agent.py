@@ -181,8 +181,8 @@ def describe_change(before: str, after: str, target: str) -> str:
     """A description derived from the diff: 'LR 0.1 -> 0.2, WD 0 -> 0.01', else
     'edit train.py: +N -M lines'."""
     diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0))
-    added = sum(1 for l in diff if l.startswith("+") and not l.startswith("+++"))
-    removed = sum(1 for l in diff if l.startswith("-") and not l.startswith("---"))
+    added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
+    removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
     counts = f"edit {target}: +{added} -{removed} lines"
     old, new = module_constants.sources(before), module_constants.sources(after)
     if old is None or new is None:

@@ -270,7 +270,7 @@ def make_move(const: Constant, index: int, new: bool | Number) -> Move:
     if const.is_tuple:
         values = list(const.value)
         values[index] = new
-        texts = [l.text for l in const.literals]
+        texts = [lit.text for lit in const.literals]
         texts[index] = text
         new_value: object = tuple(values)
         shown = const.show(texts=texts)
@@ -414,7 +414,7 @@ class MutateProposer:
 
 def _changed_index(a: object, b: object) -> int | None:
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        diff = [i for i, (x, y) in enumerate(zip(a, b)) if _canon(x) != _canon(y)]
+        diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if _canon(x) != _canon(y)]
         return diff[0] if len(diff) == 1 else None
     return None
 

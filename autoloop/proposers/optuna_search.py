@@ -67,7 +67,7 @@ class OptunaSetupError(ProposerError):
 def check_installed(sampler: str) -> None:
     """Raise OptunaSetupError naming what to install, before the night starts."""
     try:
-        import optuna  # noqa: F401
+        __import__("optuna")
     except ImportError:
         raise OptunaSetupError(f"--proposer optuna needs Optuna, which is not installed: {INSTALL_HINT}") from None
     needs = {"cmaes": ("cmaes", "the cmaes package"), "gp": ("scipy", "SciPy")}.get(sampler)
@@ -201,7 +201,8 @@ class OptunaProposer:
         direction = "minimize" if request.direction == "min" else "maximize"
         study = optuna.create_study(storage=self._storage, study_name=name, direction=direction, load_if_exists=True)
         if study.direction.name.lower() != direction:
-            raise ProposalFailed(f"optuna: study {name} in results/{STUDY_FILE} was made to {study.direction.name.lower()} "
+            raise ProposalFailed(f"optuna: study {name} in results/{STUDY_FILE} was made to "
+                                 f"{study.direction.name.lower()} "
                                  f"the metric, not to {direction} it")
         if "space" not in study.user_attrs:   # for a person reading the study (optuna-dashboard)
             study.set_user_attr("space", [f"{d.name} {d.kind} [{d.value(d.low)}, {d.value(d.high)}]"
@@ -277,8 +278,8 @@ class OptunaProposer:
             if t.state == states.COMPLETE:
                 out[space.key(values)] = t.value
                 continue
-            o = outcomes.get(info.get("trial"))
-            if o is not None and o.status in ("crash", "skip") and (o.first.extra.get("optuna") or {}).get("trial") == t.number:
+            o = outcomes.get(info["trial"]) if "trial" in info else None
+            if o is not None and o.status in ("crash", "skip") and _optuna_trial(o) == t.number:
                 out.setdefault(space.key(values), None)
         return out
 
@@ -357,3 +358,8 @@ def _sqlite_storage(optuna, url: str):
 def _seed(seed: int, n_trials: int) -> int:
     """A sampler seed per proposal: reproducible for a night, never the same twice in it."""
     return int(hashlib.sha256(f"autoloop-optuna:{seed}:{n_trials}".encode()).hexdigest()[:8], 16)
+
+
+def _optuna_trial(outcome: TrialOutcome) -> object:
+    """The Optuna trial number the proposal of this outcome was drawn as (None: not by Optuna)."""
+    return (outcome.first.extra.get("optuna") or {}).get("trial")

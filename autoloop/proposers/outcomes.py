@@ -70,7 +70,7 @@ def trial_outcomes(records: list[LedgerRecord], direction: str = "min") -> dict[
     by_trial: dict[int, list[tuple[LedgerRecord, float | None]]] = {}
     records = queries.of_night(records)
     # In ledger order, with the best in force when each was judged.
-    for r, before in zip(records, queries.best_before(records)):
+    for r, before in zip(records, queries.best_before(records), strict=True):
         by_trial.setdefault(r.trial, []).append((r, before))
     return {trial: _outcome(trial, attempts, direction) for trial, attempts in by_trial.items()}
 

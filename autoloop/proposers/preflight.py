@@ -218,7 +218,8 @@ def _gemini(probe: Probe) -> list[Check]:
     from_env = [n for n, want in GEMINI_ENV.items()
                 if probe.environ.get(n, "").strip() and (want is None or probe.environ[n].strip().lower() == want)]
     settings = [p for p in _gemini_settings(probe) if _mentions(p, r'"selectedType"|"selectedAuthType"')]
-    dotenv = [p for p in _gemini_dotenvs(probe) if _mentions(p, r"^\s*(export\s+)?GEMINI_API_KEY\s*=\s*\S", re.MULTILINE)]
+    key_line = r"^\s*(export\s+)?GEMINI_API_KEY\s*=\s*\S"
+    dotenv = [p for p in _gemini_dotenvs(probe) if _mentions(p, key_line, re.MULTILINE)]
     if from_env:
         checks.append(ok("gemini auth", f"{from_env[0]} is set"))
     elif settings:
