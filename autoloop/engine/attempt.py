@@ -22,6 +22,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from autoloop.config.settings import Settings
 from autoloop.core.classify import Classification, classify
@@ -55,7 +56,7 @@ class Candidate:
     outside_changes: tuple[str, ...] = ()
     git_events: tuple[str, ...] = ()
     replay_of: str | None = None          # the commit whose change this is, replayed on a new best
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -197,13 +198,13 @@ class AttemptRunner:
         return verdict
 
     def _draft(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification, started: float,
-               diff_lines: int, before: Tampering) -> dict:
+               diff_lines: int, before: Tampering) -> dict[str, Any]:
         """The record's measured fields (the arbiter adds the decision's). Also puts back
         what the run wrote into the repository, so a kept commit leaves a clean tree."""
         s, cand, layout = self.settings, plan.candidate, self.night.layout
         wrote = self.slot.ws.undo_run_writes(layout.run_writes(plan.trial, plan.attempt))
         summary, result = outcome.summary or {}, outcome.result or {}
-        extra = {k: v for k, v in {"source": cand.source, "git_events": list(cand.git_events),
+        extra: dict[str, Any] = {k: v for k, v in {"source": cand.source, "git_events": list(cand.git_events),
                                    "replay_of": cand.replay_of}.items() if v}
         extra.update(cand.extra)
         if wrote:

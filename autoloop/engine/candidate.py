@@ -7,15 +7,19 @@ every change outside the target (the scope check), and screens what is left
 (``screen``: the one place a prepared change is checked before it may run; the duplicate
 gate is there). What comes out
 is a :class:`~autoloop.engine.attempt.Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
-None when the proposer has no more ideas.
+None when the proposer has no more ideas. :class:`Claims` tells a proposer what the other
+slots are proposing at the same moment.
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from git import BadName, BadObject
 
@@ -36,6 +40,38 @@ LEDGER_TAIL_FOR_PROPOSER = 20
 FIX_LOG_LINES = 60
 
 
+# Who holds a claim: a slot (its worker number, None for the single loop) or a slot's
+# look-ahead (lookahead.key: "ahead-<worker>"), which proposes beside the slot's trial.
+Claimant = int | str | None
+
+
+class Claims:
+    """What each slot is trying right now, for the proposer's memory (the mutator then never
+    draws the same move twice at once); and one proposal at a time for the proposers that
+    are quick and read one shared memory (the queue, the mutator). Agents work in parallel:
+    that is the point."""
+
+    def __init__(self, one_at_a_time: bool):
+        self._lock = threading.Lock()
+        self._serial = threading.Lock() if one_at_a_time else None
+        self._claims: dict[Claimant, dict[str, Any]] = {}
+
+    @contextmanager
+    def proposing(self, worker: Claimant) -> Iterator[list[dict[str, Any]]]:
+        with self._serial or nullcontext():
+            with self._lock:
+                others = [dict(d) for w, d in self._claims.items() if w != worker]
+            yield others
+
+    def claim(self, worker: Claimant, what: dict[str, Any]) -> None:
+        with self._lock:
+            self._claims[worker] = what
+
+    def release(self, worker: Claimant) -> None:
+        with self._lock:
+            self._claims.pop(worker, None)
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A proposal that failed before anything could run: why, and what the checks found."""
@@ -43,7 +79,7 @@ class Skipped:
     reason: str
     outside_changes: tuple[str, ...] = ()
     git_events: tuple[str, ...] = ()
-    extra: dict = field(default_factory=dict)   # the proposal's own facts, when it made one (#18)
+    extra: dict[str, Any] = field(default_factory=dict)   # the proposal's own facts, when it made one (#18)
     duplicate_of: str | None = None             # the earlier attempt it repeats (the duplicate gate)
     description: str | None = None              # what the refused proposal said it does (a duplicate's)
 
@@ -56,7 +92,7 @@ class Refusal:
     duplicate_of: str | None = None
 
 
-def strip_audit(record: dict) -> dict:
+def strip_audit(record: dict[str, Any]) -> dict[str, Any]:
     """A ledger record without any held-out audit figure (top level or nested, e.g. in
     extra): what a proposer may see."""
     return {k: strip_audit(v) if isinstance(v, dict) else v
@@ -111,7 +147,7 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
                      attempt_started_at=time.time(), child_token=request.process_token)
     if broken is not None:   # after the state says so: a kill now is recovered like any proposal
         ws.target_path.write_text(broken)
-    failed_extra: dict = {}
+    failed_extra: dict[str, Any] = {}
     asked = time.time()
     try:
         proposal, failure = proposer.propose(request), None
@@ -155,7 +191,7 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
                      outside, events, extra={**proposal.extra, **timing})
 
 
-def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord] = (),
+def screen(ws: Workspace, broken: str | None = None, records: Sequence[LedgerRecord] = (),
            base: str | None = None) -> Refusal | None:
     """Why a prepared edit must not run (a skip), or None: the one check between proposing
     and running. It changed nothing; a fix left the broken edit as it was; or it is the
@@ -169,7 +205,7 @@ def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord]
     return same_change(ws, edit, records, base)
 
 
-def same_change(ws: Workspace, edit: str, records: list[LedgerRecord], base: str | None) -> Refusal | None:
+def same_change(ws: Workspace, edit: str, records: Sequence[LedgerRecord], base: str | None) -> Refusal | None:
     """The duplicate gate: ``edit`` (the target's whole text) is the same change as an
     attempt already made from ``base``. Also asked of a look-ahead candidate just before it
     runs (lookahead.rebase): the trial it was proposed beside may have tried it meanwhile."""
@@ -181,7 +217,8 @@ def same_change(ws: Workspace, edit: str, records: list[LedgerRecord], base: str
     return Refusal(f"same change as #{twin.label}{what}", twin.label)
 
 
-def _attempts_from(ws: Workspace, records: list[LedgerRecord], base: str | None) -> Iterator[duplicate_gate.Earlier]:
+def _attempts_from(ws: Workspace, records: Sequence[LedgerRecord],
+                   base: str | None) -> Iterator[duplicate_gate.Earlier]:
     """The targets of the attempts built on ``base`` (each commit once, newest first), read
     from git only as the gate needs them. An interrupted attempt was never judged: its
     change may run again (the optuna proposer asks for it after a resume)."""

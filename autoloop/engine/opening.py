@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Literal
 
 from filelock import FileLock, Timeout
@@ -96,7 +97,7 @@ def watched(night: Night) -> Iterator[None]:
     appends it; at the end the trackers finish what is queued."""
     # The arbiter answers records() from memory: no re-reading of the ledger per record.
     observers = open_observers(night.ws.root, night.layout.root, night.tag, night.arbiter, night.console,
-                               night.settings.track, night.settings.target,
+                               list[str](night.settings.track), night.settings.target,
                                {"budget_s": night.settings.budget, "direction": night.settings.direction})
     observers.catch_up()
     night.arbiter.observers.append(observers.recorded)
@@ -141,7 +142,7 @@ def graceful_signals(stop: Stop, console: Console) -> Iterator[None]:
         yield
         return
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if stop.is_set():
             console.line(f"{name} again: still stopping, please wait")

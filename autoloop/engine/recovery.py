@@ -41,7 +41,7 @@ from autoloop.store.state import RunState, StateFile, load_state
 
 def interrupted(layout: Layout) -> list[tuple[int | None, RunState]]:
     """(worker or None, state) of every state file with an attempt in flight."""
-    found = [(None, load_state(layout.root))]
+    found: list[tuple[int | None, RunState]] = [(None, load_state(layout.root))]
     found += [(k, load_state(layout.root, path.name)) for k, path in layout.worker_states()]
     return [(k, state) for k, state in found if state.in_flight]
 
@@ -106,7 +106,7 @@ def finish_attempt(night: Night, ws: Workspace, state_file: StateFile, worker: i
     _remove_index_lock(ws)
     existing = [r for r in night.arbiter.records() if r.trial == state.trial and r.attempt == state.attempt]
     if existing:
-        best = existing[-1].best or state.best
+        best = existing[-1].best or state.best or ws.head()
         night.console.line(f"recovery: trial {state.trial}.{state.attempt} was recorded ({existing[-1].status}); "
                            f"restoring the branch to {best[:7]}")
     else:
@@ -114,6 +114,15 @@ def finish_attempt(night: Night, ws: Workspace, state_file: StateFile, worker: i
     _set_aside_untracked(night, ws, state)
     ws.reset_to(best)
     state_file.enter("idle", candidate=None, child_pids=[], job=None, progress=None)
+
+
+def _attempt_of(state: RunState) -> tuple[int, int]:
+    """(trial, attempt) of the attempt in flight. Every phase in flight is entered with both
+    (candidate.prepare, AttemptRunner.run), so a state without them was not written by us."""
+    if state.trial is None:
+        raise NightError("a state file says an attempt is in flight but names no trial; "
+                         f"it was not written by autoloop (phase {state.phase})")
+    return state.trial, state.attempt or 1
 
 
 def _end_what_it_left(night: Night, state: RunState) -> Tampering:
@@ -131,7 +140,7 @@ def _end_what_it_left(night: Night, state: RunState) -> Tampering:
         except OSError as e:
             console.line(f"recovery: the log of the interrupted trial stays in pieces ({e})")
     # Killed after the trial but before its check: put the measurement's inputs back first.
-    tampered = recover_inputs(layout.root, layout.tampered(state.trial, state.attempt))
+    tampered = recover_inputs(layout.root, layout.tampered(*_attempt_of(state)))
     if tampered:
         console.line(f"recovery: {tampered_reason(tampered.paths)} (by the interrupted attempt); restored")
     if tampered.unrestorable:
@@ -161,13 +170,13 @@ def _candidate(night: Night, ws: Workspace, state: RunState) -> tuple[str | None
     """The interrupted attempt's candidate commit, made from the work tree if the kill came
     before the commit; and what the proposer had done to git meanwhile."""
     best = state.best or ws.head()
+    trial, attempt = _attempt_of(state)
     candidate, events, deleted = state.candidate, [], False
     if state.phase == "proposing" and state.best:
         # The proposer may have committed, switched branch or reset, or moved tags and
         # branches, before the kill: the refs snapshot persisted before the call puts them back.
-        saved_refs = night.layout.ref_snapshot(state.trial, state.attempt or 1)
-        outcome = reconcile.reconcile(ws, night.tag, best, state.trial, state.attempt or 1,
-                                    reconcile.RefSnapshot.load(saved_refs))
+        saved_refs = night.layout.ref_snapshot(trial, attempt)
+        outcome = reconcile.reconcile(ws, night.tag, best, trial, attempt, reconcile.RefSnapshot.load(saved_refs))
         saved_refs.unlink(missing_ok=True)
         events, deleted = outcome.events, outcome.target_deleted
         if events:
@@ -176,7 +185,7 @@ def _candidate(night: Night, ws: Workspace, state: RunState) -> tuple[str | None
     if candidate is None and head != best and ws.is_ancestor(best, head):
         candidate = head   # committed, killed before the state said so
     if candidate is None and state.kind not in ("baseline", "confirm", "verify"):
-        ws.revert_out_of_scope(night.layout.quarantine(state.trial, state.attempt), base=best)
+        ws.revert_out_of_scope(night.layout.quarantine(trial, attempt), base=best)
         if ws.target_changed() and not deleted:
             candidate = ws.commit_candidate(f"{state.description or 'interrupted candidate'}"
                                             f"\n\nautoloop trial {state.trial}.{state.attempt} (interrupted)")
@@ -188,7 +197,8 @@ def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: 
     """Record the attempt as interrupted (its candidate kept under its trial ref); the best
     after the record."""
     candidate, events = _candidate(night, ws, state)
-    ref = ws.save_trial_ref(night.tag, state.trial, state.attempt, candidate) if candidate else None
+    trial, attempt = _attempt_of(state)
+    ref = ws.save_trial_ref(night.tag, trial, attempt, candidate) if candidate else None
     reason = (f"interrupted (orchestrator stopped during {state.phase})"
               + (f"; {tampered_reason(tampered.paths)}" if tampered else ""))
     decision = decide(Facts(kind=state.kind or "candidate", commit=candidate, crash=("fundamental", reason),
@@ -199,7 +209,7 @@ def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: 
         "started_at": state.attempt_started_at or now, "ended_at": now, "proposer": state.proposer or "-",
         "parent": state.best, "commit": candidate, "description": state.description or "interrupted",
         "metric_name": night.settings.metric, "seed": night.settings.seed,
-        "log_path": night.layout.log_rel(state.trial, state.attempt),
+        "log_path": night.layout.log_rel(trial, attempt),
         "extra": {**({"tampered": tampered.paths} if tampered else {}), **({"git_events": events} if events else {})},
     }, decision, worker)
     night.console.line(f"recovery: trial {state.trial}.{state.attempt} was interrupted during {state.phase}; "

@@ -31,13 +31,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 
 from autoloop.core.durations import expected_seconds, format_duration
 from autoloop.core.layout import Layout
 from autoloop.engine import lookahead
 from autoloop.engine.attempt import AttemptRunner, Slot
+from autoloop.engine.candidate import Claims
 from autoloop.engine.lookahead import Lookahead, PreparedCandidate
 from autoloop.engine.night import Night
 from autoloop.engine.trial import Run, Trial, measure_noise, run_baseline
@@ -56,33 +55,6 @@ JOIN_SLICE_S = 0.2     # the main thread joins the slots in slices: it must stay
 def _uses_agent(proposer: Proposer) -> bool:
     """The agent proposes here: alone, or as a member of a portfolio (which calls it too)."""
     return proposer.name == "agent" or "agent" in (getattr(proposer, "members", None) or {})
-
-
-class Claims:
-    """What each slot is trying right now, for the proposer's memory (the mutator then never
-    draws the same move twice at once); and one proposal at a time for the proposers that
-    are quick and read one shared memory (the queue, the mutator). Agents work in parallel:
-    that is the point."""
-
-    def __init__(self, one_at_a_time: bool):
-        self._lock = threading.Lock()
-        self._serial = threading.Lock() if one_at_a_time else None
-        self._claims: dict[int | None, dict] = {}
-
-    @contextmanager
-    def proposing(self, worker: int | None) -> Iterator[list[dict]]:
-        with self._serial or nullcontext():
-            with self._lock:
-                others = [dict(d) for w, d in self._claims.items() if w != worker]
-            yield others
-
-    def claim(self, worker: int | None, what: dict) -> None:
-        with self._lock:
-            self._claims[worker] = what
-
-    def release(self, worker: int | None) -> None:
-        with self._lock:
-            self._claims.pop(worker, None)
 
 
 class Scheduler:
