@@ -55,8 +55,9 @@ class TrialOutcome:
 def record_proposer(record: LedgerRecord) -> str:
     """The proposer of one attempt: the portfolio's member when the portfolio chose."""
     chosen = record.extra.get("portfolio")
-    if isinstance(chosen, dict) and isinstance(chosen.get("choice"), str):
-        return chosen["choice"]
+    choice = chosen.get("choice") if isinstance(chosen, dict) else None
+    if isinstance(choice, str):
+        return choice
     if record.status == "skip":
         m = _PORTFOLIO_SKIP.match(record.reason or "")
         if m:

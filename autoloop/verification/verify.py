@@ -42,6 +42,7 @@ from autoloop.core.durations import format_duration
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
 from autoloop.engine.night import Night
 from autoloop.proposers.mutate import apply_move, find_constants, make_move
+from autoloop.repo.workspace import Workspace
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
 from autoloop.store.state import RunState, StateFile
@@ -82,20 +83,27 @@ def scaled_source(source: str, scale: dict[str, str], where: str) -> str:
     return out.decode("utf-8")
 
 
-def revert_groups(ws, best: str, changes: list[LedgerRecord]) -> tuple[list[ChangeNote], list[tuple[list[int], str]]]:
+def _note(record: LedgerRecord) -> ChangeNote:
+    # A kept change (queries.is_kept_change) has its commit and the parent it was built on.
+    assert record.commit is not None and record.parent is not None, "a kept change without its commits"
+    return ChangeNote(trial=record.trial, description=record.description.splitlines()[0] if record.description else "-",
+                      commit=record.commit, parent=record.parent)
+
+
+def revert_groups(ws: Workspace, best: str,
+                  changes: list[LedgerRecord]) -> tuple[list[ChangeNote], list[tuple[list[int], str]]]:
     """How each kept change comes out of the best: alone when its diff reverts cleanly on
     the best, else together with the kept changes after it (the first run of them that
     reverts), else not at all. Returns the notes, and each group's trials with the target's
     text without them."""
-    notes = [ChangeNote(trial=r.trial, description=r.description.splitlines()[0] if r.description else "-",
-                        commit=r.commit, parent=r.parent) for r in changes]
+    notes = [_note(r) for r in changes]
     best_text = ws.file_at(best, ws.target)
     groups: list[tuple[list[int], str]] = []
     i = 0
     while i < len(changes):
         for j in range(i, len(changes)):
             # The diff from the group's last commit back to its first parent, onto the best.
-            text = ws.merge_change(changes[j].commit, best, changes[i].parent)
+            text = ws.merge_change(notes[j].commit, best, notes[i].parent)
             if text is not None:
                 break
         else:
@@ -103,7 +111,7 @@ def revert_groups(ws, best: str, changes: list[LedgerRecord]) -> tuple[list[Chan
             i += 1
             continue
         members = list(range(i, j + 1))
-        trials = [changes[k].trial for k in members]
+        trials = [notes[k].trial for k in members]
         if text == best_text:
             for k in members:
                 notes[k].revert = "absent"
@@ -128,9 +136,8 @@ def make_plan(night: Night, settings: Settings) -> Plan:
     if not changes:
         raise VerifyError(f"no kept changes on {ws.branch_name(night.tag)}: nothing to verify")
     if settings.verify_scale:
-        scaled_source(ws.file_at(best, ws.target), settings.verify_scale, f"the best {settings.target}")
-        scaled_source(ws.file_at(baseline.commit, ws.target), settings.verify_scale,
-                      f"the baseline {settings.target}")
+        scaled_source(_target_at(ws, best), settings.verify_scale, f"the best {settings.target}")
+        scaled_source(_target_at(ws, baseline.commit), settings.verify_scale, f"the baseline {settings.target}")
     notes, groups = revert_groups(ws, best, changes)
     first = queries.next_trial(records)
     # New seeds: above every seed the ledger holds, so no run repeats a night's draw.
@@ -148,15 +155,24 @@ def make_plan(night: Night, settings: Settings) -> Plan:
                 scale_budget=settings.verify_budget, changes=notes, variants=variants, created_at=time.time())
 
 
+def _target_at(ws: Workspace, commit: str) -> str:
+    """The target's text at a commit of the night (every one has it: each was run)."""
+    text = ws.file_at(commit, ws.target)
+    if text is None:
+        raise VerifyError(f"{ws.target} is not in commit {commit[:7]}")
+    return text
+
+
 def plan_transfer(night: Night, plan: Plan, summary: Summary) -> Plan:
     """The transfer's variants, once the ablation is measured: the baseline, the best, and
     the best without each change the ablation confirmed, at the larger scale."""
     ws, records = night.ws, night.arbiter.records()
     confirmed = {tuple(c.trials) for c in summary.changes if c.estimate and c.estimate.verdict == "confirmed"}
     base = [v for v in plan.variants if not v.scaled and (v.role != "without" or tuple(v.changes) in confirmed)]
-    first, added = queries.next_trial(records), []
+    first = queries.next_trial(records)
+    added: list[Variant] = []
     for v in base:
-        text = ws.file_at(v.commit, ws.target)
+        text = _target_at(ws, v.commit)
         if plan.scale:
             text = scaled_source(text, plan.scale, f"{night.settings.target} of {v.name}")
         commit = ws.commit_text_on(plan.best, text, f"autoloop verify: {v.name} at scale {scale_text(plan)}")
