@@ -28,7 +28,7 @@ from autoloop.core import duplicate_gate
 from autoloop.core.layout import Layout
 from autoloop.engine.attempt import Candidate, Slot
 from autoloop.engine.night import Night
-from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest, Proposer
+from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, ProposalRequest, Proposer
 from autoloop.repo import reconcile
 from autoloop.repo.workspace import Workspace
 from autoloop.store import person_notes, queries
@@ -133,39 +133,14 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
     """One proposal, guarded and screened (see the module docstring). The state file says
     ``proposing`` first, with the token every process of the proposer gets, so a kill while
     it runs is recovered. ``broken``: the crashed edit a fix request hands back."""
-    ws, console = slot.ws, slot.console or night.console
+    ws = slot.ws
     base = ws.head()
-    before = reconcile.snapshot(ws, night.tag)
-    saved_refs = night.layout.ref_snapshot(request.trial, request.attempt)
-    before.save(saved_refs)   # before the state says proposing: recovery finds it for any kill during the call
-    request.process_token = secrets.token_hex(16)
-    request.stop_event = night.stop.event
-    request.on_start = lambda pids: slot.state.update(child_pids=pids)
-    slot.state.enter("proposing", trial=request.trial, attempt=request.attempt,
-                     kind="fix" if request.fix else "candidate", description=None, proposer=proposer.name,
-                     best=request.best_commit, best_metric=request.best_metric, candidate=None,
-                     attempt_started_at=time.time(), child_token=request.process_token)
-    if broken is not None:   # after the state says so: a kill now is recovered like any proposal
-        ws.target_path.write_text(broken)
-    failed_extra: dict[str, Any] = {}
+    before = _start_proposing(night, slot, proposer, request, broken)
     asked = time.time()
-    try:
-        proposal, failure = proposer.propose(request), None
-    except ProposalFailed as e:
-        proposal, failure, failed_extra = None, str(e), e.extra
-    else:
-        fault_point("proposed", request.trial)
-    # The proposer's time, a fact of its record: `autoloop status` sums it per trial (#16).
+    proposal, failure, failed_extra = _ask(proposer, request)
+    # The proposer's time, a fact of its record: `autoloop status` sums it per trial.
     timing = {"propose_seconds": round(time.time() - asked, 3)}
-    # Git first: a proposer that committed, switched branch or reset must not have the
-    # scope check (or a reset) act on some other branch than the loop's.
-    outcome = reconcile.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
-    saved_refs.unlink(missing_ok=True)
-    if outcome.events:
-        console.line(f"#{request.trial}: git: {'; '.join(outcome.events)}")
-    outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=base))
-    if outside:
-        console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
+    outcome, outside = _put_back(night, slot, request, base, before)
     events = tuple(outcome.events)
     if proposal is None or outcome.target_deleted:
         ws.reset_to(base)
@@ -189,6 +164,52 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
                        else outcome.commit_message)
     return Candidate(None, request.best_commit, request.best_metric, description, proposer.name, proposal.source,
                      outside, events, extra={**proposal.extra, **timing})
+
+
+def _start_proposing(night: Night, slot: Slot, proposer: Proposer, request: ProposalRequest,
+                     broken: str | None) -> reconcile.RefSnapshot:
+    """The refs saved and the state file at ``proposing`` before the proposer is called;
+    the refs as they were."""
+    before = reconcile.snapshot(slot.ws, night.tag)
+    # Before the state says proposing: recovery finds it for any kill during the call.
+    before.save(night.layout.ref_snapshot(request.trial, request.attempt))
+    request.process_token = secrets.token_hex(16)
+    request.stop_event = night.stop.event
+    request.on_start = lambda pids: slot.state.update(child_pids=pids)
+    slot.state.enter("proposing", trial=request.trial, attempt=request.attempt,
+                     kind="fix" if request.fix else "candidate", description=None, proposer=proposer.name,
+                     best=request.best_commit, best_metric=request.best_metric, candidate=None,
+                     attempt_started_at=time.time(), child_token=request.process_token)
+    if broken is not None:   # after the state says so: a kill now is recovered like any proposal
+        slot.ws.target_path.write_text(broken)
+    return before
+
+
+def _ask(proposer: Proposer, request: ProposalRequest) -> tuple[Proposal | None, str | None, dict[str, Any]]:
+    """(the proposal, why there is none, the facts of a failed one)."""
+    try:
+        proposal = proposer.propose(request)
+    except ProposalFailed as e:
+        return None, str(e), e.extra
+    fault_point("proposed", request.trial)
+    return proposal, None, {}
+
+
+def _put_back(night: Night, slot: Slot, request: ProposalRequest, base: str,
+              before: reconcile.RefSnapshot) -> tuple[reconcile.Reconciled, tuple[str, ...]]:
+    """Git as the loop left it, then every change outside the target reverted (quarantined):
+    what reconcile did, and the paths reverted."""
+    ws, console = slot.ws, slot.console or night.console
+    # Git first: a proposer that committed, switched branch or reset must not have the
+    # scope check (or a reset) act on some other branch than the loop's.
+    outcome = reconcile.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
+    night.layout.ref_snapshot(request.trial, request.attempt).unlink(missing_ok=True)
+    if outcome.events:
+        console.line(f"#{request.trial}: git: {'; '.join(outcome.events)}")
+    outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=base))
+    if outside:
+        console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
+    return outcome, outside
 
 
 def screen(ws: Workspace, broken: str | None = None, records: Sequence[LedgerRecord] = (),
