@@ -79,7 +79,7 @@ class Skipped:
     reason: str
     outside_changes: tuple[str, ...] = ()
     git_events: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)   # the proposal's own facts, when it made one (#18)
+    extra: dict[str, Any] = field(default_factory=dict)   # the proposal's own facts (whose, what it cost)
     duplicate_of: str | None = None             # the earlier attempt it repeats (the duplicate gate)
     description: str | None = None              # what the refused proposal said it does (a duplicate's)
 
@@ -107,7 +107,7 @@ def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records:
     for every proposal: a note written a minute ago reaches the next one), and for a fix
     request the crash and the end of its log."""
     program = ws.root / PROGRAM_FILE
-    # autoloop verify's runs (#19) are not the search: the proposer sees the night's attempts.
+    # autoloop verify's runs are not the search: the proposer sees the night's attempts.
     history = [strip_audit(r.model_dump(mode="json")) for r in queries.of_night(records)]
     return ProposalRequest(
         workspace=ws.root, target=settings.target, program_text=program.read_text() if program.exists() else "",
@@ -148,7 +148,7 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
             failure = f"{proposer.name} deleted {ws.target}"
         extra = {**(dict(proposal.extra) if proposal is not None else failed_extra), **timing}
         return Skipped(failure, outside, events, extra) if failure is not None else None
-    # A verify run (#19) of the best without a change is a measurement, not a proposal: an
+    # A verify run of the best without a change is a measurement, not a proposal: an
     # agent proposing that revert is not repeating an earlier attempt.
     refused = screen(ws, broken, queries.of_night(night.arbiter.records()), base)
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)

@@ -1,4 +1,4 @@
-"""Look-ahead (#16): the next trial is proposed while the current one trains.
+"""Look-ahead: the next trial is proposed while the current one trains.
 
 A coding agent takes minutes per proposal; proposing, then training, then proposing again
 leaves the device idle for every one of them. A slot that looks ahead asks the proposer for

@@ -67,7 +67,8 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
         layout = Layout(ws.results_dir)
         tag = _tag(settings, layout, ws, purpose)
         # The loop's other branches (workers', look-ahead's: autoloop/<tag>-...) move while a
-        # proposer works in the main checkout: not its doing, for git reconciliation (#16).
+        # proposer works in the main checkout: reconcile must neither restore them nor report
+        # them as the agent's doing (reconcile.snapshot and _restore_refs skip these refs).
         ws.foreign_refs = (f"refs/heads/{branch_name(tag)}-",)
         executor = make_executor(settings, ws.root)
         stop = Stop()

@@ -47,7 +47,7 @@ def interrupted(layout: Layout) -> list[tuple[int | None, RunState]]:
 
 
 def interrupted_lookahead(layout: Layout) -> list[tuple[int | None, RunState]]:
-    """(worker or None, state) of every look-ahead proposal a kill interrupted (#16)."""
+    """(worker or None, state) of every look-ahead proposal a kill interrupted."""
     found = [(k, load_state(layout.root, path.name)) for k, path in layout.ahead_states()]
     return [(k, state) for k, state in found if state.in_flight]
 

@@ -73,8 +73,8 @@ class Scheduler:
         self.error: BaseException | None = None
         self.deadline: float | None = None
         self._main: StateFile | None = None   # state.json, made when the run starts
-        # #16: propose the next trial while this one trains; by default where proposing is
-        # slow (an agent), not where it takes milliseconds (the mutator, the queue).
+        # Look-ahead (lookahead.py): propose the next trial while this one trains; by default
+        # where proposing is slow (an agent), not where it takes milliseconds (the mutator, the queue).
         s = night.settings
         self.lookahead = bool(s.lookahead if s.lookahead is not None else _uses_agent(proposer))
         self.pending: list[Prepared] = []   # prepared by a run that stopped, not yet run

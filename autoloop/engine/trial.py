@@ -246,7 +246,8 @@ class Trial:
             request.in_flight = others
             prepared = prepare(self.night, self.slot, self._proposing(), request, broken)
             if isinstance(prepared, Candidate):
-                # "trial" (#18): tells the optuna proposer which of its suggestions are still running.
+                # "trial": the optuna proposer leaves the suggestions of trials still running open
+                # (OptunaProposer._settle), rather than failing them for want of a record.
                 self.claims.claim(self.slot.worker, {"parent": request.best_commit, "kind": "candidate",
                                                      "description": prepared.description, "worker": self.slot.worker,
                                                      "trial": request.trial})
@@ -265,7 +266,8 @@ class Trial:
 
 def carried(extra: dict[str, Any]) -> dict[str, Any]:
     """What a re-run of the same change keeps of its first record's extra: the hypothesis
-    (#17), so that the record that keeps it says why. Not the agent's usage: no new call."""
+    (the agent's why, from its hypothesis file), so that the record that keeps it says why.
+    Not the agent's usage: no new call."""
     return {"hypothesis": extra["hypothesis"]} if extra.get("hypothesis") else {}
 
 
