@@ -43,7 +43,7 @@ def settings_from(args):
 
 
 def cmd_run(args) -> int:
-    from autoloop.engine.night import open_night
+    from autoloop.engine.opening import open_night
     from autoloop.engine.scheduler import Scheduler
     from autoloop.observe.console import Console
     from autoloop.proposers import make_proposer
@@ -64,7 +64,7 @@ def cmd_run(args) -> int:
 
 def cmd_trial(args) -> int:
     from autoloop.engine.attempt import AttemptRunner, Slot
-    from autoloop.engine.night import open_night
+    from autoloop.engine.opening import open_night
     from autoloop.engine.trial import judge_edit
     from autoloop.observe.console import Console
     from autoloop.store.state import StateFile
@@ -81,7 +81,7 @@ def cmd_trial(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from autoloop.engine.night import open_night
+    from autoloop.engine.opening import open_night
     from autoloop.observe.console import Console
     from autoloop.verification.verify import run_verification
     from autoloop.verification.verify_plan import summary_lines

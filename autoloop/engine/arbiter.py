@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, Literal
 
 from autoloop.core.keep import Decision, Facts, Rules, decide
 from autoloop.repo.workspace import Workspace
@@ -26,6 +27,7 @@ from autoloop.store import queries
 from autoloop.store.ledger import Ledger, LedgerRecord
 
 Observer = Callable[[LedgerRecord], None]
+Merge = Literal["clean", "conflict", "already_in"]   # Facts.merge: how a change went onto a moved best
 
 
 class Arbiter:
@@ -65,22 +67,25 @@ class Arbiter:
             current = self.best()
             merged = None
             facts = replace(facts, current=current, rules=self.rules)
-            moved = current[0] is not None and current[0] != facts.start[0]
-            if moved and facts.commit and facts.noise_sample is None and facts.kind not in ("baseline", "verify"):
-                merged = ws.merge_change(facts.start[0], current[0], facts.commit)
-                merge = ("conflict" if merged is None
-                         else "already_in" if merged == ws.file_at(current[0], ws.target) else "clean")
+            now, start = current[0], facts.start[0]
+            # The best moved (another worker kept) since it started; only the baseline starts from none.
+            if (now and start and now != start and facts.commit and facts.noise_sample is None
+                    and facts.kind not in ("baseline", "verify")):
+                merged = ws.merge_change(start, now, facts.commit)
+                merge: Merge = ("conflict" if merged is None
+                                else "already_in" if merged == ws.file_at(now, ws.target) else "clean")
                 facts = replace(facts, merge=merge)
             return decide(facts), merged
 
-    def record(self, draft: dict, decision: Decision, worker: int | None) -> LedgerRecord:
+    def record(self, draft: dict[str, Any], decision: Decision, worker: int | None) -> LedgerRecord:
         """Append the record of a decided attempt (or a skip) and make git follow it."""
         with self.lock:
             record = LedgerRecord(
                 **{k: v for k, v in draft.items() if k != "extra"}, worker=worker,
                 status=decision.status, crash=decision.crash, reason=decision.reason,
                 best=decision.best[0], best_metric=decision.best[1], noise=decision.noise,
-                confidence=decision.confidence, next=decision.action if decision.action in ("confirm", "replay") else None,
+                confidence=decision.confidence,
+                next=decision.action if decision.action in ("confirm", "replay") else None,
                 extra={**draft.get("extra", {}), **decision.extra})
             if not decision.metric_valid:
                 record.metric = None

@@ -22,11 +22,14 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from autoloop.config.settings import Settings
 from autoloop.core.classify import Classification, classify
 from autoloop.core.durations import format_duration
 from autoloop.core.errors import NightError
 from autoloop.core.keep import Decision, Facts, tampered_reason
+from autoloop.engine.night import Night
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import Tampering, harness_path
 from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
@@ -53,7 +56,7 @@ class Candidate:
     outside_changes: tuple[str, ...] = ()
     git_events: tuple[str, ...] = ()
     replay_of: str | None = None          # the commit whose change this is, replayed on a new best
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class Slot:
 
 
 class AttemptRunner:
-    def __init__(self, night, slot: Slot, settings=None):
+    def __init__(self, night: Night, slot: Slot, settings: Settings | None = None):
         """``settings``: what its trials run under when not the night's (verify.py's transfer
         runs: a longer budget)."""
         self.night, self.slot = night, slot
@@ -159,7 +162,8 @@ class AttemptRunner:
             if ws.head() != cand.commit:
                 ws.reset_to(cand.commit)
             return cand.commit
-        commit = ws.commit_candidate(f"{cand.description}\n\nautoloop trial {plan.trial}.{plan.attempt} ({cand.proposer})")
+        message = f"{cand.description}\n\nautoloop trial {plan.trial}.{plan.attempt} ({cand.proposer})"
+        commit = ws.commit_candidate(message)
         fault_point("committed", plan.trial)
         return commit
 
@@ -194,13 +198,13 @@ class AttemptRunner:
         return verdict
 
     def _draft(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification, started: float,
-               diff_lines: int, before: Tampering) -> dict:
+               diff_lines: int, before: Tampering) -> dict[str, Any]:
         """The record's measured fields (the arbiter adds the decision's). Also puts back
         what the run wrote into the repository, so a kept commit leaves a clean tree."""
         s, cand, layout = self.settings, plan.candidate, self.night.layout
         wrote = self.slot.ws.undo_run_writes(layout.run_writes(plan.trial, plan.attempt))
         summary, result = outcome.summary or {}, outcome.result or {}
-        extra = {k: v for k, v in {"source": cand.source, "git_events": list(cand.git_events),
+        extra: dict[str, Any] = {k: v for k, v in {"source": cand.source, "git_events": list(cand.git_events),
                                    "replay_of": cand.replay_of}.items() if v}
         extra.update(cand.extra)
         if wrote:

@@ -7,22 +7,28 @@ every change outside the target (the scope check), and screens what is left
 (``screen``: the one place a prepared change is checked before it may run; the duplicate
 gate is there). What comes out
 is a :class:`~autoloop.engine.attempt.Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
-None when the proposer has no more ideas.
+None when the proposer has no more ideas. :class:`Claims` tells a proposer what the other
+slots are proposing at the same moment.
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from git import BadName, BadObject
 
+from autoloop.config.settings import Settings
 from autoloop.core import duplicate_gate
 from autoloop.core.layout import Layout
 from autoloop.engine.attempt import Candidate, Slot
-from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest, Proposer
+from autoloop.engine.night import Night
+from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, ProposalRequest, Proposer
 from autoloop.repo import reconcile
 from autoloop.repo.workspace import Workspace
 from autoloop.store import person_notes, queries
@@ -34,6 +40,38 @@ LEDGER_TAIL_FOR_PROPOSER = 20
 FIX_LOG_LINES = 60
 
 
+# Who holds a claim: a slot (its worker number, None for the single loop) or a slot's
+# look-ahead (lookahead.key: "ahead-<worker>"), which proposes beside the slot's trial.
+Claimant = int | str | None
+
+
+class Claims:
+    """What each slot is trying right now, for the proposer's memory (the mutator then never
+    draws the same move twice at once); and one proposal at a time for the proposers that
+    are quick and read one shared memory (the queue, the mutator). Agents work in parallel:
+    that is the point."""
+
+    def __init__(self, one_at_a_time: bool):
+        self._lock = threading.Lock()
+        self._serial = threading.Lock() if one_at_a_time else None
+        self._claims: dict[Claimant, dict[str, Any]] = {}
+
+    @contextmanager
+    def proposing(self, worker: Claimant) -> Iterator[list[dict[str, Any]]]:
+        with self._serial or nullcontext():
+            with self._lock:
+                others = [dict(d) for w, d in self._claims.items() if w != worker]
+            yield others
+
+    def claim(self, worker: Claimant, what: dict[str, Any]) -> None:
+        with self._lock:
+            self._claims[worker] = what
+
+    def release(self, worker: Claimant) -> None:
+        with self._lock:
+            self._claims.pop(worker, None)
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A proposal that failed before anything could run: why, and what the checks found."""
@@ -41,7 +79,7 @@ class Skipped:
     reason: str
     outside_changes: tuple[str, ...] = ()
     git_events: tuple[str, ...] = ()
-    extra: dict = field(default_factory=dict)   # the proposal's own facts, when it made one (#18)
+    extra: dict[str, Any] = field(default_factory=dict)   # the proposal's own facts (whose, what it cost)
     duplicate_of: str | None = None             # the earlier attempt it repeats (the duplicate gate)
     description: str | None = None              # what the refused proposal said it does (a duplicate's)
 
@@ -54,21 +92,22 @@ class Refusal:
     duplicate_of: str | None = None
 
 
-def strip_audit(record: dict) -> dict:
+def strip_audit(record: dict[str, Any]) -> dict[str, Any]:
     """A ledger record without any held-out audit figure (top level or nested, e.g. in
     extra): what a proposer may see."""
     return {k: strip_audit(v) if isinstance(v, dict) else v
             for k, v in record.items() if not str(k).startswith("audit")}
 
 
-def proposal_request(settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int, attempt: int,
-                     best: tuple[str | None, float | None], fix: FixContext | None = None) -> ProposalRequest:
+def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int,
+                     attempt: int, best: tuple[str | None, float | None],
+                     fix: FixContext | None = None) -> ProposalRequest:
     """What the proposer is told: program.md, the best it builds on, the whole ledger and
     the recent results (audit figures stripped), the person's notes in force (read anew
     for every proposal: a note written a minute ago reaches the next one), and for a fix
     request the crash and the end of its log."""
     program = ws.root / PROGRAM_FILE
-    # autoloop verify's runs (#19) are not the search: the proposer sees the night's attempts.
+    # autoloop verify's runs are not the search: the proposer sees the night's attempts.
     history = [strip_audit(r.model_dump(mode="json")) for r in queries.of_night(records)]
     return ProposalRequest(
         workspace=ws.root, target=settings.target, program_text=program.read_text() if program.exists() else "",
@@ -89,44 +128,19 @@ def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[Fi
                       description=failed.description), broken
 
 
-def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
+def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalRequest,
             broken: str | None = None) -> Candidate | Skipped | None:
     """One proposal, guarded and screened (see the module docstring). The state file says
     ``proposing`` first, with the token every process of the proposer gets, so a kill while
     it runs is recovered. ``broken``: the crashed edit a fix request hands back."""
-    ws, console = slot.ws, slot.console or night.console
+    ws = slot.ws
     base = ws.head()
-    before = reconcile.snapshot(ws, night.tag)
-    saved_refs = night.layout.ref_snapshot(request.trial, request.attempt)
-    before.save(saved_refs)   # before the state says proposing: recovery finds it for any kill during the call
-    request.process_token = secrets.token_hex(16)
-    request.stop_event = night.stop.event
-    request.on_start = lambda pids: slot.state.update(child_pids=pids)
-    slot.state.enter("proposing", trial=request.trial, attempt=request.attempt,
-                     kind="fix" if request.fix else "candidate", description=None, proposer=proposer.name,
-                     best=request.best_commit, best_metric=request.best_metric, candidate=None,
-                     attempt_started_at=time.time(), child_token=request.process_token)
-    if broken is not None:   # after the state says so: a kill now is recovered like any proposal
-        ws.target_path.write_text(broken)
-    failed_extra: dict = {}
+    before = _start_proposing(night, slot, proposer, request, broken)
     asked = time.time()
-    try:
-        proposal, failure = proposer.propose(request), None
-    except ProposalFailed as e:
-        proposal, failure, failed_extra = None, str(e), e.extra
-    else:
-        fault_point("proposed", request.trial)
-    # The proposer's time, a fact of its record: `autoloop status` sums it per trial (#16).
+    proposal, failure, failed_extra = _ask(proposer, request)
+    # The proposer's time, a fact of its record: `autoloop status` sums it per trial.
     timing = {"propose_seconds": round(time.time() - asked, 3)}
-    # Git first: a proposer that committed, switched branch or reset must not have the
-    # scope check (or a reset) act on some other branch than the loop's.
-    outcome = reconcile.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
-    saved_refs.unlink(missing_ok=True)
-    if outcome.events:
-        console.line(f"#{request.trial}: git: {'; '.join(outcome.events)}")
-    outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=base))
-    if outside:
-        console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
+    outcome, outside = _put_back(night, slot, request, base, before)
     events = tuple(outcome.events)
     if proposal is None or outcome.target_deleted:
         ws.reset_to(base)
@@ -134,7 +148,7 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
             failure = f"{proposer.name} deleted {ws.target}"
         extra = {**(dict(proposal.extra) if proposal is not None else failed_extra), **timing}
         return Skipped(failure, outside, events, extra) if failure is not None else None
-    # A verify run (#19) of the best without a change is a measurement, not a proposal: an
+    # A verify run of the best without a change is a measurement, not a proposal: an
     # agent proposing that revert is not repeating an earlier attempt.
     refused = screen(ws, broken, queries.of_night(night.arbiter.records()), base)
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
@@ -152,7 +166,53 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
                      outside, events, extra={**proposal.extra, **timing})
 
 
-def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord] = (),
+def _start_proposing(night: Night, slot: Slot, proposer: Proposer, request: ProposalRequest,
+                     broken: str | None) -> reconcile.RefSnapshot:
+    """The refs saved and the state file at ``proposing`` before the proposer is called;
+    the refs as they were."""
+    before = reconcile.snapshot(slot.ws, night.tag)
+    # Before the state says proposing: recovery finds it for any kill during the call.
+    before.save(night.layout.ref_snapshot(request.trial, request.attempt))
+    request.process_token = secrets.token_hex(16)
+    request.stop_event = night.stop.event
+    request.on_start = lambda pids: slot.state.update(child_pids=pids)
+    slot.state.enter("proposing", trial=request.trial, attempt=request.attempt,
+                     kind="fix" if request.fix else "candidate", description=None, proposer=proposer.name,
+                     best=request.best_commit, best_metric=request.best_metric, candidate=None,
+                     attempt_started_at=time.time(), child_token=request.process_token)
+    if broken is not None:   # after the state says so: a kill now is recovered like any proposal
+        slot.ws.target_path.write_text(broken)
+    return before
+
+
+def _ask(proposer: Proposer, request: ProposalRequest) -> tuple[Proposal | None, str | None, dict[str, Any]]:
+    """(the proposal, why there is none, the facts of a failed one)."""
+    try:
+        proposal = proposer.propose(request)
+    except ProposalFailed as e:
+        return None, str(e), e.extra
+    fault_point("proposed", request.trial)
+    return proposal, None, {}
+
+
+def _put_back(night: Night, slot: Slot, request: ProposalRequest, base: str,
+              before: reconcile.RefSnapshot) -> tuple[reconcile.Reconciled, tuple[str, ...]]:
+    """Git as the loop left it, then every change outside the target reverted (quarantined):
+    what reconcile did, and the paths reverted."""
+    ws, console = slot.ws, slot.console or night.console
+    # Git first: a proposer that committed, switched branch or reset must not have the
+    # scope check (or a reset) act on some other branch than the loop's.
+    outcome = reconcile.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
+    night.layout.ref_snapshot(request.trial, request.attempt).unlink(missing_ok=True)
+    if outcome.events:
+        console.line(f"#{request.trial}: git: {'; '.join(outcome.events)}")
+    outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=base))
+    if outside:
+        console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
+    return outcome, outside
+
+
+def screen(ws: Workspace, broken: str | None = None, records: Sequence[LedgerRecord] = (),
            base: str | None = None) -> Refusal | None:
     """Why a prepared edit must not run (a skip), or None: the one check between proposing
     and running. It changed nothing; a fix left the broken edit as it was; or it is the
@@ -166,7 +226,7 @@ def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord]
     return same_change(ws, edit, records, base)
 
 
-def same_change(ws: Workspace, edit: str, records: list[LedgerRecord], base: str | None) -> Refusal | None:
+def same_change(ws: Workspace, edit: str, records: Sequence[LedgerRecord], base: str | None) -> Refusal | None:
     """The duplicate gate: ``edit`` (the target's whole text) is the same change as an
     attempt already made from ``base``. Also asked of a look-ahead candidate just before it
     runs (lookahead.rebase): the trial it was proposed beside may have tried it meanwhile."""
@@ -178,7 +238,8 @@ def same_change(ws: Workspace, edit: str, records: list[LedgerRecord], base: str
     return Refusal(f"same change as #{twin.label}{what}", twin.label)
 
 
-def _attempts_from(ws: Workspace, records: list[LedgerRecord], base: str | None) -> Iterator[duplicate_gate.Earlier]:
+def _attempts_from(ws: Workspace, records: Sequence[LedgerRecord],
+                   base: str | None) -> Iterator[duplicate_gate.Earlier]:
     """The targets of the attempts built on ``base`` (each commit once, newest first), read
     from git only as the gate needs them. An interrupted attempt was never judged: its
     change may run again (the optuna proposer asks for it after a resume)."""

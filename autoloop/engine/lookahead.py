@@ -1,4 +1,4 @@
-"""Look-ahead (#16): the next trial is proposed while the current one trains.
+"""Look-ahead: the next trial is proposed while the current one trains.
 
 A coding agent takes minutes per proposal; proposing, then training, then proposing again
 leaves the device idle for every one of them. A slot that looks ahead asks the proposer for
@@ -33,13 +33,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from autoloop.core.layout import Layout, prepared_ref
 from autoloop.engine.attempt import Candidate, Slot
-from autoloop.engine.candidate import Skipped, prepare, proposal_request, same_change
+from autoloop.engine.candidate import Claims, Skipped, prepare, proposal_request, same_change
+from autoloop.engine.night import Night
 from autoloop.engine.trial import record_skip
 from autoloop.observe.console import Prefixed
 from autoloop.proposers.base import Proposer
@@ -54,27 +56,52 @@ from autoloop.store.atomic import atomic_write
 from autoloop.store.state import RunState, StateFile, fault_point
 
 
-class PreparedCandidate(BaseModel):
-    """A look-ahead candidate committed and not yet run, as ``results/prepared/<trial>.json``
-    holds it: everything its first attempt needs, also after a kill."""
+@dataclass(frozen=True)
+class Prepared:
+    """A candidate proposed ahead for trial ``trial`` and committed (under its prepared ref);
+    ``results/prepared/<trial>.json`` holds it: everything its first attempt needs, also
+    after a kill. The file is one flat JSON object: the candidate's fields (``replay_of``
+    aside: a prepared change is new) between ``tag``/``trial`` and ``prepared_at``."""
 
     tag: str
     trial: int
-    commit: str
-    base: str | None                 # the best it was proposed on
-    base_metric: float | None
-    description: str
-    proposer: str
-    source: str | None = None
-    outside_changes: list[str] = Field(default_factory=list)
-    git_events: list[str] = Field(default_factory=list)
-    extra: dict = Field(default_factory=dict)     # the proposal's facts (Proposal.extra, its time)
+    candidate: Candidate      # base: the best it was proposed on; extra: the proposal's facts and time
     prepared_at: float
 
-    def candidate(self, base: queries.Best) -> Candidate:
-        return Candidate(self.commit, base[0], base[1], self.description, self.proposer, self.source,
-                         tuple(self.outside_changes), tuple(self.git_events),
-                         extra={**self.extra, "lookahead": {"prepared_on": self.base}})
+    @property
+    def commit(self) -> str:
+        # Made of a commit (Lookahead._prepare), and read back only with one (from_json).
+        assert self.candidate.commit is not None, "a prepared candidate without its commit"
+        return self.candidate.commit
+
+    def on(self, best: queries.Best) -> Candidate:
+        """The candidate as it runs on ``best`` when the best has not moved since."""
+        return replace(self.candidate, base=best[0], base_metric=best[1],
+                       extra={**self.candidate.extra, "lookahead": {"prepared_on": self.candidate.base}})
+
+    def to_json(self) -> str:
+        fields = _CANDIDATE.dump_python(self.candidate, exclude={"replay_of"})
+        return _OBJECT.dump_json({"tag": self.tag, "trial": self.trial, **fields,
+                                  "prepared_at": self.prepared_at}).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> Prepared:
+        """Raises ValidationError when the text is not such a record (a commit included)."""
+        head = _PreparedHead.model_validate_json(text)
+        return cls(head.tag, head.trial, _CANDIDATE.validate_json(text), head.prepared_at)
+
+
+class _PreparedHead(BaseModel):
+    """The file's own fields beside the candidate's (each reading ignores the other's)."""
+
+    tag: str
+    trial: int
+    commit: str               # the candidate's: a prepared one always has it
+    prepared_at: float
+
+
+_CANDIDATE = TypeAdapter(Candidate)
+_OBJECT = TypeAdapter(dict[str, Any])
 
 
 def key(worker: int | None) -> str:
@@ -85,9 +112,9 @@ def key(worker: int | None) -> str:
 # ------------------------------------------------------------------------------ the files
 
 
-def save(layout: Layout, prepared: PreparedCandidate) -> None:
+def save(layout: Layout, prepared: Prepared) -> None:
     layout.prepared_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(layout.prepared(prepared.trial), prepared.model_dump_json())
+    atomic_write(layout.prepared(prepared.trial), prepared.to_json())
 
 
 def done(layout: Layout, trial: int) -> None:
@@ -95,7 +122,7 @@ def done(layout: Layout, trial: int) -> None:
     layout.prepared(trial).unlink(missing_ok=True)
 
 
-def pending(night) -> list[PreparedCandidate]:
+def pending(night: Night) -> list[Prepared]:
     """The candidates a stopped or killed run prepared and never started, by trial; the
     files of those whose trial has a record (it ran, or was recorded as dropped) removed."""
     layout, console = night.layout, night.console
@@ -103,7 +130,7 @@ def pending(night) -> list[PreparedCandidate]:
     found = []
     for path in sorted(layout.prepared_dir.glob("*.json"), key=lambda p: (len(p.stem), p.stem)):
         try:
-            prepared = PreparedCandidate.model_validate_json(path.read_text())
+            prepared = Prepared.from_json(path.read_text())
         except (OSError, ValidationError):
             aside = path.with_suffix(".unreadable")
             os.replace(path, aside)
@@ -130,41 +157,42 @@ class Dropped:
     outcome: str
 
 
-def rebase(night, slot: Slot, prepared: PreparedCandidate, best: queries.Best) -> Candidate | Dropped:
+def rebase(night: Night, slot: Slot, prepared: Prepared, best: queries.Best) -> Candidate | Dropped:
     """The prepared candidate as it may run on ``best`` (the slot's work tree is there), or
     Dropped when it may not (a conflict, the best holds it already, or the trial it was
     proposed beside made the same change meanwhile): then it is recorded as a skip and the
     proposer is asked afresh."""
     console = slot.console or night.console
-    ws = slot.ws
-    moved = best[0] != prepared.base
-    merged = ws.merge_change(prepared.base, best[0], prepared.commit) if moved else None
-    provenance = {"prepared": prepared.commit, "prepared_on": prepared.base, **({"merged_onto": best[0]} if moved else {})}
-    extra = {**prepared.extra, "lookahead": provenance} if moved else dict(prepared.extra)
+    ws, cand, (now, _) = slot.ws, prepared.candidate, best
+    # The scheduler looks ahead only once the baseline is in: it was proposed on a best and
+    # runs on one.
+    assert now is not None and cand.base is not None, "a look-ahead without a best"
+    moved = now != cand.base
+    merged = ws.merge_change(cand.base, now, prepared.commit) if moved else None
+    provenance = {"prepared": prepared.commit, "prepared_on": cand.base, **({"merged_onto": now} if moved else {})}
+    extra = {**cand.extra, "lookahead": provenance} if moved else dict(cand.extra)
 
-    def skip(reason: str, more: dict | None = None) -> None:
-        record_skip(night, slot, prepared.trial, 1, prepared.proposer, reason, prepared.description,
-                    tuple(prepared.outside_changes), tuple(prepared.git_events), best,
-                    {**extra, "lookahead": provenance, **(more or {})})
+    def skip(reason: str, more: dict[str, Any] | None = None) -> None:
+        record_skip(night, slot, prepared.trial, 1, cand.proposer, reason, cand.description,
+                    cand.outside_changes, cand.git_events, best, {**extra, "lookahead": provenance, **(more or {})})
 
-    if moved and (merged is None or merged == ws.file_at(best[0], ws.target)):
+    if moved and (merged is None or merged == ws.file_at(now, ws.target)):
         why = "conflicts with" if merged is None else "is already in"
-        skip(f"look-ahead: the change prepared on {(prepared.base or '-')[:7]} {why} the new best "
-             f"{best[0][:7]}; the proposer is asked afresh")
+        skip(f"look-ahead: the change prepared on {cand.base[:7]} {why} the new best {now[:7]}; "
+             "the proposer is asked afresh")
         return Dropped("ran")
-    # The gate screened it when it was prepared; the trial in flight then has been recorded
-    # since (#17): the same change from the same best is not trained twice.
-    edit = merged if moved else ws.file_at(prepared.commit, ws.target) or ""
-    refused = same_change(ws, edit, queries.of_night(night.arbiter.records()), best[0])
+    # The gate screened it when it was prepared, but the trial it was proposed beside has
+    # been recorded since and may have made the same change: it is not trained twice.
+    edit = merged if merged is not None else ws.file_at(prepared.commit, ws.target) or ""
+    refused = same_change(ws, edit, queries.of_night(night.arbiter.records()), now)
     if refused is not None:
         skip(refused.reason, {"duplicate_of": refused.duplicate_of})
         return Dropped("duplicate")
-    if not moved:
-        return prepared.candidate(best)
+    if merged is None:
+        return prepared.on(best)
     ws.target_path.write_text(merged)
-    console.line(f"#{prepared.trial}: the best moved to {best[0][:7]} while it was prepared; merged onto it")
-    return Candidate(None, best[0], best[1], prepared.description, prepared.proposer, prepared.source,
-                     tuple(prepared.outside_changes), tuple(prepared.git_events), extra=extra)
+    console.line(f"#{prepared.trial}: the best moved to {now[:7]} while it was prepared; merged onto it")
+    return replace(cand, commit=None, base=now, base_metric=best[1], extra=extra)
 
 
 # ------------------------------------------------------------------------------ proposing ahead
@@ -175,14 +203,14 @@ class Ahead:
     """What one look-ahead proposal came to: a prepared candidate, or the scheduler's outcome
     of a trial that never ran (``failed``: a skip recorded; ``exhausted``)."""
 
-    prepared: PreparedCandidate | None
+    prepared: Prepared | None
     outcome: str
 
 
 class Lookahead:
     """One slot's look-ahead: its worktree, its state file, the proposal in flight (a thread)."""
 
-    def __init__(self, night, slot: Slot, proposer: Proposer, claims):
+    def __init__(self, night: Night, slot: Slot, proposer: Proposer, claims: Claims):
         self.night, self.proposer, self.claims = night, proposer, claims
         self.key = key(slot.worker)
         ensure_worktrees_ignored(night.ws)
@@ -232,7 +260,7 @@ class Lookahead:
     def _propose(self, trial: int, best: queries.Best) -> None:
         try:
             self._result = self._prepare(trial, best)
-        except BaseException as e:   # noqa: BLE001 - raised again in the slot's thread by wait()
+        except BaseException as e:   # raised again in the slot's thread by wait()
             self._error = e
 
     def _prepare(self, trial: int, best: queries.Best) -> Ahead:
@@ -260,15 +288,12 @@ class Lookahead:
         commit = ws.commit_candidate(f"{found.description}\n\nautoloop trial {trial}.1 ({found.proposer}, "
                                      f"prepared ahead)")
         ws.save_ref(prepared_ref(night.tag, trial), commit, f"autoloop trial {trial} prepared ahead")
-        prepared = PreparedCandidate(
-            tag=night.tag, trial=trial, commit=commit, base=best[0], base_metric=best[1],
-            description=found.description, proposer=found.proposer, source=found.source,
-            outside_changes=list(found.outside_changes), git_events=list(found.git_events), extra=found.extra,
-            prepared_at=time.time())
+        prepared = Prepared(night.tag, trial, replace(found, commit=commit, base=best[0], base_metric=best[1]),
+                            time.time())
         save(night.layout, prepared)
         fault_point("prepared", trial)
         slot.state.enter("idle", candidate=None, child_pids=[], child_token=None)
         if best[0]:
             ws.reset_to(best[0])
-        slot.console.line(f"#{trial} prepared: {found.description} [{commit[:7]}]")
+        (slot.console or night.console).line(f"#{trial} prepared: {found.description} [{commit[:7]}]")
         return Ahead(prepared, "prepared")

@@ -28,6 +28,7 @@ from pathlib import Path
 from autoloop.core.errors import NightError
 from autoloop.core.keep import Facts, decide, tampered_reason
 from autoloop.core.layout import Layout
+from autoloop.engine.night import Night
 from autoloop.execution.executors import cancel_job
 from autoloop.execution.integrity import Tampering, recover_inputs
 from autoloop.execution.procs import end_leftovers
@@ -40,18 +41,18 @@ from autoloop.store.state import RunState, StateFile, load_state
 
 def interrupted(layout: Layout) -> list[tuple[int | None, RunState]]:
     """(worker or None, state) of every state file with an attempt in flight."""
-    found = [(None, load_state(layout.root))]
+    found: list[tuple[int | None, RunState]] = [(None, load_state(layout.root))]
     found += [(k, load_state(layout.root, path.name)) for k, path in layout.worker_states()]
     return [(k, state) for k, state in found if state.in_flight]
 
 
 def interrupted_lookahead(layout: Layout) -> list[tuple[int | None, RunState]]:
-    """(worker or None, state) of every look-ahead proposal a kill interrupted (#16)."""
+    """(worker or None, state) of every look-ahead proposal a kill interrupted."""
     found = [(k, load_state(layout.root, path.name)) for k, path in layout.ahead_states()]
     return [(k, state) for k, state in found if state.in_flight]
 
 
-def recover_night(night) -> None:
+def recover_night(night: Night) -> None:
     """Finish every interrupted attempt: the single loop's, then each worker's (in its own
     worktree, made again if a kill left it half made), then each look-ahead proposal's."""
     found = interrupted(night.layout)
@@ -75,7 +76,7 @@ def recover_night(night) -> None:
         _remove_index_lock(night.ws)
 
 
-def _finish_lookahead(night, worker: int | None, state: RunState) -> None:
+def _finish_lookahead(night: Night, worker: int | None, state: RunState) -> None:
     """A look-ahead proposal in flight at the kill: one that got as far as being prepared
     (results/prepared/<trial>.json) is left for the scheduler to run; any other is finished
     like an interrupted proposal, in the look-ahead's worktree."""
@@ -92,7 +93,7 @@ def _finish_lookahead(night, worker: int | None, state: RunState) -> None:
     night.layout.state(name).unlink(missing_ok=True)
 
 
-def finish_attempt(night, ws: Workspace, state_file: StateFile, worker: int | None) -> None:
+def finish_attempt(night: Night, ws: Workspace, state_file: StateFile, worker: int | None) -> None:
     """Bring one interrupted attempt to a clean end (see the module docstring)."""
     state = state_file.state
     if state.tag and state.tag != night.tag:
@@ -105,7 +106,7 @@ def finish_attempt(night, ws: Workspace, state_file: StateFile, worker: int | No
     _remove_index_lock(ws)
     existing = [r for r in night.arbiter.records() if r.trial == state.trial and r.attempt == state.attempt]
     if existing:
-        best = existing[-1].best or state.best
+        best = existing[-1].best or state.best or ws.head()
         night.console.line(f"recovery: trial {state.trial}.{state.attempt} was recorded ({existing[-1].status}); "
                            f"restoring the branch to {best[:7]}")
     else:
@@ -115,7 +116,16 @@ def finish_attempt(night, ws: Workspace, state_file: StateFile, worker: int | No
     state_file.enter("idle", candidate=None, child_pids=[], job=None, progress=None)
 
 
-def _end_what_it_left(night, state: RunState) -> Tampering:
+def _attempt_of(state: RunState) -> tuple[int, int]:
+    """(trial, attempt) of the attempt in flight. Every phase in flight is entered with both
+    (candidate.prepare, AttemptRunner.run), so a state without them was not written by us."""
+    if state.trial is None:
+        raise NightError("a state file says an attempt is in flight but names no trial; "
+                         f"it was not written by autoloop (phase {state.phase})")
+    return state.trial, state.attempt or 1
+
+
+def _end_what_it_left(night: Night, state: RunState) -> Tampering:
     """End its job and processes, mend its log, restore the inputs it changed."""
     console, layout = night.console, night.layout
     cancelled = cancel_job(state.job)   # a job of the interrupted trial still queued or running
@@ -130,7 +140,7 @@ def _end_what_it_left(night, state: RunState) -> Tampering:
         except OSError as e:
             console.line(f"recovery: the log of the interrupted trial stays in pieces ({e})")
     # Killed after the trial but before its check: put the measurement's inputs back first.
-    tampered = recover_inputs(layout.root, layout.tampered(state.trial, state.attempt))
+    tampered = recover_inputs(layout.root, layout.tampered(*_attempt_of(state)))
     if tampered:
         console.line(f"recovery: {tampered_reason(tampered.paths)} (by the interrupted attempt); restored")
     if tampered.unrestorable:
@@ -138,7 +148,7 @@ def _end_what_it_left(night, state: RunState) -> Tampering:
     return tampered
 
 
-def _set_aside_untracked(night, ws: Workspace, state: RunState) -> None:
+def _set_aside_untracked(night: Night, ws: Workspace, state: RunState) -> None:
     """Untracked files in the work tree (the interrupted run's, or yours, made since the
     kill) are moved to the attempt's quarantine, never deleted by the reset that follows."""
     if state.trial is None or state.attempt is None:
@@ -156,17 +166,17 @@ def _remove_index_lock(ws: Workspace) -> None:
     index_lock.unlink(missing_ok=True)
 
 
-def _candidate(night, ws: Workspace, state: RunState) -> tuple[str | None, list[str]]:
+def _candidate(night: Night, ws: Workspace, state: RunState) -> tuple[str | None, list[str]]:
     """The interrupted attempt's candidate commit, made from the work tree if the kill came
     before the commit; and what the proposer had done to git meanwhile."""
     best = state.best or ws.head()
+    trial, attempt = _attempt_of(state)
     candidate, events, deleted = state.candidate, [], False
     if state.phase == "proposing" and state.best:
         # The proposer may have committed, switched branch or reset, or moved tags and
         # branches, before the kill: the refs snapshot persisted before the call puts them back.
-        saved_refs = night.layout.ref_snapshot(state.trial, state.attempt or 1)
-        outcome = reconcile.reconcile(ws, night.tag, best, state.trial, state.attempt or 1,
-                                    reconcile.RefSnapshot.load(saved_refs))
+        saved_refs = night.layout.ref_snapshot(trial, attempt)
+        outcome = reconcile.reconcile(ws, night.tag, best, trial, attempt, reconcile.RefSnapshot.load(saved_refs))
         saved_refs.unlink(missing_ok=True)
         events, deleted = outcome.events, outcome.target_deleted
         if events:
@@ -175,18 +185,20 @@ def _candidate(night, ws: Workspace, state: RunState) -> tuple[str | None, list[
     if candidate is None and head != best and ws.is_ancestor(best, head):
         candidate = head   # committed, killed before the state said so
     if candidate is None and state.kind not in ("baseline", "confirm", "verify"):
-        ws.revert_out_of_scope(night.layout.quarantine(state.trial, state.attempt), base=best)
+        ws.revert_out_of_scope(night.layout.quarantine(trial, attempt), base=best)
         if ws.target_changed() and not deleted:
             candidate = ws.commit_candidate(f"{state.description or 'interrupted candidate'}"
                                             f"\n\nautoloop trial {state.trial}.{state.attempt} (interrupted)")
     return candidate, events
 
 
-def _record_interrupted(night, ws: Workspace, state: RunState, tampered: Tampering, worker: int | None) -> str | None:
+def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: Tampering,
+                        worker: int | None) -> str | None:
     """Record the attempt as interrupted (its candidate kept under its trial ref); the best
     after the record."""
     candidate, events = _candidate(night, ws, state)
-    ref = ws.save_trial_ref(night.tag, state.trial, state.attempt, candidate) if candidate else None
+    trial, attempt = _attempt_of(state)
+    ref = ws.save_trial_ref(night.tag, trial, attempt, candidate) if candidate else None
     reason = (f"interrupted (orchestrator stopped during {state.phase})"
               + (f"; {tampered_reason(tampered.paths)}" if tampered else ""))
     decision = decide(Facts(kind=state.kind or "candidate", commit=candidate, crash=("fundamental", reason),
@@ -197,7 +209,7 @@ def _record_interrupted(night, ws: Workspace, state: RunState, tampered: Tamperi
         "started_at": state.attempt_started_at or now, "ended_at": now, "proposer": state.proposer or "-",
         "parent": state.best, "commit": candidate, "description": state.description or "interrupted",
         "metric_name": night.settings.metric, "seed": night.settings.seed,
-        "log_path": night.layout.log_rel(state.trial, state.attempt),
+        "log_path": night.layout.log_rel(trial, attempt),
         "extra": {**({"tampered": tampered.paths} if tampered else {}), **({"git_events": events} if events else {})},
     }, decision, worker)
     night.console.line(f"recovery: trial {state.trial}.{state.attempt} was interrupted during {state.phase}; "

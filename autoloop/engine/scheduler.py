@@ -31,14 +31,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 
 from autoloop.core.durations import expected_seconds, format_duration
 from autoloop.core.layout import Layout
 from autoloop.engine import lookahead
-from autoloop.engine.attempt import AttemptRunner, Slot
-from autoloop.engine.lookahead import Lookahead, PreparedCandidate
+from autoloop.engine.attempt import AttemptRunner, Candidate, Slot
+from autoloop.engine.candidate import Claimant, Claims
+from autoloop.engine.lookahead import Lookahead, Prepared
 from autoloop.engine.night import Night
 from autoloop.engine.trial import Run, Trial, measure_noise, run_baseline
 from autoloop.execution.devices import slot_envs
@@ -48,6 +47,7 @@ from autoloop.proposers.base import Proposer
 from autoloop.proposers.preflight import run_preflight
 from autoloop.repo.worktrees import ensure_worktree, remove_worktree, worker_workspace
 from autoloop.store import queries
+from autoloop.store.ledger import LedgerRecord
 from autoloop.store.state import RunState, StateFile, load_state
 
 JOIN_SLICE_S = 0.2     # the main thread joins the slots in slices: it must stay free to take signals
@@ -58,39 +58,12 @@ def _uses_agent(proposer: Proposer) -> bool:
     return proposer.name == "agent" or "agent" in (getattr(proposer, "members", None) or {})
 
 
-class Claims:
-    """What each slot is trying right now, for the proposer's memory (the mutator then never
-    draws the same move twice at once); and one proposal at a time for the proposers that
-    are quick and read one shared memory (the queue, the mutator). Agents work in parallel:
-    that is the point."""
-
-    def __init__(self, one_at_a_time: bool):
-        self._lock = threading.Lock()
-        self._serial = threading.Lock() if one_at_a_time else None
-        self._claims: dict[int | None, dict] = {}
-
-    @contextmanager
-    def proposing(self, worker: int | None) -> Iterator[list[dict]]:
-        with self._serial or nullcontext():
-            with self._lock:
-                others = [dict(d) for w, d in self._claims.items() if w != worker]
-            yield others
-
-    def claim(self, worker: int | None, what: dict) -> None:
-        with self._lock:
-            self._claims[worker] = what
-
-    def release(self, worker: int | None) -> None:
-        with self._lock:
-            self._claims.pop(worker, None)
-
-
 class Scheduler:
     def __init__(self, night: Night, proposer: Proposer):
         self.night, self.proposer = night, proposer
         self.n = night.settings.workers
         self.claims = Claims(one_at_a_time=proposer.name != "agent")
-        self.reserved: dict[int | None, int] = {}   # slot -> trial in flight
+        self.reserved: dict[Claimant, int] = {}   # slot, look-ahead or prepared file -> trial in flight
         self.started = 0                           # trials started by this run (failed proposals included)
         self.failures = 0                          # failed proposals in a row, all slots together
         self.repeats = 0                           # duplicates in a row (the duplicate gate's skips)
@@ -99,12 +72,12 @@ class Scheduler:
         self.reason: str | None = None
         self.error: BaseException | None = None
         self.deadline: float | None = None
-        self.main: StateFile | None = None
-        # #16: propose the next trial while this one trains; by default where proposing is
-        # slow (an agent), not where it takes milliseconds (the mutator, the queue).
+        self._main: StateFile | None = None   # state.json, made when the run starts
+        # Look-ahead (lookahead.py): propose the next trial while this one trains; by default
+        # where proposing is slow (an agent), not where it takes milliseconds (the mutator, the queue).
         s = night.settings
         self.lookahead = bool(s.lookahead if s.lookahead is not None else _uses_agent(proposer))
-        self.pending: list[PreparedCandidate] = []   # prepared by a run that stopped, not yet run
+        self.pending: list[Prepared] = []   # prepared by a run that stopped, not yet run
 
     def run(self) -> str:
         """Run until a stop condition; returns the stop reason (also stored in state.json)."""
@@ -116,7 +89,7 @@ class Scheduler:
         envs, devices = slot_envs(s, self.n)
         started = time.time()
         self.deadline = started + s.hours * 3600 if s.hours else None
-        self.main = StateFile(night.layout.root, state=RunState(
+        self._main = StateFile(night.layout.root, state=RunState(
             tag=night.tag, pid=os.getpid(), run_started_at=started, deadline=self.deadline,
             workers=self.n if self.n > 1 else None))
         self.main.replace(self.main.state)
@@ -134,6 +107,12 @@ class Scheduler:
         if self.error is not None:
             raise self.error
         return reason
+
+    @property
+    def main(self) -> StateFile:
+        """state.json: the single loop's state file, and the run's (its stop reason)."""
+        assert self._main is not None, "the scheduler's state file is made by run()"
+        return self._main
 
     # -- the phases -----------------------------------------------------------------------
 
@@ -189,7 +168,7 @@ class Scheduler:
         aheads = [Lookahead(night, slot, self.proposer, self.claims) if self.lookahead else None for slot in slots]
         threads = [threading.Thread(target=self._work, args=(slot, ahead), name=f"autoloop-slot-{slot.worker}",
                                     daemon=True)
-                   for slot, ahead in zip(slots, aheads)]
+                   for slot, ahead in zip(slots, aheads, strict=True)]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
@@ -211,6 +190,7 @@ class Scheduler:
         if self.n == 1:
             return [self._main_slot()]
         best = night.arbiter.best()[0]
+        assert best is not None, "workers start after the baseline"   # _baseline ran it
         slots = []
         for k in range(self.n):
             ensure_worktree(night.ws, k, night.tag, best)
@@ -237,7 +217,7 @@ class Scheduler:
 
     def _work(self, slot: Slot, ahead: Lookahead | None) -> None:
         night, runner = self.night, AttemptRunner(self.night, slot)
-        prepared: PreparedCandidate | None = None   # the next trial, proposed while the last one ran
+        prepared: Prepared | None = None   # the next trial, proposed while the last one ran
         try:
             while True:
                 with night.arbiter.lock:
@@ -247,7 +227,7 @@ class Scheduler:
                     if prepared is None and unfinished is None and self.pending:
                         prepared = self.pending.pop(0)
                         self.reserved.pop(f"prepared-{prepared.trial}", None)
-                    elif prepared is not None:
+                    elif prepared is not None and ahead is not None:   # prepared by ahead, last round
                         self.reserved.pop(ahead.key, None)
                         self.claims.release(ahead.key)
                     reason = self.stop_reason(prepared=prepared is not None)
@@ -275,21 +255,22 @@ class Scheduler:
                     prepared = result.prepared
                     if prepared is None:
                         self._release(ahead.key, result.outcome)
-        except BaseException as e:   # noqa: BLE001 - handed to the main thread, which reports it
+        except BaseException as e:   # handed to the main thread, which reports it
             self._fail(e)
         finally:
             if ahead is not None:
                 ahead.close()
 
-    def _run_trial(self, this: Trial, ahead: Lookahead | None, prepared: PreparedCandidate | None,
+    def _run_trial(self, this: Trial, ahead: Lookahead | None, prepared: Prepared | None,
                    start: queries.Best) -> str:
         """One trial from its first step on; a slot that looks ahead starts proposing the
         next one as soon as this one has its candidate."""
-        first = None
+        first: Candidate | None = None
         if prepared is not None:
-            first = lookahead.rebase(self.night, this.slot, prepared, start)
-            if isinstance(first, lookahead.Dropped):   # recorded: the next trial asks the proposer afresh
-                return first.outcome
+            rebased = lookahead.rebase(self.night, this.slot, prepared, start)
+            if isinstance(rebased, lookahead.Dropped):   # recorded: the next trial asks the proposer afresh
+                return rebased.outcome
+            first = rebased
             self.claims.claim(this.slot.worker, {"parent": start[0], "kind": "candidate", "trial": this.number,
                                                  "description": first.description, "worker": this.slot.worker})
         step = this.begin(first)
@@ -310,13 +291,13 @@ class Scheduler:
         """A trial number no record and no reservation has (callers hold the arbiter's lock)."""
         return max([queries.next_trial(self.night.arbiter.records()), *(t + 1 for t in self.reserved.values())])
 
-    def _pending_next(self):
+    def _pending_next(self) -> LedgerRecord | None:
         """A confirmation or replay decided but never run (a kill or a stop came between), not
         taken by another slot: run before any new trial (callers hold the arbiter's lock)."""
         taken = set(self.reserved.values())
         return next((r for r in queries.pending_next(self.night.arbiter.records()) if r.trial not in taken), None)
 
-    def _release(self, worker: int | str | None, outcome: str, counted: bool = True) -> None:
+    def _release(self, worker: Claimant, outcome: str, counted: bool = True) -> None:
         with self.night.arbiter.lock:
             self.reserved.pop(worker, None)
             self.claims.release(worker)

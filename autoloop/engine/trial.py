@@ -27,16 +27,18 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 from autoloop.core.errors import NightError
 from autoloop.core.keep import skipped
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
-from autoloop.engine.candidate import Skipped, fix_context, prepare, proposal_request
+from autoloop.engine.candidate import Claims, Skipped, fix_context, prepare, proposal_request
+from autoloop.engine.night import Night
 from autoloop.observe.console import shorten
-from autoloop.proposers.base import Proposer
+from autoloop.proposers.base import ProposalRequest, Proposer
 from autoloop.repo import reconcile
 from autoloop.store import queries
-from autoloop.store.ledger import LedgerRecord
+from autoloop.store.ledger import AttemptKind, LedgerRecord
 from autoloop.store.state import RunState, fault_point
 
 
@@ -66,8 +68,8 @@ Step = Propose | Fix | Run | Done
 class Trial:
     """One trial in one slot, started from the best ``start``."""
 
-    def __init__(self, night, slot: Slot, runner: AttemptRunner, proposer: Proposer | None, number: int,
-                 start: queries.Best, claims=None):
+    def __init__(self, night: Night, slot: Slot, runner: AttemptRunner, proposer: Proposer | None, number: int,
+                 start: queries.Best, claims: Claims | None = None):
         self.night, self.slot, self.runner, self.proposer = night, slot, runner, proposer
         self.number, self.start, self.claims = number, start, claims
         self.fixes = 0
@@ -88,6 +90,8 @@ class Trial:
         return step.outcome
 
     def advance(self, step: Step) -> Step:
+        if isinstance(step, Done):
+            return step
         if isinstance(step, Propose):
             return self.propose()
         if isinstance(step, Fix):
@@ -143,7 +147,7 @@ class Trial:
 
     # -- plans ----------------------------------------------------------------------------
 
-    def plan(self, kind: str, candidate: Candidate, attempt: int = 1, **more) -> AttemptPlan:
+    def plan(self, kind: AttemptKind, candidate: Candidate, attempt: int = 1, **more: Any) -> AttemptPlan:
         return AttemptPlan(self.number, attempt, kind, candidate, self.night.settings.seed, **more)
 
     def _confirmation(self, done: Recorded) -> AttemptPlan:
@@ -155,12 +159,16 @@ class Trial:
     def _confirm_plan(self, first: LedgerRecord, again: Candidate, replays: int) -> AttemptPlan:
         """``again`` (first's commit) run with the next seed, judged on the mean with first's run."""
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
+        # keep.decide asks for a confirmation only of a measured run: first has a metric.
+        assert first.metric is not None, "a confirmation of an unmeasured run"
         return AttemptPlan(self.number, attempt, "confirm", again, self.night.settings.seed + attempt - 1,
                            prior_runs=(first.metric,), can_confirm=False, replays=replays)
 
     def _replay(self, done: Recorded) -> AttemptPlan:
         """Its change merged onto the best another worker set (the attempt left the work tree
         there), to be run again as a confirm attempt that must win on it."""
+        # The arbiter asks for a replay only when the change merged (Arbiter.decide).
+        assert done.merged is not None, "a replay without a merged change"
         return self._replay_plan(done.record, (done.record.best, done.record.best_metric), done.merged,
                                  done.plan.replays + 1)
 
@@ -197,16 +205,19 @@ class Trial:
         run, as it would have been; a skip when it no longer merges or is in the best."""
         records, ws = self.night.arbiter.records(), self.slot.ws
         best = queries.best(records)
-        if ws.head() != best[0]:
-            ws.reset_to(best[0])
-        merged = ws.merge_change(record.parent, best[0], record.commit)
+        now, parent, commit = best[0], record.parent, record.commit
+        # A replay is decided for a committed change built on a best, onto another best.
+        assert now is not None and parent is not None and commit is not None, "a replay of nothing"
+        if ws.head() != now:
+            ws.reset_to(now)
+        merged = ws.merge_change(parent, now, commit)
         (self.slot.console or self.night.console).line(
-            f"#{record.trial}: resuming its replay on {best[0][:7]} (interrupted before it ran)")
-        if merged is None or merged == ws.file_at(best[0], ws.target):
+            f"#{record.trial}: resuming its replay on {now[:7]} (interrupted before it ran)")
+        if merged is None or merged == ws.file_at(now, ws.target):
             self.start = best
             why = "conflicts with" if merged is None else "is already in"
             record_skip(self.night, self.slot, self.number, queries.next_attempt(records, self.number),
-                        record.proposer, f"stale: the interrupted replay {why} the best {best[0][:7]}",
+                        record.proposer, f"stale: the interrupted replay {why} the best {now[:7]}",
                         record.description, (), (), best)
             return "ran"
         step: Step = Run(self._replay_plan(record, best, merged, queries.replays_of(records, record.trial)))
@@ -222,14 +233,21 @@ class Trial:
                 and self.fixes < self.night.settings.max_fix_attempts
                 and self.night.arbiter.best()[0] == self.start[0])
 
-    def _prepare(self, request, broken: str | None = None) -> Candidate | Skipped | None:
+    def _proposing(self) -> Proposer:
+        # Only judge_edit makes a Trial without a proposer, and gives it its candidate: it
+        # never proposes, and never fixes (_may_fix).
+        assert self.proposer is not None, "a trial without a proposer asked to propose"
+        return self.proposer
+
+    def _prepare(self, request: ProposalRequest, broken: str | None = None) -> Candidate | Skipped | None:
         if self.claims is None:
-            return prepare(self.night, self.slot, self.proposer, request, broken)
+            return prepare(self.night, self.slot, self._proposing(), request, broken)
         with self.claims.proposing(self.slot.worker) as others:
             request.in_flight = others
-            prepared = prepare(self.night, self.slot, self.proposer, request, broken)
+            prepared = prepare(self.night, self.slot, self._proposing(), request, broken)
             if isinstance(prepared, Candidate):
-                # "trial" (#18): tells the optuna proposer which of its suggestions are still running.
+                # "trial": the optuna proposer leaves the suggestions of trials still running open
+                # (OptunaProposer._settle), rather than failing them for want of a record.
                 self.claims.claim(self.slot.worker, {"parent": request.best_commit, "kind": "candidate",
                                                      "description": prepared.description, "worker": self.slot.worker,
                                                      "trial": request.trial})
@@ -242,19 +260,20 @@ class Trial:
 
     def _skip(self, attempt: int, reason: str, description: str, found: Skipped) -> None:
         self._reset()
-        record_skip(self.night, self.slot, self.number, attempt, self.proposer.name, reason, description,
+        record_skip(self.night, self.slot, self.number, attempt, self._proposing().name, reason, description,
                     found.outside_changes, found.git_events, self.start, found.extra)
 
 
-def carried(extra: dict) -> dict:
+def carried(extra: dict[str, Any]) -> dict[str, Any]:
     """What a re-run of the same change keeps of its first record's extra: the hypothesis
-    (#17), so that the record that keeps it says why. Not the agent's usage: no new call."""
+    (the agent's why, from its hypothesis file), so that the record that keeps it says why.
+    Not the agent's usage: no new call."""
     return {"hypothesis": extra["hypothesis"]} if extra.get("hypothesis") else {}
 
 
-def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,
+def record_skip(night: Night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,
                 outside: tuple[str, ...], events: tuple[str, ...], start: queries.Best,
-                extra: dict | None = None) -> LedgerRecord:
+                extra: dict[str, Any] | None = None) -> LedgerRecord:
     """A proposal that failed before anything ran: in the ledger as a skip (not in the TSV).
     ``extra``: the facts of a proposal that was made but cannot run (Proposal.extra)."""
     now = time.time()
@@ -272,7 +291,7 @@ def record_skip(night, slot: Slot, trial: int, attempt: int, proposer: str, reas
 # ------------------------------------------------------------------------------ the baseline
 
 
-def run_baseline(night, runner: AttemptRunner) -> LedgerRecord:
+def run_baseline(night: Night, runner: AttemptRunner) -> LedgerRecord:
     """The unmodified target, as trial 0 (or the next trial number), judged against nothing."""
     head = runner.slot.ws.head()
     trial = queries.next_trial(night.arbiter.records())
@@ -284,7 +303,7 @@ def run_baseline(night, runner: AttemptRunner) -> LedgerRecord:
     return record
 
 
-def measure_noise(night, runner: AttemptRunner) -> None:
+def measure_noise(night: Night, runner: AttemptRunner) -> None:
     """Run the best commit --noise-runs more times with seeds seed+1.. as attempts of its
     trial; the spread of its runs is the noise estimate, the best its mean."""
     s = night.settings
@@ -313,7 +332,7 @@ def measure_noise(night, runner: AttemptRunner) -> None:
 # ------------------------------------------------------------------------------ autoloop trial
 
 
-def judge_edit(night, runner: AttemptRunner, description: str) -> LedgerRecord:
+def judge_edit(night: Night, runner: AttemptRunner, description: str) -> LedgerRecord:
     """`autoloop trial -m DESC`: the current edit of the target as one trial, for an agent
     that drives itself (it edits, calls this, reads the verdict). The first call on a
     branch runs the baseline of the unmodified target first."""
@@ -350,4 +369,5 @@ def judge_edit(night, runner: AttemptRunner, description: str) -> LedgerRecord:
     one = Trial(night, runner.slot, runner, None, trial, start)
     one.run(Candidate(None, start[0], start[1], description, "self", outside_changes=tuple(outside),
                       git_events=tuple(events)))
+    assert one.last is not None, "a trial given its candidate runs it"
     return one.last.record

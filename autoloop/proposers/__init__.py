@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autoloop.config.settings import Settings
 from autoloop.proposers.base import Proposer, ProposerError
 
 __all__ = ["Proposer", "ProposerError", "make_proposer"]
 
 
-def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
+def make_proposer(settings: Settings, workspace_root: Path) -> tuple[Proposer, str]:
     """The proposer the settings ask for, and one line saying which was chosen and why."""
     from autoloop.observe.console import plural
     from autoloop.proposers.queue import QueueProposer
@@ -54,7 +55,7 @@ def make_proposer(settings, workspace_root: Path) -> tuple[Proposer, str]:
     raise ProposerError(f"proposer '{choice}' is not available in this version")
 
 
-def _agent(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
+def _agent(settings: Settings, root: Path, auto: bool) -> tuple[Proposer, str]:
     from autoloop.core.durations import format_duration
     from autoloop.proposers.agent import make_agent_proposer
 
@@ -66,7 +67,7 @@ def _agent(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
                       f"{format_duration(settings.agent_timeout)}]{ignored}{why}")
 
 
-def _mutate(settings, root: Path) -> tuple[Proposer, str]:
+def _mutate(settings: Settings, root: Path) -> tuple[Proposer, str]:
     from autoloop.proposers.mutate import MutateError, MutateProposer, constant_moves, find_constants
 
     target = root / settings.target
@@ -83,7 +84,7 @@ def _mutate(settings, root: Path) -> tuple[Proposer, str]:
     return MutateProposer(), f"proposer: mutate ({len(tunable)} constants of {settings.target} to tune)"
 
 
-def _optuna(settings, root: Path) -> tuple[Proposer, str]:
+def _optuna(settings: Settings, root: Path) -> tuple[Proposer, str]:
     from autoloop.proposers.mutate import MutateError
     from autoloop.proposers.optuna_search import STUDY_FILE, OptunaProposer, check_installed
     from autoloop.proposers.space import build_space
@@ -103,7 +104,7 @@ def _optuna(settings, root: Path) -> tuple[Proposer, str]:
                                               f"study in results/{STUDY_FILE})")
 
 
-def _portfolio(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
+def _portfolio(settings: Settings, root: Path, auto: bool) -> tuple[Proposer, str]:
     from autoloop.proposers.portfolio import PortfolioProposer
     from autoloop.proposers.queue import QueueProposer
 
@@ -121,7 +122,8 @@ def _portfolio(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
         elif name == "mutate":
             member, why = _mutate(settings, root)
         else:
-            member, why = QueueProposer(root / settings.queue_dir), f"proposer: queue of patches in {settings.queue_dir}/"
+            member = QueueProposer(root / settings.queue_dir)
+            why = f"proposer: queue of patches in {settings.queue_dir}/"
         members[name] = member
         shown.append(why.removeprefix("proposer: "))
     why = " (auto: --portfolio given)" if auto else ""
@@ -130,6 +132,6 @@ def _portfolio(settings, root: Path, auto: bool) -> tuple[Proposer, str]:
         f"picking who proposes each trial{why}; " + "; ".join(shown))
 
 
-def default_portfolio(settings) -> list[str]:
+def default_portfolio(settings: Settings) -> list[str]:
     """--proposer portfolio without --portfolio: the agent when one is configured, Optuna, the mutator."""
     return (["agent"] if settings.agent or settings.agent_cmd else []) + ["optuna", "mutate"]

@@ -40,11 +40,15 @@ import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autoloop.config.presets import PRESETS as AGENT_PRESETS
 from autoloop.config.presets import Preset, preset_for
+from autoloop.config.settings import Settings
 from autoloop.core import module_constants
+from autoloop.core.durations import format_duration
 from autoloop.core.layout import RESULTS, Layout
+from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, run_trial
 from autoloop.observe.console import plain
 from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
@@ -180,8 +184,8 @@ def describe_change(before: str, after: str, target: str) -> str:
     """A description derived from the diff: 'LR 0.1 -> 0.2, WD 0 -> 0.01', else
     'edit train.py: +N -M lines'."""
     diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0))
-    added = sum(1 for l in diff if l.startswith("+") and not l.startswith("+++"))
-    removed = sum(1 for l in diff if l.startswith("-") and not l.startswith("---"))
+    added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
+    removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
     counts = f"edit {target}: +{added} -{removed} lines"
     old, new = module_constants.sources(before), module_constants.sources(after)
     if old is None or new is None:
@@ -231,50 +235,60 @@ class AgentProposer:
     can_fix = True
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
-        from autoloop.core.durations import format_duration
-        from autoloop.execution.runner import TOKEN_VAR, TrialSpec, run_trial
-
         workspace = Path(request.workspace)
-        layout = Layout(Path(request.results_dir)) if request.results_dir else Layout.of(workspace)
-        results_dir = layout.root
-        layout.agents.mkdir(parents=True, exist_ok=True)
-        prompt_file, description_file, log_path = layout.agent_files(request.trial, request.attempt)
-        hypothesis_file = layout.hypothesis_file(request.trial, request.attempt)
-        for stale in (description_file, hypothesis_file):   # a stale one must not describe this change
-            stale.unlink(missing_ok=True)
-        prompt_file.write_text(build_prompt(request, description_file, hypothesis_file))
+        files = _call_files(request, workspace)
+        target = workspace / request.target
+        before = target.read_bytes() if target.exists() else None
+        watch = OutputWatch(self.preset, self.stall_s, request.stop_event)
+        outcome = self._call(request, workspace, files, watch)
+        log = f"see {RESULTS}/{files.log_rel}"
+        if outcome.launch_error:
+            raise ProposalFailed(_reason(f"agent could not start: {outcome.launch_error}"))
+        # The call ran: what it cost is a fact of its record whatever came of it (null:
+        # the CLI's output reported nothing; usage.py).
+        usage = read_usage(files.log.read_text(errors="replace")) if files.log.exists() else None
+        spent = {"agent_usage": usage.as_extra() if usage else None}
+        self._check_ended(outcome, watch, log, spent)
+        after = target.read_bytes() if target.exists() else None
+        if after == before:
+            # A CLI that printed an error and exited 0 (aider after an auth error) failed.
+            raise ProposalFailed(_reason(f"agent made no change to {request.target}{_evidence(watch)}", log), spent)
+        description = read_description(files.description)
+        derived = description is None
+        if description is None:
+            description = describe_change((before or b"").decode("utf-8", "replace"),
+                                          (after or b"").decode("utf-8", "replace"), request.target)
+            if request.fix is not None:
+                description = f"{request.fix.description} (fix: {description})"
+        hypothesis = read_description(files.hypothesis, MAX_HYPOTHESIS)
+        return Proposal(description=description, source=files.log_rel, derived=derived,
+                        extra={**spent, **({"hypothesis": hypothesis} if hypothesis else {})})
 
-        values = {"prompt_file": str(prompt_file), "description_file": str(description_file),
-                  "hypothesis_file": str(hypothesis_file), "target": request.target, "workspace": str(workspace),
-                  "results_dir": str(results_dir)}
+    def _call(self, request: ProposalRequest, workspace: Path, files: _CallFiles, watch: OutputWatch) -> TrialOutcome:
+        """Run the command once, its output read by ``watch``, under the loop's stop request."""
+        values = {"prompt_file": str(files.prompt), "description_file": str(files.description),
+                  "hypothesis_file": str(files.hypothesis), "target": request.target, "workspace": str(workspace),
+                  "results_dir": str(files.results_dir)}
         argv = [_fill(arg, values) for arg in split_command(self.command)]
         # The preset's variables first: the loop's own (and the user's environment) win.
         env = self.preset.agent_env() if self.preset else {}
-        env.update({"AUTOLOOP_PROMPT_FILE": str(prompt_file), "AUTOLOOP_DESCRIPTION_FILE": str(description_file),
-                    "AUTOLOOP_HYPOTHESIS_FILE": str(hypothesis_file),
+        env.update({"AUTOLOOP_PROMPT_FILE": str(files.prompt), "AUTOLOOP_DESCRIPTION_FILE": str(files.description),
+                    "AUTOLOOP_HYPOTHESIS_FILE": str(files.hypothesis),
                     "AUTOLOOP_TARGET": request.target, "AUTOLOOP_TRIAL": str(request.trial),
                     "AUTOLOOP_ATTEMPT": str(request.attempt)})
         if request.process_token:
             env[TOKEN_VAR] = request.process_token
-        target = workspace / request.target
-        before = target.read_bytes() if target.exists() else None
-
-        watch = OutputWatch(self.preset, self.stall_s, request.stop_event)
         outcome = run_trial(
-            TrialSpec(command=argv, cwd=workspace, env=env, log_path=log_path, stdin_path=prompt_file,
+            TrialSpec(command=argv, cwd=workspace, env=env, log_path=files.log, stdin_path=files.prompt,
                       budget_s=self.timeout_s, timeout_s=self.timeout_s, grace_s=self.grace_s,
                       log_cap_bytes=self.log_cap_bytes),
             stop_event=watch, on_start=request.on_start, on_output=watch.feed,
         )
         watch.finish()
-        log_rel = log_path.relative_to(results_dir).as_posix()   # agents/<trial>-<attempt>.log
-        log = f"see {RESULTS}/{log_rel}"
-        if outcome.launch_error:
-            raise ProposalFailed(_reason(f"agent could not start: {outcome.launch_error}"))
-        # The call ran: what it cost is a fact of its record whatever came of it (null:
-        # the CLI's output reported nothing; usage.py).
-        usage = read_usage(log_path.read_text(errors="replace")) if log_path.exists() else None
-        spent = {"agent_usage": usage.as_extra() if usage else None}
+        return outcome
+
+    def _check_ended(self, outcome: TrialOutcome, watch: OutputWatch, log: str, spent: dict[str, Any]) -> None:
+        """Raise ProposalFailed, with what the call cost, when it did not end on its own with 0."""
         ended_early = watch.reason()
         if ended_early:
             raise ProposalFailed(_reason(ended_early, log), spent)
@@ -290,20 +304,32 @@ class AgentProposer:
             raise ProposalFailed(_reason(f"agent exited with code {outcome.exit_code}" + (f": {last}" if last else ""),
                                          log), spent)
 
-        after = target.read_bytes() if target.exists() else None
-        if after == before:
-            # A CLI that printed an error and exited 0 (aider after an auth error) failed.
-            raise ProposalFailed(_reason(f"agent made no change to {request.target}{_evidence(watch)}", log), spent)
-        description = read_description(description_file)
-        derived = description is None
-        if description is None:
-            description = describe_change((before or b"").decode("utf-8", "replace"),
-                                          (after or b"").decode("utf-8", "replace"), request.target)
-            if request.fix is not None:
-                description = f"{request.fix.description} (fix: {description})"
-        hypothesis = read_description(hypothesis_file, MAX_HYPOTHESIS)
-        return Proposal(description=description, source=log_rel, derived=derived,
-                        extra={**spent, **({"hypothesis": hypothesis} if hypothesis else {})})
+
+@dataclass(frozen=True)
+class _CallFiles:
+    """The files of one agent call, under results/agents/."""
+
+    results_dir: Path
+    prompt: Path
+    description: Path
+    hypothesis: Path
+    log: Path
+
+    @property
+    def log_rel(self) -> str:
+        return self.log.relative_to(self.results_dir).as_posix()   # agents/<trial>-<attempt>.log
+
+
+def _call_files(request: ProposalRequest, workspace: Path) -> _CallFiles:
+    """The call's files, the prompt written and what an earlier call left removed."""
+    layout = Layout(Path(request.results_dir)) if request.results_dir else Layout.of(workspace)
+    layout.agents.mkdir(parents=True, exist_ok=True)
+    prompt_file, description_file, log_path = layout.agent_files(request.trial, request.attempt)
+    hypothesis_file = layout.hypothesis_file(request.trial, request.attempt)
+    for stale in (description_file, hypothesis_file):   # a stale one must not describe this change
+        stale.unlink(missing_ok=True)
+    prompt_file.write_text(build_prompt(request, description_file, hypothesis_file))
+    return _CallFiles(layout.root, prompt_file, description_file, hypothesis_file, log_path)
 
 
 def _evidence(watch: OutputWatch) -> str:
@@ -343,7 +369,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def make_agent_proposer(settings, workspace: Path) -> tuple[AgentProposer, str]:
+def make_agent_proposer(settings: Settings, workspace: Path) -> tuple[AgentProposer, str]:
     """The agent the settings ask for, checked now (a missing executable is a start-up
     error, not a failure per trial); and one line saying what runs."""
     template, label = agent_command(settings.agent, settings.agent_cmd)

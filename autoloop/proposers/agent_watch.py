@@ -62,7 +62,8 @@ class OutputWatch:
 
     def feed(self, data: bytes) -> None:
         """A chunk of the call's merged output, as the runner's reader got it."""
-        if self.preset is None or self.tripped.is_set():
+        preset = self.preset
+        if preset is None or self.tripped.is_set():
             return
         with self._lock:
             text = self._carry + self._decoder.decode(data)
@@ -70,8 +71,8 @@ class OutputWatch:
             if len(self._carry) > MAX_LINE:
                 self._carry = ""
             for line in lines:
-                for text in self._texts(plain(line[:MAX_LINE]).strip()):
-                    if self._line(text):
+                for text in self._texts(preset, plain(line[:MAX_LINE]).strip()):
+                    if self._line(preset, text):
                         return
 
     def finish(self) -> None:
@@ -79,24 +80,24 @@ class OutputWatch:
         if self._carry:
             self.feed(b"\n")
 
-    def _texts(self, line: str) -> list[str]:
+    @staticmethod
+    def _texts(preset: Preset, line: str) -> list[str]:
         """The line, or for a JSON event of the CLI's (presets.JsonText) the lines of its
         message as the CLI's plain output would have printed them."""
-        if not (self.preset.json_text and line.startswith("{")):
+        if not (preset.json_text and line.startswith("{")):
             return [line]
         try:
             event = json.loads(line)
         except ValueError:
             return [line]
-        for spec in self.preset.json_text:
+        for spec in preset.json_text:
             if isinstance(event, dict) and event.get("type") == spec.type and isinstance(event.get(spec.field), str):
                 return [spec.prefix + text.strip() for text in event[spec.field].splitlines() if text.strip()]
         return [line]
 
-    def _line(self, line: str) -> bool:
+    def _line(self, preset: Preset, line: str) -> bool:
         if not line:
             return False
-        preset = self.preset
         for fatal in preset.fatal:
             if fatal.matches(line):
                 self.fatal, self.evidence = fatal, line[:MAX_QUOTE]
@@ -104,11 +105,12 @@ class OutputWatch:
                 return True
         if any(re.match(p, line) for p in preset.retry):
             now = self._clock()
-            if self._retry_last is None or self.stall_s is None or now - self._retry_last > self.stall_s:
-                self._retry_since = now   # the first retry of a new run of them
-            self._retry_last, self._retry_line = now, line[:MAX_QUOTE]
-            if self.stall_s is not None and now - self._retry_since >= self.stall_s:
-                self.stalled_s, self.evidence = now - self._retry_since, self._retry_line
+            new_run = self._retry_last is None or self.stall_s is None or now - self._retry_last > self.stall_s
+            # The first retry of a new run of them starts its clock.
+            since = now if new_run or self._retry_since is None else self._retry_since
+            self._retry_since, self._retry_last, self._retry_line = since, now, line[:MAX_QUOTE]
+            if self.stall_s is not None and now - since >= self.stall_s:
+                self.stalled_s, self.evidence = now - since, self._retry_line
                 self.tripped.set()
                 return True
             return False
@@ -122,7 +124,8 @@ class OutputWatch:
         """Why the watch ended the call, for the skip record; None when it did not."""
         if not self.tripped.is_set():
             return None
-        product = self.preset.product
+        # Only a line read against the preset trips the watch (feed): there is one.
+        product = self.preset.product if self.preset is not None else "the agent"
         if self.fatal is not None:
             fix = f"; {self.fatal.fix}" if self.fatal.fix else ""
             return f"{product}: {self.fatal.meaning}{fix} (ended at once): {self.evidence}"

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from autoloop.core.errors import AutoloopError
 from autoloop.store.digest import DEFAULT_BYTES, Note
@@ -35,7 +35,7 @@ class ProposalRequest:
     trial: int
     attempt: int
     seed: int
-    ledger_tail: list[dict] = field(default_factory=list)  # recent ledger records (audit fields stripped)
+    ledger_tail: list[dict[str, Any]] = field(default_factory=list)  # recent ledger records (audit fields stripped)
     # The whole ledger (audit fields stripped), for the agent's research digest (digest.py),
     # and the digest's bound in bytes.
     history: list[LedgerRecord] = field(default_factory=list)
@@ -51,9 +51,9 @@ class ProposalRequest:
     # Given to every process the proposer starts (runner.TOKEN_VAR) and saved in the state
     # file first: a restart finds them all by it, even those that left the process tree.
     process_token: str | None = None
-    # Parallel workers (scheduler.Claims): what the other workers are trying right now, as
+    # Parallel workers (candidate.Claims): what the other workers are trying right now, as
     # ledger-like dicts (parent, kind, description), so that no two try the same move at once.
-    in_flight: list[dict] = field(default_factory=list)
+    in_flight: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Proposal:
     description: str                # one line: what this change tries
     source: str | None = None       # where it came from (patch file, agent log), for the ledger
     derived: bool = False           # the description was made from the diff, not given by the proposer
-    extra: dict = field(default_factory=dict)   # more facts for its ledger record's extra (JSON-ready)
+    extra: dict[str, Any] = field(default_factory=dict)   # more facts for its ledger record's extra (JSON-ready)
 
 
 class ProposerError(AutoloopError):
@@ -72,7 +72,7 @@ class ProposalFailed(Exception):
     """The proposer could not produce a usable change this time (recorded, loop goes on).
     ``extra``: facts for the skip's record all the same (what a failed agent call cost)."""
 
-    def __init__(self, reason: str, extra: dict | None = None):
+    def __init__(self, reason: str, extra: dict[str, Any] | None = None):
         super().__init__(reason)
         self.extra = dict(extra or {})
 

@@ -43,6 +43,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autoloop.core import module_constants
 from autoloop.core.layout import Layout
@@ -96,7 +97,7 @@ class Constant:
     literals: tuple[Literal, ...]  # one for a scalar, one per element of a tuple
     is_tuple: bool = False
 
-    def show(self, values: tuple | None = None, texts: list[str] | None = None) -> str:
+    def show(self, values: tuple[object, ...] | None = None, texts: list[str] | None = None) -> str:
         """How the value reads in a description: '0.04', '(0.8, 0.95)'."""
         if not self.is_tuple:
             return texts[0] if texts else self.literals[0].text
@@ -144,8 +145,11 @@ def _literal(node: ast.expr, lines: list[bytes]) -> Literal | None:
     if found is None:
         return None
     value, const, negative = found
-    digits = lines[const.lineno - 1][const.col_offset:const.end_col_offset].decode("utf-8")
-    return Literal(const.lineno, const.col_offset, const.end_col_offset, value,
+    end = const.end_col_offset
+    if end is None:   # ast.parse sets it on every node it reads from source
+        return None
+    digits = lines[const.lineno - 1][const.col_offset:end].decode("utf-8")
+    return Literal(const.lineno, const.col_offset, end, value,
                    ("-" if negative else "") + digits, negative)
 
 
@@ -162,8 +166,9 @@ def find_constants(source: bytes) -> list[Constant]:
             continue
         if isinstance(value, ast.Tuple) and value.elts:
             elements = [_literal(e, lines) for e in value.elts]
-            if all(e is not None and not isinstance(e.value, bool) for e in elements):
-                found.append(Constant(name, tuple(e.value for e in elements), tuple(elements), True))
+            numbers = [e for e in elements if e is not None and not isinstance(e.value, bool)]
+            if len(numbers) == len(elements):
+                found.append(Constant(name, tuple(e.value for e in numbers), tuple(numbers), True))
             continue
         if isinstance(value, ast.Constant) and isinstance(value.value, str):
             if len(value.value) <= MAX_STRING:
@@ -207,6 +212,7 @@ def value_moves(name: str, old: bool | Number) -> list[bool | Number]:
     """The new values one step away from `old`, small steps first."""
     if isinstance(old, bool):
         return [not old]
+    candidates: list[Number]
     if isinstance(old, int):
         if old == 0:
             candidates = [1]
@@ -233,6 +239,7 @@ def continuation(name: str, a: bool | Number, b: bool | Number) -> bool | Number
     """One more step from b in the direction a -> b took; None when there is none."""
     if isinstance(b, bool) or isinstance(a, bool) or a == b:
         return None
+    c: Number
     if isinstance(a, int) and isinstance(b, int):
         if _is_power_of_two(abs(a)) and _is_power_of_two(abs(b)):
             c = b * 2 if abs(b) > abs(a) else (b // 2 if b > 0 else -(-b // 2))
@@ -268,9 +275,9 @@ def make_move(const: Constant, index: int, new: bool | Number) -> Move:
     lit = const.literals[index]
     text = format_value(new, lit)
     if const.is_tuple:
-        values = list(const.value)
+        values: list[object] = [lit.value for lit in const.literals]   # const.value, element by element
         values[index] = new
-        texts = [l.text for l in const.literals]
+        texts = [lit.text for lit in const.literals]
         texts[index] = text
         new_value: object = tuple(values)
         shown = const.show(texts=texts)
@@ -323,7 +330,7 @@ def parse_description(text: str) -> tuple[str, object, object] | None:
     return match["name"], old, new
 
 
-def _records(request: ProposalRequest) -> list[dict]:
+def _records(request: ProposalRequest) -> list[dict[str, Any]]:
     """The whole ledger when the loop says where it is (memory must survive restarts and
     outlast the short tail), else the tail it passed."""
     if request.results_dir is not None and Layout(Path(request.results_dir)).ledger.exists():
@@ -333,7 +340,7 @@ def _records(request: ProposalRequest) -> list[dict]:
     return list(request.ledger_tail) + request.in_flight
 
 
-def tried_at(records: list[dict], best: str | None) -> set[tuple[str, object]]:
+def tried_at(records: list[dict[str, Any]], best: str | None) -> set[tuple[str, object]]:
     """(name, new value) of every move already made on top of `best` (any outcome)."""
     tried: set[tuple[str, object]] = set()
     for r in records:
@@ -345,7 +352,7 @@ def tried_at(records: list[dict], best: str | None) -> set[tuple[str, object]]:
     return tried
 
 
-def last_win(records: list[dict], best: str | None) -> tuple[str, object, object] | None:
+def last_win(records: list[dict[str, Any]], best: str | None) -> tuple[str, object, object] | None:
     """The move that made `best` the best commit, if it was one."""
     for r in reversed(records):
         if r.get("status") == "keep" and r.get("commit") == best and best is not None:
@@ -382,7 +389,7 @@ class MutateProposer:
         return Proposal(description=move.description, source="mutate")
 
     @staticmethod
-    def choose(constants: list[Constant], records: list[dict], best: str | None, seed: int,
+    def choose(constants: list[Constant], records: list[dict[str, Any]], best: str | None, seed: int,
                trial: int) -> Move | None:
         tried = tried_at(records, best)
         by_name = {c.name: c for c in constants}
@@ -412,23 +419,21 @@ class MutateProposer:
         return options[name][0]
 
 
-def _changed_index(a: object, b: object) -> int | None:
+def _changed_element(a: object, b: object) -> tuple[int, object, object] | None:
+    """(index, element of a, element of b) when the tuples a and b differ in one element alone."""
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        diff = [i for i, (x, y) in enumerate(zip(a, b)) if _canon(x) != _canon(y)]
-        return diff[0] if len(diff) == 1 else None
+        diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if _canon(x) != _canon(y)]
+        return (diff[0], a[diff[0]], b[diff[0]]) if len(diff) == 1 else None
     return None
 
 
 def _follow_up(const: Constant, a: object, b: object) -> Move | None:
     """The move one more step in the direction of a -> b."""
-    if const.is_tuple:
-        index = _changed_index(a, b)
-        if index is None:
-            return None
-        x, y = a[index], b[index]
-    elif isinstance(a, (bool, int, float)) and isinstance(b, (bool, int, float)):
-        index, x, y = 0, a, b
-    else:
+    changed = _changed_element(a, b) if const.is_tuple else (0, a, b)
+    if changed is None:
+        return None
+    index, x, y = changed
+    if not isinstance(x, (bool, int, float)) or not isinstance(y, (bool, int, float)):
         return None
     c = continuation(const.name, x, y)
     return None if c is None else make_move(const, index, c)
@@ -437,12 +442,14 @@ def _follow_up(const: Constant, a: object, b: object) -> Move | None:
 def _reverses(move: Move, a: object, b: object) -> bool:
     """Whether `move` goes from b back towards a (on the element a -> b changed)."""
     if isinstance(a, tuple):
-        index = _changed_index(a, b)
-        if index is None or move.index != index:
+        changed = _changed_element(a, b)
+        if changed is None or move.index != changed[0] or not isinstance(move.new, tuple):
             return False
-        x, y, new = a[index], b[index], move.new[index]
+        _, x, y = changed
+        new = move.new[changed[0]]
     else:
         x, y, new = a, b, move.new
-    if isinstance(y, bool) or not isinstance(x, (int, float)) or not isinstance(new, (int, float)):
+    if (isinstance(y, bool) or not isinstance(x, (int, float)) or not isinstance(y, (int, float))
+            or not isinstance(new, (int, float))):
         return False
     return (new - y) * (y - x) < 0

@@ -39,15 +39,24 @@ from __future__ import annotations
 import hashlib
 import warnings
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 from autoloop.core.layout import OPTUNA_STUDY, Layout
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 from autoloop.proposers.mutate import MutateError, _canon
 from autoloop.proposers.outcomes import TrialOutcome, trial_outcomes
-from autoloop.proposers.space import Space, build_space
+from autoloop.proposers.space import Key, Space, build_space
 from autoloop.repo.workspace import Workspace, WorkspaceError
 from autoloop.store import queries
 from autoloop.store.ledger import Ledger
+
+if TYPE_CHECKING:   # Optuna is optional (autoloop[hpo]): imported when a proposal needs it
+    from optuna import Study
+    from optuna.distributions import BaseDistribution
+    from optuna.samplers import BaseSampler
+    from optuna.storages import RDBStorage
+    from optuna.trial import FrozenTrial
 
 STUDY_FILE = OPTUNA_STUDY   # under results/ (layout.py)
 SAMPLERS = ("tpe", "cmaes", "gp")
@@ -67,7 +76,7 @@ class OptunaSetupError(ProposerError):
 def check_installed(sampler: str) -> None:
     """Raise OptunaSetupError naming what to install, before the night starts."""
     try:
-        import optuna  # noqa: F401
+        __import__("optuna")
     except ImportError:
         raise OptunaSetupError(f"--proposer optuna needs Optuna, which is not installed: {INSTALL_HINT}") from None
     needs = {"cmaes": ("cmaes", "the cmaes package"), "gp": ("scipy", "SciPy")}.get(sampler)
@@ -79,7 +88,7 @@ def check_installed(sampler: str) -> None:
                                    f"{INSTALL_HINT}") from None
 
 
-def _optuna():
+def _optuna() -> ModuleType:
     import optuna
 
     # Its INFO lines ("Trial 3 finished with value ...") would interleave with the loop's,
@@ -89,25 +98,27 @@ def _optuna():
     return optuna
 
 
-def make_sampler(name: str, seed: int):
-    optuna = _optuna()
+def make_sampler(name: str, seed: int) -> BaseSampler:
+    _optuna()
+    from optuna import samplers
+
     if name == "tpe":
         # multivariate: models the constants jointly (the best learning rate depends on the
         # width); constant_liar: parallel workers do not all get the same suggestion.
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS, multivariate=True,
+        return samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS, multivariate=True,
                                           constant_liar=True)
     if name == "cmaes":
         # The space's centre is the current value of every constant: where CMA-ES starts.
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        return samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
+        return samplers.GPSampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
     raise ValueError(f"unknown sampler {name!r}")
 
 
-def distributions(space: Space) -> dict:
+def distributions(space: Space) -> dict[str, BaseDistribution]:
     """Optuna distributions for the space's dimensions, by parameter name."""
     dist = _optuna().distributions
-    out = {}
+    out: dict[str, BaseDistribution] = {}
     for d in space.dimensions:
         if d.kind == "bool":
             out[d.name] = dist.CategoricalDistribution([False, True])
@@ -132,12 +143,12 @@ class OptunaProposer:
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}")
         self.sampler = sampler
-        self._storage = None
+        self._storage: RDBStorage | None = None
         self._storage_url: str | None = None
         self._spaces: dict[str, Space] = {}        # baseline commit -> its space
         self._outside: set[tuple[str, int]] = set()   # (study, trial) points read and found outside the space
-        self._study_key: tuple[str, str] | None = None  # (storage url, study name) of the study kept open
-        self._cached_study = None
+        # ((storage url, study name), the study): the study kept open between proposals.
+        self._open_study: tuple[tuple[str, str], Study] | None = None
 
     # -- the proposal ----------------------------------------------------------------------
 
@@ -160,7 +171,7 @@ class OptunaProposer:
             except WorkspaceError as e:
                 raise ProposalFailed(f"optuna: {e}") from None
             try:
-                study = self._study(optuna, request, baseline.commit, space)
+                study = self._study(Path(request.results_dir), request.direction, baseline.commit, space)
                 in_flight = {request.trial} | {d["trial"] for d in request.in_flight if isinstance(d.get("trial"), int)}
                 outcomes = trial_outcomes(records, request.direction)
                 trials = study.get_trials(deepcopy=False)
@@ -170,14 +181,14 @@ class OptunaProposer:
                     trials = study.get_trials(deepcopy=False)
                 return self._draw(optuna, study, space, trials, outcomes, request)
             except (optuna.exceptions.OptunaError, SQLAlchemyError) as e:   # a damaged or locked study
-                self._study_key = self._cached_study = None
+                self._open_study = None
                 raise ProposalFailed(f"optuna: results/{STUDY_FILE}: {type(e).__name__}: "
                                      f"{' '.join(str(e).split())[:160]} (move the file aside to start a new study "
                                      f"that relearns the night from the ledger)") from None
         finally:
             ws.close()
 
-    def _space(self, ws, baseline_commit: str, target: str) -> Space:
+    def _space(self, ws: Workspace, baseline_commit: str, target: str) -> Space:
         if baseline_commit not in self._spaces:
             text = ws.file_at(baseline_commit, target)
             if text is None:
@@ -191,27 +202,31 @@ class OptunaProposer:
             self._spaces[baseline_commit] = space
         return self._spaces[baseline_commit]
 
-    def _study(self, optuna, request: ProposalRequest, baseline_commit: str, space: Space):
-        url = f"sqlite:///{Layout(Path(request.results_dir)).optuna_study.resolve()}"
+    def _study(self, results_dir: Path, metric_direction: str, baseline_commit: str, space: Space) -> Study:
+        from optuna import create_study
+
+        url = f"sqlite:///{Layout(results_dir).optuna_study.resolve()}"
         name = study_name(baseline_commit)
-        if self._study_key == (url, name):
-            return self._cached_study
+        if self._open_study is not None and self._open_study[0] == (url, name):
+            return self._open_study[1]
         if self._storage is None or self._storage_url != url:
-            self._storage, self._storage_url = _sqlite_storage(optuna, url), url
-        direction = "minimize" if request.direction == "min" else "maximize"
-        study = optuna.create_study(storage=self._storage, study_name=name, direction=direction, load_if_exists=True)
+            self._storage, self._storage_url = _sqlite_storage(url), url
+        direction: Literal["minimize", "maximize"] = "minimize" if metric_direction == "min" else "maximize"
+        study = create_study(storage=self._storage, study_name=name, direction=direction, load_if_exists=True)
         if study.direction.name.lower() != direction:
-            raise ProposalFailed(f"optuna: study {name} in results/{STUDY_FILE} was made to {study.direction.name.lower()} "
+            raise ProposalFailed(f"optuna: study {name} in results/{STUDY_FILE} was made to "
+                                 f"{study.direction.name.lower()} "
                                  f"the metric, not to {direction} it")
         if "space" not in study.user_attrs:   # for a person reading the study (optuna-dashboard)
             study.set_user_attr("space", [f"{d.name} {d.kind} [{d.value(d.low)}, {d.value(d.high)}]"
                                           for d in space.dimensions])
-        self._study_key, self._cached_study = (url, name), study
+        self._open_study = (url, name), study
         return study
 
     # -- settling open suggestions from the ledger --------------------------------------------
 
-    def _settle(self, optuna, study, trials: list, outcomes: dict[int, TrialOutcome], in_flight: set[int]) -> bool:
+    def _settle(self, optuna: ModuleType, study: Study, trials: list[FrozenTrial], outcomes: dict[int, TrialOutcome],
+                in_flight: set[int]) -> bool:
         """Tell every open suggestion its outcome from the ledger; whether any was told."""
         fail = optuna.trial.TrialState.FAIL
         told = False
@@ -234,8 +249,8 @@ class OptunaProposer:
                 study.tell(t.number, state=fail)
         return told
 
-    def _observe(self, optuna, study, space: Space, trials: list, outcomes: dict[int, TrialOutcome],
-                 in_flight: set[int], ws, target: str) -> bool:
+    def _observe(self, optuna: ModuleType, study: Study, space: Space, trials: list[FrozenTrial],
+                 outcomes: dict[int, TrialOutcome], in_flight: set[int], ws: Workspace, target: str) -> bool:
         """Add every measured point of the night that no suggestion made (the baseline, other
         proposers' trials) as a completed trial, when it lies inside the space; whether any was."""
         # A trial number is owned by the suggestion that ran as it, not by draws settled
@@ -265,10 +280,11 @@ class OptunaProposer:
     # -- drawing a new point -------------------------------------------------------------------
 
     @staticmethod
-    def _measured(optuna, trials: list, space: Space, outcomes: dict[int, TrialOutcome]) -> dict[tuple, float | None]:
+    def _measured(optuna: ModuleType, trials: list[FrozenTrial], space: Space,
+                  outcomes: dict[int, TrialOutcome]) -> dict[Key, float | None]:
         """Point key -> its value (None: it crashed), for every point the night has run."""
         states = optuna.trial.TrialState
-        out: dict[tuple, float | None] = {}
+        out: dict[Key, float | None] = {}
         for t in trials:
             info = t.user_attrs.get("autoloop") or {}
             values = info.get("values")
@@ -277,13 +293,13 @@ class OptunaProposer:
             if t.state == states.COMPLETE:
                 out[space.key(values)] = t.value
                 continue
-            o = outcomes.get(info.get("trial"))
-            if o is not None and o.status in ("crash", "skip") and (o.first.extra.get("optuna") or {}).get("trial") == t.number:
+            o = outcomes.get(info["trial"]) if "trial" in info else None
+            if o is not None and o.status in ("crash", "skip") and _optuna_trial(o) == t.number:
                 out.setdefault(space.key(values), None)
         return out
 
-    def _draw(self, optuna, study, space: Space, trials: list, outcomes: dict[int, TrialOutcome],
-              request: ProposalRequest) -> Proposal | None:
+    def _draw(self, optuna: ModuleType, study: Study, space: Space, trials: list[FrozenTrial],
+              outcomes: dict[int, TrialOutcome], request: ProposalRequest) -> Proposal | None:
         path = Path(request.workspace) / request.target
         source = path.read_bytes()
         measured = self._measured(optuna, trials, space, outcomes)
@@ -334,16 +350,17 @@ class OptunaProposer:
         return None
 
 
-def _sqlite_storage(optuna, url: str):
+def _sqlite_storage(url: str) -> RDBStorage:
     """Optuna's SQLite storage in WAL mode with synchronous=NORMAL: a commit is then not an
     fsync (Optuna writes one per parameter, some 20 per proposal), and still survives the
     orchestrator being killed. A power cut may take back the last few writes; the next
     proposal settles the study from the ledger again, which is all it depends on."""
+    from optuna.storages import RDBStorage
     from sqlalchemy import event
 
-    storage = optuna.storages.RDBStorage(url)
+    storage = RDBStorage(url)
 
-    def fast_commits(dbapi_connection, _record) -> None:
+    def fast_commits(dbapi_connection: Any, _record: object) -> None:   # a DB-API connection: sqlite3's
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
@@ -357,3 +374,8 @@ def _sqlite_storage(optuna, url: str):
 def _seed(seed: int, n_trials: int) -> int:
     """A sampler seed per proposal: reproducible for a night, never the same twice in it."""
     return int(hashlib.sha256(f"autoloop-optuna:{seed}:{n_trials}".encode()).hexdigest()[:8], 16)
+
+
+def _optuna_trial(outcome: TrialOutcome) -> object:
+    """The Optuna trial number the proposal of this outcome was drawn as (None: not by Optuna)."""
+    return (outcome.first.extra.get("optuna") or {}).get("trial")

@@ -55,8 +55,9 @@ class TrialOutcome:
 def record_proposer(record: LedgerRecord) -> str:
     """The proposer of one attempt: the portfolio's member when the portfolio chose."""
     chosen = record.extra.get("portfolio")
-    if isinstance(chosen, dict) and isinstance(chosen.get("choice"), str):
-        return chosen["choice"]
+    choice = chosen.get("choice") if isinstance(chosen, dict) else None
+    if isinstance(choice, str):
+        return choice
     if record.status == "skip":
         m = _PORTFOLIO_SKIP.match(record.reason or "")
         if m:
@@ -70,7 +71,7 @@ def trial_outcomes(records: list[LedgerRecord], direction: str = "min") -> dict[
     by_trial: dict[int, list[tuple[LedgerRecord, float | None]]] = {}
     records = queries.of_night(records)
     # In ledger order, with the best in force when each was judged.
-    for r, before in zip(records, queries.best_before(records)):
+    for r, before in zip(records, queries.best_before(records), strict=True):
         by_trial.setdefault(r.trial, []).append((r, before))
     return {trial: _outcome(trial, attempts, direction) for trial, attempts in by_trial.items()}
 

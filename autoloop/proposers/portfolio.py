@@ -112,7 +112,7 @@ class PortfolioProposer:
         if request.fix is not None:
             owner = outcomes.get(request.trial)
             member = self.members.get(owner.proposer) if owner else None
-            if member is None or not member.can_fix:
+            if owner is None or member is None or not member.can_fix:
                 return None
             return self._ask(owner.proposer, member, request, f"fix request for its own trial {request.trial}")
         arms = evidence(outcomes, list(self.members), self.min_trial_s)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoloop.config.presets import PRESETS, Preset, preset_for
+from autoloop.config.settings import Settings
 from autoloop.core.checks import Check, fail, failures, ok, warn
 from autoloop.observe.console import plural
 from autoloop.proposers.agent import (
@@ -83,7 +84,7 @@ class Probe:
         return [n for n in names if self.environ.get(n, "").strip()]
 
 
-def agent_checks(settings, workspace: Path, environ: Mapping[str, str] | None = None,
+def agent_checks(settings: Settings, workspace: Path, environ: Mapping[str, str] | None = None,
                  euid: int | None = None) -> list[Check]:
     """Every preflight check of the configured agent, in order; [] when none is configured."""
     if not (settings.agent or settings.agent_cmd):
@@ -105,7 +106,7 @@ def agent_checks(settings, workspace: Path, environ: Mapping[str, str] | None = 
     return checks
 
 
-def run_preflight(settings, workspace: Path, say: Callable[[str], None]) -> list[Check]:
+def run_preflight(settings: Settings, workspace: Path, say: Callable[[str], None]) -> list[Check]:
     """The preflight of `autoloop run`: warnings said, a failure raised as PreflightError."""
     checks = agent_checks(settings, workspace)
     for check in checks:
@@ -217,7 +218,8 @@ def _gemini(probe: Probe) -> list[Check]:
     from_env = [n for n, want in GEMINI_ENV.items()
                 if probe.environ.get(n, "").strip() and (want is None or probe.environ[n].strip().lower() == want)]
     settings = [p for p in _gemini_settings(probe) if _mentions(p, r'"selectedType"|"selectedAuthType"')]
-    dotenv = [p for p in _gemini_dotenvs(probe) if _mentions(p, r"^\s*(export\s+)?GEMINI_API_KEY\s*=\s*\S", re.MULTILINE)]
+    key_line = r"^\s*(export\s+)?GEMINI_API_KEY\s*=\s*\S"
+    dotenv = [p for p in _gemini_dotenvs(probe) if _mentions(p, key_line, re.MULTILINE)]
     if from_env:
         checks.append(ok("gemini auth", f"{from_env[0]} is set"))
     elif settings:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +47,9 @@ from autoloop.proposers.mutate import (
     find_constants,
     make_move,
     value_moves,
+)
+from autoloop.proposers.mutate import (
+    Literal as SourceLiteral,
 )
 
 # Floats: log-uniform within this factor either way of the current value. As far as two of
@@ -63,6 +67,8 @@ _HEADS_NAME = re.compile(r"^((N_|NUM_)?HEADS?|HEAD_DIM|HEAD_SIZE|D_HEAD)$")
 
 Kind = Literal["bool", "pow2", "int", "log", "log1m", "linear"]
 Value = bool | int | float
+Key = tuple[tuple[str, object], ...]   # a point's identity: (name, canonical value) per dimension
+Place = tuple[str, str, int | None]    # a dimension's name, its constant, its tuple element
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,8 @@ class Dimension:
         if self.kind == "bool":
             return bool(param)
         if self.kind == "pow2":
-            return sign * 2 ** int(param)
+            power: int = 2 ** int(param)   # the exponent is never below 0 (low)
+            return sign * power
         if self.kind == "int":
             return sign * int(param)
         if self.kind == "log1m":
@@ -112,12 +119,13 @@ class Dimension:
         if self.kind in ("pow2", "int"):
             if not isinstance(value, int):
                 return None
+            whole = abs(value)
             if self.kind == "pow2":
-                if not _is_power_of_two(magnitude):
+                if not _is_power_of_two(whole):
                     return None
-                p: Value = magnitude.bit_length() - 1
+                p: Value = whole.bit_length() - 1
             else:
-                p = magnitude
+                p = whole
             return p if self.low <= p <= self.high else None
         if not isinstance(value, float):
             return None
@@ -147,7 +155,7 @@ class Space:
         """Parameter name -> the value written, for the dimensions the params cover."""
         return {d.name: d.value(params[d.name]) for d in self.dimensions if d.name in params}
 
-    def params(self, values: dict[str, object]) -> dict[str, Value] | None:
+    def params(self, values: Mapping[str, object]) -> dict[str, Value] | None:
         """The parameters of a point given as values; None unless every dimension is in range."""
         out: dict[str, Value] = {}
         for d in self.dimensions:
@@ -206,12 +214,12 @@ class Space:
             source = apply_move(source, move)
         return source, descriptions
 
-    def key(self, values: dict[str, object]) -> tuple:
+    def key(self, values: Mapping[str, object]) -> Key:
         """A hashable identity of a point: two points with one key write the same source."""
         return tuple((name, _canon(values.get(name))) for name in self.names)
 
 
-def _literal_of(const: Constant | None, d: Dimension):
+def _literal_of(const: Constant | None, d: Dimension) -> SourceLiteral | None:
     if const is None:
         return None
     index = d.index or 0
@@ -240,9 +248,9 @@ def build_space(source: bytes) -> Space:
 
 
 def _dimension(name: str, constant: str, index: int | None, v: Value) -> Dimension | None:
-    base = dict(name=name, constant=constant, index=index)
+    base: Place = (name, constant, index)
     if isinstance(v, bool):
-        return Dimension(**base, kind="bool", low=0, high=1)
+        return Dimension(*base, kind="bool", low=0, high=1)
     bound = UPPER_BOUNDS.get(constant)
     negative = v < 0
     fraction = bool(_FRACTION_NAME.search(constant))
@@ -253,38 +261,39 @@ def _dimension(name: str, constant: str, index: int | None, v: Value) -> Dimensi
             high = e + POW2_STEPS
             if bound is not None and not negative:
                 high = min(high, int(math.log2(bound)))
-            return Dimension(**base, kind="pow2", low=max(0, e - POW2_STEPS), high=high, negative=negative)
+            return Dimension(*base, kind="pow2", low=max(0, e - POW2_STEPS), high=high, negative=negative)
         low, high = (max(1, m // 2), max(m * 2, m + 2)) if m >= 1 else (0, 2)
         if bound is not None and not negative:
             high = min(high, bound)
-        return Dimension(**base, kind="int", low=low, high=high, negative=negative, log=low >= 1)
+        return Dimension(*base, kind="int", low=low, high=high, negative=negative, log=low >= 1)
     if v == 0:
-        return Dimension(**base, kind="linear", low=0.0, high=ZERO_FLOAT_HIGH)
+        return Dimension(*base, kind="linear", low=0.0, high=ZERO_FLOAT_HIGH)
     if 0.5 <= v < 1:
         # As the mutator: a momentum or a beta moves its distance to 1, so it never crosses 1;
         # below 0.5 a momentum stops being one.
         return _log_range(base, "log1m", 1.0 - v, cap=0.5)
     if fraction and v == 1.0:
-        return Dimension(**base, kind="linear", low=0.0, high=1.0)
+        return Dimension(*base, kind="linear", low=0.0, high=1.0)
     cap = 1.0 if fraction else (float(bound) if bound is not None and not negative else None)
     return _log_range(base, "log", abs(v), cap=cap, negative=negative)
 
 
-def _log_range(base: dict, kind: Kind, centre: float, cap: float | None, negative: bool = False) -> Dimension:
+def _log_range(base: Place, kind: Kind, centre: float, cap: float | None, negative: bool = False) -> Dimension:
     factor = SPREAD if cap is None else min(SPREAD, cap / centre)
-    if factor < MIN_LOG_SPREAD:
+    if cap is not None and factor < MIN_LOG_SPREAD:   # without a cap the factor is SPREAD
         # At (or next to) its bound: the range opens on the one side that is left.
-        return Dimension(**base, kind=kind, low=centre / SPREAD, high=max(cap, centre), negative=negative, log=True)
-    return Dimension(**base, kind=kind, low=centre / factor, high=centre * factor, negative=negative, log=True)
+        return Dimension(*base, kind=kind, low=centre / SPREAD, high=max(cap, centre), negative=negative, log=True)
+    return Dimension(*base, kind=kind, low=centre / factor, high=centre * factor, negative=negative, log=True)
 
 
-def _keep_divisible(dims: list[Dimension], constants: list[Constant]) -> tuple[list[Dimension], tuple]:
+def _keep_divisible(dims: list[Dimension],
+                    constants: list[Constant]) -> tuple[list[Dimension], tuple[tuple[str, str], ...]]:
     """Find width/heads pairs that divide now; cap a power-of-two head count at the
     smallest width in the space, so that every pair of powers of two divides."""
-    values = {c.name: c.value for c in constants}
+    values = {c.name: c.value for c in constants if isinstance(c.value, int) and not isinstance(c.value, bool)}
     by_name = {d.name: d for d in dims}
-    widths = [n for n, v in values.items() if _WIDTH_NAME.match(n) and isinstance(v, int) and not isinstance(v, bool)]
-    heads = [n for n, v in values.items() if _HEADS_NAME.match(n) and isinstance(v, int) and not isinstance(v, bool)]
+    widths = [n for n in values if _WIDTH_NAME.match(n)]
+    heads = [n for n in values if _HEADS_NAME.match(n)]
     pairs = []
     for w in widths:
         for h in heads:

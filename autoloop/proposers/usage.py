@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import Any, overload
 
 _AIDER = re.compile(r"^Tokens: ([\d.]+[kKmM]?) sent(?:, ([\d.]+[kKmM]?) cache \w+)*, ([\d.]+[kKmM]?) received\."
                     r"(?: Cost: \$([\d.]+) message, \$([\d.]+) session\.)?")
@@ -37,7 +39,7 @@ class Usage:
     cached_tokens: int | None    # input read from (or written to) the provider's prompt cache
     reported_by: str             # "claude json result", "codex turn.completed", "aider tokens line"
 
-    def as_extra(self) -> dict:
+    def as_extra(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
@@ -46,7 +48,7 @@ def read_usage(output: str) -> Usage | None:
     return _claude(output) or _codex(output) or _aider(output)
 
 
-def _json_lines(output: str):
+def _json_lines(output: str) -> Iterator[dict[str, Any]]:
     for line in output.splitlines():
         line = line.strip()
         if line.startswith("{") and line.endswith("}"):
@@ -65,7 +67,8 @@ def _claude(output: str) -> Usage | None:
             result = event   # the last one: a stream ends with it
     if result is None:
         return None
-    usage = result.get("usage") if isinstance(result.get("usage"), dict) else {}
+    usage = result.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     cached = _int(usage.get("cache_read_input_tokens"), 0) + _int(usage.get("cache_creation_input_tokens"), 0)
     return Usage(_float(result.get("total_cost_usd")), _int(usage.get("input_tokens")),
                  _int(usage.get("output_tokens")), cached if usage else None, "claude json result")
@@ -95,11 +98,15 @@ def _count(text: str) -> int:
     return round(float(text.rstrip("kKmM")) * scale)
 
 
-def _int(value, default: int | None = None) -> int | None:
+@overload
+def _int(value: object, default: int) -> int: ...
+@overload
+def _int(value: object, default: None = None) -> int | None: ...
+def _int(value: object, default: int | None = None) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def _float(value) -> float | None:
+def _float(value: Any) -> float | None:   # float() raises on what it cannot read
     try:
         return float(value) if value is not None and not isinstance(value, bool) else None
     except (TypeError, ValueError):

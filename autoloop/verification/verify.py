@@ -37,9 +37,12 @@ import ast
 import os
 import time
 
+from autoloop.config.settings import Settings
 from autoloop.core.durations import format_duration
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
+from autoloop.engine.night import Night
 from autoloop.proposers.mutate import apply_move, find_constants, make_move
+from autoloop.repo.workspace import Workspace
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
 from autoloop.store.state import RunState, StateFile
@@ -80,20 +83,27 @@ def scaled_source(source: str, scale: dict[str, str], where: str) -> str:
     return out.decode("utf-8")
 
 
-def revert_groups(ws, best: str, changes: list[LedgerRecord]) -> tuple[list[ChangeNote], list[tuple[list[int], str]]]:
+def _note(record: LedgerRecord) -> ChangeNote:
+    # A kept change (queries.is_kept_change) has its commit and the parent it was built on.
+    assert record.commit is not None and record.parent is not None, "a kept change without its commits"
+    return ChangeNote(trial=record.trial, description=record.description.splitlines()[0] if record.description else "-",
+                      commit=record.commit, parent=record.parent)
+
+
+def revert_groups(ws: Workspace, best: str,
+                  changes: list[LedgerRecord]) -> tuple[list[ChangeNote], list[tuple[list[int], str]]]:
     """How each kept change comes out of the best: alone when its diff reverts cleanly on
     the best, else together with the kept changes after it (the first run of them that
     reverts), else not at all. Returns the notes, and each group's trials with the target's
     text without them."""
-    notes = [ChangeNote(trial=r.trial, description=r.description.splitlines()[0] if r.description else "-",
-                        commit=r.commit, parent=r.parent) for r in changes]
+    notes = [_note(r) for r in changes]
     best_text = ws.file_at(best, ws.target)
     groups: list[tuple[list[int], str]] = []
     i = 0
     while i < len(changes):
         for j in range(i, len(changes)):
             # The diff from the group's last commit back to its first parent, onto the best.
-            text = ws.merge_change(changes[j].commit, best, changes[i].parent)
+            text = ws.merge_change(notes[j].commit, best, notes[i].parent)
             if text is not None:
                 break
         else:
@@ -101,7 +111,7 @@ def revert_groups(ws, best: str, changes: list[LedgerRecord]) -> tuple[list[Chan
             i += 1
             continue
         members = list(range(i, j + 1))
-        trials = [changes[k].trial for k in members]
+        trials = [notes[k].trial for k in members]
         if text == best_text:
             for k in members:
                 notes[k].revert = "absent"
@@ -114,7 +124,7 @@ def revert_groups(ws, best: str, changes: list[LedgerRecord]) -> tuple[list[Chan
     return notes, groups
 
 
-def make_plan(night, settings) -> Plan:
+def make_plan(night: Night, settings: Settings) -> Plan:
     """The ablation's variants (commits made with plumbing: nothing is checked out), their
     trials and the new seeds."""
     records, ws = night.arbiter.records(), night.ws
@@ -126,9 +136,8 @@ def make_plan(night, settings) -> Plan:
     if not changes:
         raise VerifyError(f"no kept changes on {ws.branch_name(night.tag)}: nothing to verify")
     if settings.verify_scale:
-        scaled_source(ws.file_at(best, ws.target), settings.verify_scale, f"the best {settings.target}")
-        scaled_source(ws.file_at(baseline.commit, ws.target), settings.verify_scale,
-                      f"the baseline {settings.target}")
+        scaled_source(_target_at(ws, best), settings.verify_scale, f"the best {settings.target}")
+        scaled_source(_target_at(ws, baseline.commit), settings.verify_scale, f"the baseline {settings.target}")
     notes, groups = revert_groups(ws, best, changes)
     first = queries.next_trial(records)
     # New seeds: above every seed the ledger holds, so no run repeats a night's draw.
@@ -146,15 +155,24 @@ def make_plan(night, settings) -> Plan:
                 scale_budget=settings.verify_budget, changes=notes, variants=variants, created_at=time.time())
 
 
-def plan_transfer(night, plan: Plan, summary: Summary) -> Plan:
+def _target_at(ws: Workspace, commit: str) -> str:
+    """The target's text at a commit of the night (every one has it: each was run)."""
+    text = ws.file_at(commit, ws.target)
+    if text is None:
+        raise VerifyError(f"{ws.target} is not in commit {commit[:7]}")
+    return text
+
+
+def plan_transfer(night: Night, plan: Plan, summary: Summary) -> Plan:
     """The transfer's variants, once the ablation is measured: the baseline, the best, and
     the best without each change the ablation confirmed, at the larger scale."""
     ws, records = night.ws, night.arbiter.records()
     confirmed = {tuple(c.trials) for c in summary.changes if c.estimate and c.estimate.verdict == "confirmed"}
     base = [v for v in plan.variants if not v.scaled and (v.role != "without" or tuple(v.changes) in confirmed)]
-    first, added = queries.next_trial(records), []
+    first = queries.next_trial(records)
+    added: list[Variant] = []
     for v in base:
-        text = ws.file_at(v.commit, ws.target)
+        text = _target_at(ws, v.commit)
         if plan.scale:
             text = scaled_source(text, plan.scale, f"{night.settings.target} of {v.name}")
         commit = ws.commit_text_on(plan.best, text, f"autoloop verify: {v.name} at scale {scale_text(plan)}")
@@ -166,7 +184,7 @@ def plan_transfer(night, plan: Plan, summary: Summary) -> Plan:
 # ------------------------------------------------------------------------------ running it
 
 
-def _current_plan(night, settings, resume: bool) -> Plan:
+def _current_plan(night: Night, settings: Settings, resume: bool) -> Plan:
     """The plan to run: the unfinished one on --resume (if it is of this best), else a new one."""
     layout, records = night.layout, night.arbiter.records()
     old = load_plan(layout)
@@ -188,7 +206,7 @@ def _current_plan(night, settings, resume: bool) -> Plan:
     return plan
 
 
-def run_verification(night, settings, resume: bool = False) -> Summary:
+def run_verification(night: Night, settings: Settings, resume: bool = False) -> Summary:
     """Plan (or resume) and run the verification; returns its verdict. The best, the branch
     and the work tree are where they were when it returns."""
     plan = _current_plan(night, settings, resume)
@@ -221,7 +239,7 @@ def run_verification(night, settings, resume: bool = False) -> Summary:
     return summarize(plan, night.arbiter.records())
 
 
-def _warn_on_budget(night, settings) -> None:
+def _warn_on_budget(night: Night, settings: Settings) -> None:
     """The ablation must train as the night did; the budget is a setting, not in the ledger,
     so a --budget that differs clearly from what the baseline trained is said at once."""
     baseline = queries.baseline(night.arbiter.records())
@@ -232,7 +250,7 @@ def _warn_on_budget(night, settings) -> None:
                            "compare like with like")
 
 
-def _run(night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bool) -> None:
+def _run(night: Night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bool) -> None:
     for variant, repeat in pending(plan, night.arbiter.records(), scaled):
         if night.stop.is_set():
             return
@@ -247,7 +265,7 @@ def _run(night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bool) -> 
                                plan.seeds[repeat], can_confirm=False))
 
 
-def verify_at_end(night, settings) -> None:
+def verify_at_end(night: Night, settings: Settings) -> None:
     """`autoloop run --verify-at-end`: the night's verification when its trials stop, in the
     same hold of the workspace (the scheduler kept the time for it out of --hours)."""
     if not any(queries.is_kept_change(r) for r in night.arbiter.records()):

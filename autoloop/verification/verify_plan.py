@@ -148,14 +148,14 @@ class Summary:
     plan: Plan
     runs: dict[str, dict[int, float]]              # variant -> repeat -> metric
     crashed: dict[str, int]                        # variant -> runs that crashed
-    gain: Estimate                                 # best vs baseline
+    gain: Estimate | None                          # best vs baseline (None: not both run yet)
     changes: list[ChangeVerdict] = field(default_factory=list)
     gain_at_scale: Estimate | None = None
     left: int = 0                                  # runs still to do
 
     @property
     def ratio(self) -> float | None:
-        return None if self.gain_at_scale is None else ratio(self.gain_at_scale, self.gain)
+        return None if self.gain_at_scale is None or self.gain is None else ratio(self.gain_at_scale, self.gain)
 
 
 def summarize(plan: Plan, records: list[LedgerRecord]) -> Summary:
