@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Literal, NamedTuple, Protocol
 
+CrashClass = Literal["trivial", "fundamental", "timeout"]   # what a failed run was
 Kind = Literal["ok", "trivial", "fundamental", "timeout"]
 
 MAX_REASON = 200

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from autoloop.core.classify import CrashClass
 from autoloop.core.decide import Direction, judge_metric, judge_runs, noise_estimate
 
 MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
@@ -86,7 +87,7 @@ class Facts:
     kind: str                               # baseline | candidate | fix | confirm | verify
     commit: str | None
     runs: tuple[float, ...] = ()            # this commit's metrics: earlier runs first, this run last
-    crash: tuple[str, str] | None = None    # (class, reason) when the run failed
+    crash: tuple[CrashClass, str] | None = None    # (class, reason) when the run failed
     other_data: str | None = None           # why its metric was measured on other data
     tampered: tuple[str, ...] = ()          # protected inputs changed during the run
     start: Best = (None, None)              # the best it was built on and is judged against
@@ -105,7 +106,7 @@ class Decision:
     action: Action
     reason: str
     best: Best                              # the best after this decision (the record's `best`)
-    crash: str | None = None
+    crash: CrashClass | None = None
     noise: float | None = None              # the noise estimate the record carries
     confidence: float | None = None         # gain over the noise, in sigma
     extra: dict[str, object] = field(default_factory=dict)   # facts for the record's extra (never control flow)

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -77,6 +77,13 @@ def default_command() -> list[str]:
     """The interpreter running the harness, on the workspace's train.py."""
     return [sys.executable, "train.py"]
 
+
+
+class StopSignal(Protocol):
+    """What ends a run early: a threading.Event, or an agent call's output watch (which
+    ends the call at a fatal line). Only is_set() is read, from the supervising loop."""
+
+    def is_set(self) -> bool: ...
 
 class TrialSpec(BaseModel):
     # argv, e.g. [sys.executable, "train.py"]; a string such as "uv run train.py" is split like a shell would
@@ -401,7 +408,7 @@ def _launch_failure(spec: TrialSpec, log: RunLog, timeout_s: float, exit_code: i
 
 
 def _supervise(proc: subprocess.Popen[bytes], tree: ProcessTree, log: RunLog, spec: TrialSpec, deadline: float,
-               stop_event: threading.Event | None) -> tuple[str | None, int]:
+               stop_event: StopSignal | None) -> tuple[str | None, int]:
     """Sample the tree until the main process exits or a limit ends it:
     (killed_reason, peak RSS of the tree in bytes)."""
     cap_bytes = spec.max_rss_gb * 2**30 if spec.max_rss_gb else None
@@ -432,7 +439,7 @@ def _supervise(proc: subprocess.Popen[bytes], tree: ProcessTree, log: RunLog, sp
 
 
 def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
-              stop_event: threading.Event | None = None,
+              stop_event: StopSignal | None = None,
               on_start: Callable[[list[tuple[int, float]]], None] | None = None,
               on_output: Callable[[bytes], None] | None = None) -> TrialOutcome:
     """Run the trial to completion, timeout, memory cap or stop_event; return only when

@@ -79,12 +79,12 @@ from typing import Any, Literal, NoReturn
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autoloop.core.classify import CrashClass
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
 from autoloop.store.atomic import atomic_write, fsync_dir
 
 Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
-CrashClass = Literal["trivial", "fundamental", "timeout"]
 # What an attempt was: the unmodified baseline, a new idea, a fix of a trivial crash,
 # a re-run of an earlier candidate (noise confirmation, replay), or a run of
 # `autoloop verify` (verify.py: never judged against the best, never moving it).
