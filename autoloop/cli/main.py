@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from autoloop import __version__
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 70   # EX_SOFTWARE of sysexits.h: a bug of ours
 
 
 def _positive_int(text: str) -> int:
@@ -471,6 +473,7 @@ def _add_init(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     from autoloop.core.errors import AutoloopError
 
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -484,12 +487,28 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autoloop: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - a bug of ours: one line, the traceback on request
+    except Exception as e:  # noqa: BLE001 - a bug of ours: one line, the traceback in a log file
         if os.environ.get("AUTOLOOP_DEBUG"):
             raise
-        print(f"autoloop: internal error: {type(e).__name__}: {e} (recorded results are safe: "
-              "autoloop run --resume recovers an interrupted trial; AUTOLOOP_DEBUG=1 shows the traceback)", file=sys.stderr)
-        return 70
+        return _internal_error(e, argv, getattr(args, "directory", "."))
+
+
+def _internal_error(error: Exception, argv: list[str], directory: str) -> int:
+    """One line on stderr naming the log that holds the traceback and the versions."""
+    from autoloop.cli.internal_error import write_log
+
+    what = f"autoloop: internal error: {type(error).__name__}: {error}"
+    try:
+        log = write_log(error, argv, directory)
+    except Exception:  # noqa: BLE001 - writing the log failed too: the traceback goes to stderr
+        log = None
+    if log is None:
+        traceback.print_exception(error)
+        print(f"{what} (traceback above; please include it in a bug report)", file=sys.stderr)
+    else:
+        print(f"{what} (traceback in {_shown_path(log, Path.cwd())}; please attach it to a bug report)",
+              file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":
