@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from autoloop.config.settings import SECTIONS, Settings, flag_of
+from autoloop.config.settings import SECTIONS, Settings, flag_of, load_settings
 from autoloop.core.durations import format_duration
 
 
@@ -46,6 +47,11 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
             value = dict(value)   # [(key, value)] from a repeatable KEY=VALUE flag
         out[name] = value
     return out
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from the workspace's config file, with the flags given on top."""
+    return load_settings(Path(args.directory).resolve(), overrides_from(args))
 
 
 # ------------------------------------------------------------------------------ one flag

@@ -10,6 +10,7 @@ takes at most seconds; none trains, none reaches the network.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import glob
 import importlib.metadata
@@ -20,8 +21,15 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from autoloop.cli.flags import settings_from
+from autoloop.cli.paths import repo_root
 from autoloop.core.checks import Check, fail, failures, ok, warn
 from autoloop.observe.console import plural
+
+
+def run(args: argparse.Namespace) -> int:
+    checks = run_doctor(repo_root(args.directory), lambda: settings_from(args), print)
+    return 1 if any(c.status == "fail" for c in checks) else 0
 
 
 def run_doctor(root: Path, load: Callable[[], object], say: Callable[[str], None]) -> list[Check]:
