@@ -57,8 +57,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
 # ------------------------------------------------------------------------------ one flag
 
 
-def _meta(field: FieldInfo) -> dict:
-    return field.json_schema_extra or {}
+def _meta(field: FieldInfo) -> dict[str, Any]:
+    extra = field.json_schema_extra   # a dict on every Settings field (pydantic also allows a callable)
+    return extra if isinstance(extra, dict) else {}
 
 
 def _origin(annotation: Any) -> Any:
@@ -81,7 +82,7 @@ def _choices(field: FieldInfo) -> list[str] | None:
 def _default_text(field: FieldInfo) -> str | None:
     meta = _meta(field)
     if meta.get("default_text"):
-        return meta["default_text"]
+        return str(meta["default_text"])
     default = field.get_default(call_default_factory=True)
     if default is None or default is False or default in ({}, []):
         return None

@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoloop import __version__
 from autoloop.cli.flags import settings_from
@@ -15,6 +16,11 @@ from autoloop.cli.paths import shown_path
 
 # settings_from stays importable from here: tests/test_flags.py and test_agent.py read flags through it.
 __all__ = ["build_parser", "main", "settings_from"]
+
+if TYPE_CHECKING:   # what add_subparsers returns: private in argparse, generic only in typeshed
+    from typing import TypeAlias
+
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70   # EX_SOFTWARE of sysexits.h: a bug of ours
@@ -63,7 +69,7 @@ def _directory_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("-C", "--directory", default=".", help="the experiment repository (default: here)")
 
 
-def _add_prepare(sub) -> None:
+def _add_prepare(sub: Subparsers) -> None:
     from autoloop.data import DEFAULT_AUDIT_BYTES, DEFAULT_VAL_BYTES
 
     p = sub.add_parser(
@@ -84,7 +90,7 @@ def _add_prepare(sub) -> None:
                    help=f"size of the held-out audit slice (default {DEFAULT_AUDIT_BYTES:,})")
 
 
-def _add_run(sub) -> None:
+def _add_run(sub: Subparsers) -> None:
     from autoloop.cli.flags import add_setting_flags
 
     p = sub.add_parser(
@@ -104,7 +110,7 @@ def _add_run(sub) -> None:
     _directory_flag(p)
 
 
-def _add_trial(sub) -> None:
+def _add_trial(sub: Subparsers) -> None:
     from autoloop.cli.flags import add_setting_flags
 
     p = sub.add_parser(
@@ -120,7 +126,7 @@ def _add_trial(sub) -> None:
     _directory_flag(p)
 
 
-def _add_verify(sub) -> None:
+def _add_verify(sub: Subparsers) -> None:
     from autoloop.cli.flags import add_setting_flags
 
     p = sub.add_parser(
@@ -143,7 +149,7 @@ def _add_verify(sub) -> None:
     _directory_flag(p)
 
 
-def _add_doctor(sub) -> None:
+def _add_doctor(sub: Subparsers) -> None:
     from autoloop.cli.flags import add_setting_flags
 
     p = sub.add_parser(
@@ -160,7 +166,7 @@ def _add_doctor(sub) -> None:
     _directory_flag(p)
 
 
-def _add_status(sub) -> None:
+def _add_status(sub: Subparsers) -> None:
     p = sub.add_parser("status", help="where the loop stands (safe while it runs)",
                        description="Current trial and phase, best and baseline metric, counts by status and "
                                    "crash class, pace and time left. Reads results/ only.")
@@ -168,7 +174,7 @@ def _add_status(sub) -> None:
     _directory_flag(p)
 
 
-def _add_report(sub) -> None:
+def _add_report(sub: Subparsers) -> None:
     p = sub.add_parser("report", help="write the morning summary: results/report.md and results/progress.png",
                        description="Baseline vs best, the kept changes with their deltas, crashes by class with "
                                    "their reasons, the noise estimate and where the wall time went, in report.md; "
@@ -181,7 +187,7 @@ def _add_report(sub) -> None:
     _directory_flag(p)
 
 
-def _add_note(sub) -> None:
+def _add_note(sub: Subparsers) -> None:
     p = sub.add_parser("note", help="tell the agent something: a note every later prompt carries "
                                     "(safe while the loop runs)",
                        description="Add a timestamped note that every later agent prompt carries, in the research "
@@ -194,7 +200,7 @@ def _add_note(sub) -> None:
     _directory_flag(p)
 
 
-def _add_finalize(sub) -> None:
+def _add_finalize(sub: Subparsers) -> None:
     p = sub.add_parser("finalize", help="the kept changes as a clean branch: one commit each, metrics in the messages",
                        description="Create a new branch (default autoloop/<tag>-final) from the baseline commit "
                                    "with one commit per kept change, in ledger order, each message giving the "
@@ -216,7 +222,7 @@ def _add_finalize(sub) -> None:
     _directory_flag(p)
 
 
-def _add_dashboard(sub) -> None:
+def _add_dashboard(sub: Subparsers) -> None:
     from autoloop.review.dashboard.server import DEFAULT_PORT, TOKEN_ENV
 
     p = sub.add_parser("dashboard", help="a live, read-only web page of the night (safe while the loop runs)",
@@ -236,7 +242,7 @@ def _add_dashboard(sub) -> None:
     _directory_flag(p)
 
 
-def _add_init(sub) -> None:
+def _add_init(sub: Subparsers) -> None:
     p = sub.add_parser("init", help="create a fresh experiment repository",
                        description="Create DIR with train.py, program.md, .gitignore and a first commit, "
                                    "ready for autoloop run.")

@@ -34,14 +34,15 @@ def _print_tree(result: FinalizeResult) -> None:
     """What the new branch's tree is: the best without the changes left out, or the best itself."""
     from autoloop.review.finalize import RESULTS_PREFIX
 
+    best = (result.best or "")[:7]   # a branch with kept changes has a best: the ledger's last keep
     for change, verdict in result.dropped:
         print(f"left out: trial {change.record.trial} {change.record.description.splitlines()[0]} "
               f"({verdict} in autoloop verify)")
     if result.dropped:
-        print(f"its tree is the best {result.best[:7]} without the change(s) left out")
+        print(f"its tree is the best {best} without the change(s) left out")
     elif result.differs:
-        print(f"note: its tree differs from the best commit {result.best[:7]} in {', '.join(result.differs)} "
+        print(f"note: its tree differs from the best commit {best} in {', '.join(result.differs)} "
               "(changes no kept trial made)")
     elif result.best:
         aside = f" (apart from {RESULTS_PREFIX}/)" if result.results else ""
-        print(f"its tree equals the best commit {result.best[:7]}{aside}; autoloop/{result.tag} is unchanged")
+        print(f"its tree equals the best commit {best}{aside}; autoloop/{result.tag} is unchanged")
