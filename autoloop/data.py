@@ -23,12 +23,17 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from autoloop.core.errors import AutoloopError
+
+if TYPE_CHECKING:   # torch is imported when batches are made: train.py's process has it, prepare does not need it
+    import torch
 
 FORMAT_VERSION = 1
 DEFAULT_VAL_BYTES = 512 * 1024
@@ -100,7 +105,7 @@ def stdlib_root() -> Path:
 
 def _stdlib_files() -> tuple[Path, list[Path]]:
     root = stdlib_root()
-    files = []
+    files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         # Sorted in place so the walk order never depends on the file system.
         dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP_DIRS)
@@ -159,7 +164,7 @@ def _order_key(key: str) -> bytes:
     return hashlib.sha256(b"autoloop-order-v1:" + key.encode("utf-8", "surrogateescape")).digest()
 
 
-def _units(root: Path, files: list[Path]):
+def _units(root: Path, files: list[Path]) -> Iterator[tuple[str, bytes]]:
     """Yield (key, bytes) for every unit of every file; the key is the relative path (+ part)."""
     for path in files:
         rel = path.relative_to(root).as_posix()
@@ -174,7 +179,7 @@ def _units(root: Path, files: list[Path]):
 @dataclass
 class PreparedInfo:
     data_dir: Path
-    meta: dict
+    meta: dict[str, Any]
     built: bool  # False when an identical dataset was already there
 
     def summary_lines(self) -> list[str]:
@@ -188,33 +193,46 @@ class PreparedInfo:
         return lines
 
 
-def _build(spec: CorpusSpec) -> tuple[dict, dict[str, bytes]]:
+Buckets = dict[str, list[tuple[bytes, str, bytes]]]   # split -> (order key, unit key, bytes), in order
+
+
+def _build(spec: CorpusSpec) -> tuple[dict[str, Any], dict[str, bytes], str]:
+    """The dataset of ``spec``: its meta.json, the bytes of each split, and manifest.tsv's text."""
     if spec.val_bytes < 2:
         raise DataError(f"val_bytes must be at least 2, got {spec.val_bytes}")
     if spec.audit_bytes < 0:
         raise DataError(f"audit_bytes must not be negative, got {spec.audit_bytes}")
     root, files = _stdlib_files() if spec.is_stdlib else _user_files(spec.source)
-    buckets: dict[str, list[tuple[bytes, str, bytes]]] = {"train": [], "val": [], "audit": []}
+    buckets: Buckets = {"train": [], "val": [], "audit": []}
     for key, data in _units(root, files):
         buckets[split_of(key)].append((_order_key(key), key, data))
     for units in buckets.values():
         units.sort()
-
-    def joined(units, limit=None):
-        out = bytearray()
-        for _, _, data in units:
-            if out:
-                out += SEPARATOR
-            out += data
-            if limit is not None and len(out) >= limit:
-                break
-        return bytes(out if limit is None else out[:limit])
-
     blobs = {
-        "train": joined(buckets["train"]),
-        "val": joined(buckets["val"], spec.val_bytes),
-        "audit": joined(buckets["audit"], spec.audit_bytes),
+        "train": _joined(buckets["train"]),
+        "val": _joined(buckets["val"], spec.val_bytes),
+        "audit": _joined(buckets["audit"], spec.audit_bytes),
     }
+    _check_sizes(spec, blobs)
+    manifest_lines = [f"{split}\t{len(data)}\t{key}" for split in ("train", "val", "audit")
+                      for _, key, data in buckets[split]]
+    manifest = "\n".join(["split\tbytes\tunit", *manifest_lines]) + "\n"
+    return _meta(spec, root, buckets, blobs), blobs, manifest
+
+
+def _joined(units: list[tuple[bytes, str, bytes]], limit: int | None = None) -> bytes:
+    """The units' bytes, separated; cut at ``limit`` bytes when given."""
+    out = bytearray()
+    for _, _, data in units:
+        if out:
+            out += SEPARATOR
+        out += data
+        if limit is not None and len(out) >= limit:
+            break
+    return bytes(out if limit is None else out[:limit])
+
+
+def _check_sizes(spec: CorpusSpec, blobs: dict[str, bytes]) -> None:
     for split, need in (("val", spec.val_bytes), ("audit", spec.audit_bytes)):
         if len(blobs[split]) < need:
             raise DataError(
@@ -224,14 +242,19 @@ def _build(spec: CorpusSpec) -> tuple[dict, dict[str, bytes]]:
     if len(blobs["train"]) < 4 * 1024:
         raise DataError(f"corpus '{spec.source}' is too small: {len(blobs['train']):,} training bytes")
 
+
+def _meta(spec: CorpusSpec, root: Path, buckets: Buckets, blobs: dict[str, bytes]) -> dict[str, Any]:
+    """meta.json: where the data came from, each split's size and hash, and the fingerprint
+    (the validation bytes and the training manifest: what a metric depends on)."""
     manifest = hashlib.sha256()
     for _, key, data in buckets["train"]:
-        manifest.update(f"{key}\t{len(data)}\t{hashlib.sha256(data).hexdigest()}\n".encode("utf-8", "surrogateescape"))
+        manifest.update(f"{key}\t{len(data)}\t{hashlib.sha256(data).hexdigest()}\n"
+                        .encode("utf-8", "surrogateescape"))
     fp = hashlib.sha256()
     fp.update(b"autoloop-fingerprint-v1\n")
     fp.update(hashlib.sha256(blobs["val"]).digest())
     fp.update(manifest.digest())
-    meta = {
+    return {
         "format": FORMAT_VERSION,
         "source": "stdlib" if spec.is_stdlib else os.path.abspath(os.path.expanduser(spec.source)),
         "source_root": str(root),
@@ -247,15 +270,11 @@ def _build(spec: CorpusSpec) -> tuple[dict, dict[str, bytes]]:
         "fingerprint": fp.hexdigest()[:16],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    manifest_lines = [f"{split}\t{len(data)}\t{key}" for split in ("train", "val", "audit")
-                      for _, key, data in buckets[split]]
-    blobs_and_manifest = dict(blobs, manifest="\n".join(["split\tbytes\tunit", *manifest_lines]) + "\n")
-    return meta, blobs_and_manifest
 
 
-def read_meta(data_dir: Path) -> dict | None:
+def read_meta(data_dir: Path) -> dict[str, Any] | None:
     try:
-        meta = json.loads((Path(data_dir) / "meta.json").read_text())
+        meta: dict[str, Any] = json.loads((Path(data_dir) / "meta.json").read_text())
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError) as e:
@@ -278,8 +297,7 @@ def prepare(spec: CorpusSpec | None = None, data_dir: str | Path | None = None) 
     data_dir = Path(data_dir) if data_dir else default_data_dir(spec)
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(data_dir) + ".lock"):
-        meta, blobs = _build(spec)
-        manifest = blobs.pop("manifest")
+        meta, blobs, manifest = _build(spec)
         existing = read_meta(data_dir) if data_dir.exists() else None
         if data_dir.exists() and existing is None and any(data_dir.iterdir()):
             # Never delete a folder we did not build: it may be the user's own files.
@@ -341,11 +359,13 @@ class Dataset:
             path = self.data_dir / f"{name}.bin"
             expected = self.meta["splits"][name]["bytes"]
             if not path.exists() or path.stat().st_size != expected:
-                raise DataError(f"{path} is missing or has the wrong size; delete {self.data_dir} and run autoloop prepare")
+                raise DataError(f"{path} is missing or has the wrong size; delete {self.data_dir} and run "
+                                "autoloop prepare")
             self._maps[name] = np.memmap(path, dtype=np.uint8, mode="r") if expected else np.zeros(0, np.uint8)
         return self._maps[name]
 
-    def batches(self, batch_size: int, seq_len: int, device="cpu", seed: int = 42, split: str = "train"):
+    def batches(self, batch_size: int, seq_len: int, device: str | torch.device = "cpu", seed: int = 42,
+                split: str = "train") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Endless (x, y) int64 batches of random windows; y is x shifted by one byte.
 
         Windows are drawn uniformly from the memory map with one vectorised gather,

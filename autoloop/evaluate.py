@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from autoloop.data import Dataset, load_data
@@ -45,7 +46,8 @@ def _windows(n_bytes: int, context: int) -> list[tuple[int, int]]:
     return out
 
 
-def _score(model, data, windows, device, batch_size: int) -> tuple[float, int]:
+def _score(model: torch.nn.Module, data: np.ndarray, windows: list[tuple[int, int]], device: torch.device,
+           batch_size: int) -> tuple[float, int]:
     """Sum of losses in nats over ``windows`` and the number of bytes scored."""
     total, count = 0.0, 0
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
@@ -68,7 +70,8 @@ def _score(model, data, windows, device, batch_size: int) -> tuple[float, int]:
     return total, count
 
 
-def _bpb(model, data, context: int, batch_size: int, device) -> tuple[float, int, int]:
+def _bpb(model: torch.nn.Module, data: np.ndarray, context: int, batch_size: int,
+         device: torch.device) -> tuple[float, int, int]:
     """(bits per byte, bytes scored, batch size that fit) over ``data``; an out-of-memory
     error restarts with half the batch (same number, just slower) until a batch of one fails."""
     windows = _windows(len(data), context)
@@ -86,7 +89,7 @@ def _bpb(model, data, context: int, batch_size: int, device) -> tuple[float, int
 
 
 @torch.no_grad()
-def evaluate_bpb(model, batch_size: int = DEFAULT_EVAL_BATCH, dataset: Dataset | None = None,
+def evaluate_bpb(model: torch.nn.Module, batch_size: int = DEFAULT_EVAL_BATCH, dataset: Dataset | None = None,
                  context: int = EVAL_CONTEXT, write_result: bool = True) -> float:
     """Mean cross-entropy in bits over the pinned validation bytes.
 

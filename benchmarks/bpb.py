@@ -120,7 +120,7 @@ def summary_table(sides: list[Side], budget: float, xz: float) -> list[str]:
                      f"{max(values):>8.4f} {max(values) - min(values):>7.4f} {mean / xz:>6.3f} "
                      f"{statistics.fmean(steps):>7.0f} {ratio} {sd_ratio}")
     if stats[0]:
-        for side, st in zip(sides[1:], stats[1:]):
+        for side, st in zip(sides[1:], stats[1:], strict=True):
             if st:
                 lines.append(f"  A / {side.letter}: mean ratio {stats[0][0] / st[0]:.3f}"
                              + (f", sd ratio {stats[0][1] / st[1]:.2f}" if st[1] > 0 and st[1] == st[1]
@@ -146,8 +146,8 @@ def steps_fit(values: list[float], steps: list[float]) -> tuple[float, float] | 
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx <= 0:
         return None
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sxx
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, values))
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values, strict=True)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, values, strict=True))
     return slope * math.log(1.1), math.sqrt(residual / (len(values) - 2))
 
 
@@ -245,12 +245,12 @@ def summarize(paths: list[Path]) -> int:
         dataset = load_data()
     except DataError as e:
         sys.exit(f"error: {e}")
-    for path, sides in zip(paths, invocations):
+    for path, sides in zip(paths, invocations, strict=True):
         if any(r.get("fingerprint", dataset.fingerprint) != dataset.fingerprint
                for side in sides for runs in side.runs.values() for r in runs):
             sys.exit(f"error: {path} holds runs on other data than the prepared {dataset.fingerprint}")
     xz = compressor_bpb(bytes(dataset.split("val")))["xz -9e"]
-    for path, sides in zip(paths, invocations):
+    for path, sides in zip(paths, invocations, strict=True):
         if len(paths) > 1:
             print(f"== {path}")
         for budget in sorted({b for side in sides for b in side.runs}):

@@ -57,8 +57,9 @@ def timeout_lag(workdir: Path, cap_bytes: int) -> tuple[float, int]:
     """(seconds past the 2 s deadline, bytes drained) for a child that floods until killed."""
     forever = "import sys\nblock = (b'x' * 1023 + b'\\n') * 1024\nwhile True:\n    sys.stdout.buffer.write(block)\n"
     started = time.monotonic()
-    outcome = run_trial(TrialSpec(command=[sys.executable, "-c", forever], cwd=workdir, log_path=workdir / "forever.log",
-                                  budget_s=1, timeout_s=2, grace_s=1, log_cap_bytes=cap_bytes))
+    outcome = run_trial(TrialSpec(command=[sys.executable, "-c", forever], cwd=workdir,
+                                  log_path=workdir / "forever.log", budget_s=1, timeout_s=2, grace_s=1,
+                                  log_cap_bytes=cap_bytes))
     assert outcome.killed_reason == "timeout", outcome
     return time.monotonic() - started - 2, outcome.log_cut_bytes + (workdir / "forever.log").stat().st_size
 
@@ -73,9 +74,11 @@ def main() -> None:
     print(f"{'bare pipe read, discarded'.ljust(25)}: {args.mb / wall:7.0f} MiB/s   CPU {cpu / wall:.2f} s/s, "
           f"{cpu / args.mb * 1024:.2f} s per GiB")
     with tempfile.TemporaryDirectory() as tmp:
-        for label, cap in (("run_trial, no cap", None), (f"run_trial, cap {args.cap_mb:g} MiB", int(args.cap_mb * 2**20))):
+        caps = (("run_trial, no cap", None), (f"run_trial, cap {args.cap_mb:g} MiB", int(args.cap_mb * 2**20)))
+        for label, cap in caps:
             wall, cpu, size, cut = ours(Path(tmp), args.mb, cap)
-            print(f"{label.ljust(25)}: {args.mb / wall:7.0f} MiB/s   CPU {cpu / wall:.2f} s/s, {cpu / args.mb * 1024:.2f} s per GiB; "
+            print(f"{label.ljust(25)}: {args.mb / wall:7.0f} MiB/s   CPU {cpu / wall:.2f} s/s, "
+                  f"{cpu / args.mb * 1024:.2f} s per GiB; "
                   f"log {size / 2**20:.1f} MiB, {cut / 2**20:.1f} MiB cut")
         lag, drained = timeout_lag(Path(tmp), int(args.cap_mb * 2**20))
         print(f"{'timeout lag, flooding'.ljust(25)}: returned {lag:.2f} s after the 2 s deadline "

@@ -74,7 +74,8 @@ def main() -> None:
     print(f"  trial process wall, mean:        {process / n:7.2f} s  (python start-up, data, training, evaluation)")
     print(f"  training inside it, mean:        {training / n:7.2f} s")
     print(f"  orchestrator per trial, mean:    {(wall - process) / n:7.2f} s  (CLI start, propose, git, judge, ledger)")
-    print(f"    of which inside the attempt:   {(inside - process) / n:7.2f} s  (commit, refs, classify, record, reset)")
+    print(f"    of which inside the attempt:   {(inside - process) / n:7.2f} s  "
+          "(commit, refs, classify, record, reset)")
     print(f"  training share of wall time:     {100 * training / wall:6.1f} %")
     print(f"  at a 5 m budget this overhead is {100 * (wall - process) / n / 300:.2f} % of a trial")
 

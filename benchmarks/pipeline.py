@@ -1,4 +1,4 @@
-"""Does the device wait for the agent? Serial proposing against look-ahead (#16).
+"""Does the device wait for the agent? Serial proposing against look-ahead (--lookahead 1).
 
 Runs `autoloop run --lookahead 0` and `--lookahead 1` through the real CLI in fresh
 temporary repositories, with a fake coding agent (tests/fake_agents/scripted.py) that

@@ -152,7 +152,8 @@ def real(args) -> int:
     for name, ledger, wall in results:
         baseline = next(r for r in ledger if r["kind"] == "baseline")
         best = [r["best_metric"] for r in ledger if r["best"]][-1]
-        kept = [r for r in ledger if r["status"] == "keep" and r["kind"] != "baseline" and "noise_samples" not in r["extra"]]
+        kept = [r for r in ledger
+                if r["status"] == "keep" and r["kind"] != "baseline" and "noise_samples" not in r["extra"]]
         crashes = sum(r["status"] == "crash" for r in ledger)
         runs = sum(r["status"] != "skip" for r in ledger)
         print(f"{name:<13} {baseline['metric']:>9.4f} {best:>9.4f} {best - baseline['metric']:>+8.4f} {len(kept):>4} "
@@ -178,7 +179,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="mode")
     sim = sub.add_parser("sim", help="simulated landscapes (the default)")
-    sim.add_argument("--nights", type=int, default=10, help="nights per proposer and landscape, seeds 42.. (default 10)")
+    sim.add_argument("--nights", type=int, default=10,
+                     help="nights per proposer and landscape, seeds 42.. (default 10)")
     sim.add_argument("--trials", type=int, default=90, help="trials per night at most (default 90)")
     sim.add_argument("--sigma", type=float, default=0.01, help="noise of a run (default 0.01)")
     sim.add_argument("--landscape", choices=[*LANDSCAPES, "all"], default="all")

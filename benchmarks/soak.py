@@ -3,7 +3,8 @@
 A tmp git repo holds a fast fake train.py (0.2-0.5 s per run; ``val_bpb`` from its
 constants plus seeded noise, also written to the result file with the run's nonce, as
 autoloop.evaluate does) and a queue of changes to it: a seeded random walk of its constants
-(some beat the best, most do not), a few of them broken so that they crash (a NameError, a non-zero exit) or hang past the timeout. Each cycle:
+(some beat the best, most do not), a few of them broken so that they crash (a NameError, a
+non-zero exit) or hang past the timeout. Each cycle:
 
 1. start ``autoloop run`` (``--resume`` once the branch exists) as a subprocess;
 2. wait a seeded random time (0-3 s by default) and SIGKILL the orchestrator's pid only:
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -131,9 +133,11 @@ def make_repo(repo: Path, queue_size: int, rng: random.Random) -> str:
         if roll < 0.06:   # a trivial crash: the queue cannot fix it, the loop moves on
             text, description = text.replace("rng.gauss(0.0", "rgn.gauss(0.0", 1), description + " (typo)"
         elif roll < 0.10:
-            text, description = text.replace("    value = ", "    sys.exit(3)\n    value = ", 1), description + " (exit 3)"
+            text = text.replace("    value = ", "    sys.exit(3)\n    value = ", 1)
+            description += " (exit 3)"
         elif roll < 0.12:
-            text, description = text.replace("def main():\n", "def main():\n    time.sleep(60)\n", 1), description + " (hang)"
+            text = text.replace("def main():\n", "def main():\n    time.sleep(60)\n", 1)
+            description += " (hang)"
         (queue / f"{i:04d}.py").write_text(f"# autoloop: {description}\n{text}")
     return git(repo, "rev-parse", "HEAD").stdout.strip()
 
@@ -173,7 +177,8 @@ def read_tsv(repo: Path) -> list[dict]:
     if not path.exists():
         return []
     lines = path.read_text().splitlines()
-    return [dict(zip(lines[0].split("\t"), line.split("\t"))) for line in lines[1:]]
+    # strict=False: a row cut short by a kill mid-write keeps the columns it has
+    return [dict(zip(lines[0].split("\t"), line.split("\t"), strict=False)) for line in lines[1:]]
 
 
 def check(repo: Path, initial: str) -> dict[str, str]:
@@ -201,7 +206,9 @@ def check(repo: Path, initial: str) -> dict[str, str]:
         bad["missing_attempt"] = f"trials {sorted(attempts)[:5]}..., attempts not contiguous in {gaps[:5]}"
 
     for r in ledger:
-        if r["status"] == "keep" and git(repo, "merge-base", "--is-ancestor", r["commit"], branch, check=False).returncode:
+        if r["status"] != "keep":
+            continue
+        if git(repo, "merge-base", "--is-ancestor", r["commit"], branch, check=False).returncode:
             bad["kept_commit_lost"] = f"trial {r['trial']}.{r['attempt']} {r['commit'][:7]}"
     bests = [r["best"] for r in ledger if r["best"]]
     want = bests[-1] if bests else initial
@@ -255,6 +262,22 @@ def branch_exists(repo: Path) -> bool:
     return git(repo, "rev-parse", "--verify", "-q", f"refs/heads/autoloop/{TAG}", check=False).returncode == 0
 
 
+@dataclass
+class Tally:
+    """What the kills found: invariants broken (by kind, with an example), phases hit."""
+    violations: collections.Counter[str] = field(default_factory=collections.Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+    phases: collections.Counter[str] = field(default_factory=collections.Counter)
+    survived: int = 0
+    ended_alone: int = 0
+    checks: int = 0
+
+    def add(self, bad: dict[str, str], where: str) -> None:
+        for kind, why in bad.items():
+            self.violations[kind] += 1
+            self.examples.setdefault(kind, f"{where}: {why}")
+
+
 def soak(args, work: Path) -> int:
     rng = random.Random(args.seed)
     repo = work / "repo"
@@ -263,47 +286,18 @@ def soak(args, work: Path) -> int:
            "SOAK_WORKER": "1" if args.worker else "0"}
     if args.data_dir:
         env["AUTOLOOP_DATA_DIR"] = args.data_dir
-    violations: collections.Counter[str] = collections.Counter()
-    examples: dict[str, str] = {}
-    phases: collections.Counter[str] = collections.Counter()
-    survived, ended_alone, checks, t0 = 0, 0, 0, time.time()
-
+    tally, t0 = Tally(), time.time()
     pending: list[int] = []   # kills not yet followed by an at-rest check
     for i in range(1, args.kills + 1):
-        resume = ["--resume"] if branch_exists(repo) else []
-        proc = subprocess.Popen(autoloop_cmd(*resume, "--max-trials", "100000"), cwd=repo, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            proc.wait(timeout=rng.uniform(0.0, args.max_wait))
-            ended_alone += 1   # it stopped by itself before the kill (it should not)
-            examples.setdefault("ended_before_kill", (proc.stderr.read() or "").strip()[-200:])
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)   # the orchestrator only: its children live on
-            proc.wait()
-        proc.stderr.close()
+        _kill_one_run(repo, env, rng, args.max_wait, tally)
         pending.append(i)
-        state_file = repo / "results" / "state.json"
-        try:
-            phases[json.loads(state_file.read_text()).get("phase") or "?"] += 1
-        except (OSError, ValueError):
-            phases["(no state yet)"] += 1
         if i < args.kills and rng.random() < args.chain:
             continue   # the next run starts from this debris: it recovers, and may be killed doing so
-
-        if branch_exists(repo):
-            # Recover and stop before any new trial: the workspace is then at rest.
-            rest = subprocess.run(autoloop_cmd("--resume", "--hours", "1e-9"), cwd=repo, env=env,
-                                  capture_output=True, text=True, timeout=120, check=False)
-            bad = {} if rest.returncode == 0 else {"resume_failed": (rest.stderr.strip() or rest.stdout)[-200:]}
-            bad.update(check(repo, initial))
-        else:
-            bad = {k: v for k, v in check(repo, initial).items() if k in ("process_left", "dirty_tree")}
-        checks += 1
+        bad = _at_rest(repo, env, initial)
+        tally.checks += 1
         if not bad:
-            survived += len(pending)
-        for kind, why in bad.items():
-            violations[kind] += 1
-            examples.setdefault(kind, f"kill {i}: {why}")
+            tally.survived += len(pending)
+        tally.add(bad, f"kill {i}")
         if args.verbose:
             print(f"kills {pending[0]}-{i}: " if len(pending) > 1 else f"kill {i}: ",
                   "ok" if not bad else ", ".join(bad), sep="", flush=True)
@@ -313,30 +307,61 @@ def soak(args, work: Path) -> int:
                            capture_output=True, text=True, timeout=600, check=False)
     final_bad = {} if final.returncode == 0 else {"final_run_failed": (final.stderr.strip() or final.stdout)[-200:]}
     final_bad.update(check(repo, initial))
-    for kind, why in final_bad.items():
-        violations[kind] += 1
-        examples.setdefault(kind, f"final: {why}")
+    tally.add(final_bad, "final")
     wall = time.time() - t0
+    _print_summary(args, tally, final_bad, read_ledger(repo), wall)
+    if args.keep:
+        print(f"repo kept at {repo}")
+    return 1 if tally.violations else 0
 
-    ledger = read_ledger(repo)
+
+def _kill_one_run(repo: Path, env: dict[str, str], rng: random.Random, max_wait: float, tally: Tally) -> None:
+    """Start the loop, SIGKILL the orchestrator at a random moment, note the phase it was in."""
+    resume = ["--resume"] if branch_exists(repo) else []
+    proc = subprocess.Popen(autoloop_cmd(*resume, "--max-trials", "100000"), cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.wait(timeout=rng.uniform(0.0, max_wait))
+        tally.ended_alone += 1   # it stopped by itself before the kill (it should not)
+        tally.examples.setdefault("ended_before_kill", (proc.stderr.read() or "").strip()[-200:])
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)   # the orchestrator only: its children live on
+        proc.wait()
+    proc.stderr.close()
+    state_file = repo / "results" / "state.json"
+    try:
+        tally.phases[json.loads(state_file.read_text()).get("phase") or "?"] += 1
+    except (OSError, ValueError):
+        tally.phases["(no state yet)"] += 1
+
+
+def _at_rest(repo: Path, env: dict[str, str], initial: str) -> dict[str, str]:
+    """Recover and stop before any new trial, then check the invariants of a workspace at rest."""
+    if not branch_exists(repo):
+        return {k: v for k, v in check(repo, initial).items() if k in ("process_left", "dirty_tree")}
+    rest = subprocess.run(autoloop_cmd("--resume", "--hours", "1e-9"), cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    bad = {} if rest.returncode == 0 else {"resume_failed": (rest.stderr.strip() or rest.stdout)[-200:]}
+    bad.update(check(repo, initial))
+    return bad
+
+
+def _print_summary(args, tally: Tally, final_bad: dict[str, str], ledger: list[dict], wall: float) -> None:
     print(f"soak: seed {args.seed}, {args.kills} SIGKILLs of the orchestrator at 0-{args.max_wait:g} s, "
           f"worker processes {'on' if args.worker else 'off'}")
-    print(f"kills survived with every invariant holding: {survived}/{args.kills}, {checks} at-rest checks"
-          + (f" ({ended_alone} runs ended before their kill)" if ended_alone else ""))
+    print(f"kills survived with every invariant holding: {tally.survived}/{args.kills}, {tally.checks} at-rest checks"
+          + (f" ({tally.ended_alone} runs ended before their kill)" if tally.ended_alone else ""))
     print(f"final run to --max-trials {args.final_trials}: {'ok' if not final_bad else ', '.join(final_bad)}")
-    print("violations by kind: " + (", ".join(f"{k} {n}" for k, n in violations.most_common()) or "none"))
-    for kind, why in examples.items():
+    print("violations by kind: " + (", ".join(f"{k} {n}" for k, n in tally.violations.most_common()) or "none"))
+    for kind, why in tally.examples.items():
         print(f"  {kind}: {why}")
-    print("kills by phase: " + ", ".join(f"{k} {n}" for k, n in phases.most_common()))
+    print("kills by phase: " + ", ".join(f"{k} {n}" for k, n in tally.phases.most_common()))
     trials = len({r["trial"] for r in ledger})
     interrupted = sum(1 for r in ledger if (r["reason"] or "").startswith("interrupted"))
     statuses = collections.Counter(r["status"] for r in ledger)
     print(f"recorded: {trials} trials, {len(ledger)} attempts ({', '.join(f'{k} {n}' for k, n in statuses.items())}), "
           f"{interrupted} interrupted rows")
     print(f"wall time: {wall:.0f} s")
-    if args.keep:
-        print(f"repo kept at {repo}")
-    return 1 if violations else 0
 
 
 def main() -> int:
@@ -351,7 +376,7 @@ def main() -> int:
     ap.add_argument("--worker", action=argparse.BooleanOptionalAction, default=True,
                     help="each fake train.py runs a helper process while it trains, as a data loader does (default on)")
     ap.add_argument("--lookahead", type=int, choices=[0, 1], default=0,
-                    help="1: the queue proposes the next trial while one trains (#16), so kills also land with "
+                    help="1: the queue proposes the next trial while one trains, so kills also land with "
                          "a candidate prepared or being prepared (default 0)")
     ap.add_argument("--data-dir", help="prepared data (default: autoloop's per-user cache)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp repo for inspection")

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from autoloop.config.settings import SECTIONS, Settings, flag_of
+from autoloop.config.settings import SECTIONS, Settings, flag_of, load_settings
 from autoloop.core.durations import format_duration
 
 
@@ -48,11 +49,17 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from the workspace's config file, with the flags given on top."""
+    return load_settings(Path(args.directory).resolve(), overrides_from(args))
+
+
 # ------------------------------------------------------------------------------ one flag
 
 
-def _meta(field: FieldInfo) -> dict:
-    return field.json_schema_extra or {}
+def _meta(field: FieldInfo) -> dict[str, Any]:
+    extra = field.json_schema_extra   # a dict on every Settings field (pydantic also allows a callable)
+    return extra if isinstance(extra, dict) else {}
 
 
 def _origin(annotation: Any) -> Any:
@@ -75,7 +82,7 @@ def _choices(field: FieldInfo) -> list[str] | None:
 def _default_text(field: FieldInfo) -> str | None:
     meta = _meta(field)
     if meta.get("default_text"):
-        return meta["default_text"]
+        return str(meta["default_text"])
     default = field.get_default(call_default_factory=True)
     if default is None or default is False or default in ({}, []):
         return None

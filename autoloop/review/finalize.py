@@ -16,13 +16,13 @@ the metric before and after::
 With ``--squash-overlapping``, consecutive kept changes that touch overlapping line
 ranges (the second rewrote what the first had just changed) become one commit.
 
-With ``--drop-unproven`` (#19), the kept changes that ``autoloop verify`` did not confirm
+With ``--drop-unproven``, the kept changes that ``autoloop verify`` did not confirm
 (their contribution within noise, or harmful) are left out: the branch holds only what was
 shown to matter. It needs a finished verification of the current best
 (``verify_plan.unproven``); a later change that does not apply without a dropped one stops
 it with a message naming both.
 
-The branch ends with one more commit (#20; ``--no-results`` leaves it out) that adds
+The branch ends with one more commit (``--no-results`` leaves it out) that adds
 ``results/results.tsv`` (rebuilt from the ledger), ``results/report.md`` and
 ``results/progress.png`` (without matplotlib: no picture, and the report says why), forced
 past ``.gitignore`` on that branch only, so a pull request of the final branch shows the
@@ -69,6 +69,8 @@ class FinalizeError(AutoloopError):
 class KeptChange:
     record: LedgerRecord
     before: float | None          # the best metric it was judged against
+    commit: str                   # the record's commit and parent: a kept change has both
+    parent: str
 
 
 @dataclass
@@ -90,10 +92,10 @@ class FinalizeResult:
     best: str | None               # the best commit of the ledger
     differs: list[str] = field(default_factory=list)   # paths where the final tree differs from best's
     tag: str | None = None
-    results: FinalCommit | None = None    # #20: the last commit, adding results.tsv, report.md, progress.png
+    results: FinalCommit | None = None    # the last commit, adding results.tsv, report.md, progress.png
     results_paths: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)   # what did not stop finalize (no picture, a note)
-    dropped: list[tuple[KeptChange, str]] = field(default_factory=list)   # #19: left out, with the verdict
+    dropped: list[tuple[KeptChange, str]] = field(default_factory=list)   # left out, with verify's verdict
 
 
 # ------------------------------------------------------------------------------ pure parts
@@ -101,8 +103,9 @@ class FinalizeResult:
 
 def kept_changes(records: list[LedgerRecord]) -> list[KeptChange]:
     """Kept, non-baseline records that changed something, in ledger order."""
-    return [KeptChange(record, before) for record, before in zip(records, best_before(records))
-            if is_kept_change(record)]
+    return [KeptChange(record, before, record.commit, record.parent)
+            for record, before in zip(records, best_before(records), strict=True)
+            if is_kept_change(record) and record.commit and record.parent]   # the last two: for the type checker
 
 
 def changed_ranges(old: str, new: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -159,7 +162,7 @@ def commit_message(changes: list[KeptChange]) -> str:
         if len(subject) > 72:
             subject = f"{firsts[0]} (and {len(firsts) - 1} more)"
         body = [_measure(changes), ""]
-        body += [f"- {d.splitlines()[0]}: {_measure([c])}" for d, c in zip(descriptions, changes)]
+        body += [f"- {d.splitlines()[0]}: {_measure([c])}" for d, c in zip(descriptions, changes, strict=True)]
     trailers = [f"autoloop-trial: {_label(c.record)}\nautoloop-commit: {c.record.commit}" for c in changes]
     return "\n".join([subject.strip(), "", *body, "", *trailers]) + "\n"
 
@@ -177,10 +180,10 @@ class _Git:
             raise FinalizeError(f"not a git repository: {root}") from None
         self.index_env = {"GIT_INDEX_FILE": str(index)}
 
-    def __call__(self, *args: str, env: dict | None = None, strip: bool = True) -> str:
+    def __call__(self, *args: str, env: dict[str, str] | None = None, strip: bool = True) -> str:
         try:
-            return self.repo.git.execute(["git", *args], env={**self.index_env, **(env or {})},
-                                         strip_newline_in_stdout=strip)
+            return str(self.repo.git.execute(["git", *args], env={**self.index_env, **(env or {})},
+                                             strip_newline_in_stdout=strip))
         except GitCommandError as err:
             lines = [line.strip() for line in str(err.stderr or "").splitlines() if line.strip()]
             why = lines[-1].removeprefix("stderr:").strip().strip("'").strip() if lines else f"exit code {err.status}"
@@ -189,7 +192,7 @@ class _Git:
 
     def resolve(self, rev: str) -> str | None:
         try:
-            return self.repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}")
+            return str(self.repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}"))
         except GitCommandError:
             return None
 
@@ -218,7 +221,7 @@ class _Git:
 
     def text(self, rev: str, path: str) -> str:
         try:
-            return self.repo.git.show(f"{rev}:{path}", strip_newline_in_stdout=False)
+            return str(self.repo.git.show(f"{rev}:{path}", strip_newline_in_stdout=False))
         except GitCommandError:
             return ""   # absent at rev (an added or deleted file)
 
@@ -266,82 +269,19 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
     current_tag = load_state(results.root).tag
     with tempfile.TemporaryDirectory(prefix="autoloop-finalize-") as tmp:
         g = _Git(root, Path(tmp) / "index")
-        if tag is None:
-            tag = current_tag
-        if tag is None:
-            head = g.repo.head.reference.name if not g.repo.head.is_detached else ""
-            tag = tag_of_branch(head)
-        if tag is None and not results.ledger.exists():
-            raise FinalizeError(f"no ledger at {results.ledger}: nothing to finalize "
-                                "(run autoloop run first)")
-        if tag is None:
-            raise FinalizeError("cannot tell which tag to finalize: pass --tag TAG")
+        tag = _which_tag(g, results, tag, current_tag)
         ledger_dir = _ledger_dir(results, tag, current_tag)
         records = Ledger(ledger_dir).records()
-        baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep" and r.commit), None)
-        if baseline is None:
-            raise FinalizeError(f"the ledger of tag '{tag}' has no baseline record: nothing to start from")
-        changes = kept_changes(records)
-        if not changes:
-            raise FinalizeError(f"no kept changes in the ledger of tag '{tag}': nothing to finalize")
-        dropped: list[tuple[KeptChange, str]] = []
-        if drop_unproven:
-            best_now = next((r.best for r in reversed(records) if r.best), None)
-            verdicts = unproven(load_plan(Layout(ledger_dir)), records, tag, best_now)
-            dropped = [(c, verdicts[c.record.trial]) for c in changes if c.record.trial in verdicts]
-            changes = [c for c in changes if c.record.trial not in verdicts]
-            if not changes:
-                raise FinalizeError("autoloop verify confirmed none of the kept changes: nothing to finalize "
-                                    "(drop --drop-unproven to finalize them all)")
-
+        baseline, changes, dropped = _select(records, ledger_dir, tag, drop_unproven)
         branch = branch or final_branch_name(tag)
-        try:
-            g.repo.git.check_ref_format("--branch", branch)
-        except GitCommandError:
-            raise FinalizeError(f"invalid branch name {branch!r}") from None
-        ref = f"refs/heads/{branch}"
-        if g.resolve(ref):
-            raise FinalizeError(f"branch {branch} already exists; pass --branch NAME or delete it "
-                                f"(git branch -D {branch})")
-        for rev in [baseline.commit] + [c.record.commit for c in changes] + [c.record.parent for c in changes]:
-            if not g.resolve(rev):
-                raise FinalizeError(f"commit {rev[:12]} named in the ledger is not in this repository")
-
-        # The changes, grouped: each alone, or runs of overlapping ones squashed.
-        groups: list[list[KeptChange]] = []
-        ranges: dict[int, dict[str, tuple[list, list]]] = {}
-        for change in changes:
-            rec = change.record
-            ranges[id(change)] = {path: changed_ranges(g.text(rec.parent, path), g.text(rec.commit, path))
-                                  for *_, path in g.changes(rec.parent, rec.commit)} if squash_overlapping else {}
-            if squash_overlapping and groups:
-                prev = ranges[id(groups[-1][-1])]
-                mine = ranges[id(change)]
-                if any(ranges_overlap(prev[p][1], mine[p][0]) for p in set(prev) & set(mine)):
-                    groups[-1].append(change)
-                    continue
-            groups.append([change])
-
-        # Build the commits on a private index, starting from the baseline's tree.
-        g("read-tree", f"{baseline.commit}^{{tree}}")
-        parent = g.resolve(baseline.commit)
-        made: list[FinalCommit] = []
-        for group in groups:
-            for change in group:
-                _apply(g, change, Path(tmp))
-            tree = g("write-tree")
-            message = commit_message(group)
-            env = g.ident_env(group[-1].record.commit)
-            sha = g("commit-tree", tree, "-p", parent, "-m", message.rstrip("\n"), env=env)
-            made.append(FinalCommit(sha, group, message))
-            parent = sha
-
+        ref = _new_branch_ref(g, branch, baseline, changes)
+        parent, made = _build(g, baseline, _groups(g, changes, squash_overlapping), Path(tmp))
         best = next((r.best for r in reversed(records) if r.best), None)
         differs = []
         if best and g.resolve(best):
             out = g("diff-tree", "-r", "--name-only", "-z", "--no-commit-id", parent, best, strip=False)
             differs = [p for p in out.split("\0") if p]
-        result = FinalizeResult(branch, baseline.commit, made, best, differs, tag, dropped=dropped)
+        result = FinalizeResult(branch, baseline, made, best, differs, tag, dropped=dropped)
         if results_commit:
             parent = _results_commit(g, result, records, ledger_dir, parent, Path(tmp))
         # Create the branch only if it still does not exist (old value: none).
@@ -350,19 +290,110 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
         return result
 
 
+def _which_tag(g: _Git, results: Layout, tag: str | None, current_tag: str | None) -> str:
+    """The tag asked for, else that of results/, else that of the checked-out autoloop/TAG branch."""
+    if tag is None:
+        tag = current_tag
+    if tag is None:
+        head = g.repo.head.reference.name if not g.repo.head.is_detached else ""
+        tag = tag_of_branch(head)
+    if tag is None and not results.ledger.exists():
+        raise FinalizeError(f"no ledger at {results.ledger}: nothing to finalize "
+                            "(run autoloop run first)")
+    if tag is None:
+        raise FinalizeError("cannot tell which tag to finalize: pass --tag TAG")
+    return tag
+
+
+def _select(records: list[LedgerRecord], ledger_dir: Path, tag: str,
+            drop_unproven: bool) -> tuple[str, list[KeptChange], list[tuple[KeptChange, str]]]:
+    """The baseline commit, the kept changes to replay, and those --drop-unproven leaves out."""
+    baseline = next((r.commit for r in records if r.kind == "baseline" and r.status == "keep" and r.commit), None)
+    if baseline is None:
+        raise FinalizeError(f"the ledger of tag '{tag}' has no baseline record: nothing to start from")
+    changes = kept_changes(records)
+    if not changes:
+        raise FinalizeError(f"no kept changes in the ledger of tag '{tag}': nothing to finalize")
+    dropped: list[tuple[KeptChange, str]] = []
+    if drop_unproven:
+        best_now = next((r.best for r in reversed(records) if r.best), None)
+        verdicts = unproven(load_plan(Layout(ledger_dir)), records, tag, best_now)
+        dropped = [(c, verdicts[c.record.trial]) for c in changes if c.record.trial in verdicts]
+        changes = [c for c in changes if c.record.trial not in verdicts]
+        if not changes:
+            raise FinalizeError("autoloop verify confirmed none of the kept changes: nothing to finalize "
+                                "(drop --drop-unproven to finalize them all)")
+    return baseline, changes, dropped
+
+
+def _new_branch_ref(g: _Git, branch: str, baseline: str, changes: list[KeptChange]) -> str:
+    """refs/heads/<branch>, once the name is valid and free and every commit it needs is here."""
+    try:
+        g.repo.git.check_ref_format("--branch", branch)
+    except GitCommandError:
+        raise FinalizeError(f"invalid branch name {branch!r}") from None
+    ref = f"refs/heads/{branch}"
+    if g.resolve(ref):
+        raise FinalizeError(f"branch {branch} already exists; pass --branch NAME or delete it "
+                            f"(git branch -D {branch})")
+    for rev in [baseline] + [c.commit for c in changes] + [c.parent for c in changes]:
+        if not g.resolve(rev):
+            raise FinalizeError(f"commit {rev[:12]} named in the ledger is not in this repository")
+    return ref
+
+
+Ranges = dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]]   # path -> (old, new) changed lines
+
+
+def _groups(g: _Git, changes: list[KeptChange], squash_overlapping: bool) -> list[list[KeptChange]]:
+    """The changes, grouped: each alone, or runs of overlapping ones squashed."""
+    groups: list[list[KeptChange]] = []
+    ranges: dict[int, Ranges] = {}
+    for change in changes:
+        ranges[id(change)] = {path: changed_ranges(g.text(change.parent, path), g.text(change.commit, path))
+                              for *_, path in g.changes(change.parent, change.commit)} if squash_overlapping else {}
+        if squash_overlapping and groups:
+            prev = ranges[id(groups[-1][-1])]
+            mine = ranges[id(change)]
+            if any(ranges_overlap(prev[p][1], mine[p][0]) for p in set(prev) & set(mine)):
+                groups[-1].append(change)
+                continue
+        groups.append([change])
+    return groups
+
+
+def _build(g: _Git, baseline: str, groups: list[list[KeptChange]], tmp: Path) -> tuple[str, list[FinalCommit]]:
+    """The commits, one per group, on a private index starting from the baseline's tree; the last one's sha."""
+    g("read-tree", f"{baseline}^{{tree}}")
+    parent = g.resolve(baseline)
+    if parent is None:   # _new_branch_ref resolved it already; a commit does not vanish in between
+        raise FinalizeError(f"commit {baseline[:12]} named in the ledger is not in this repository")
+    made: list[FinalCommit] = []
+    for group in groups:
+        for change in group:
+            _apply(g, change, tmp)
+        tree = g("write-tree")
+        message = commit_message(group)
+        env = g.ident_env(group[-1].commit)
+        sha = g("commit-tree", tree, "-p", parent, "-m", message.rstrip("\n"), env=env)
+        made.append(FinalCommit(sha, group, message))
+        parent = sha
+    return parent, made
+
+
 RESULTS_PREFIX = "results"
 
 
 def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord], ledger_dir: Path,
                     parent: str, tmp: Path) -> str:
-    """#20: one commit on top of ``parent`` adding the night's results.tsv, report.md and
+    """One commit on top of ``parent`` adding the night's results.tsv, report.md and
     progress.png (blobs written straight into the private index: .gitignore does not apply)."""
     from autoloop.review import plot
     from autoloop.review.report import eval_seconds, report_markdown, verification_lines
     from autoloop.store.ledger import format_tsv
     from autoloop.store.queries import of_night
 
-    # #19: the night's attempts in the counts and pictures; autoloop verify's in their section.
+    # The night's attempts in the counts and pictures; autoloop verify's in their section.
     verification = verification_lines(Layout(ledger_dir), Layout(tmp), records, result.tag)
     contributions = Layout(tmp).contributions_picture
     records = of_night(records)
@@ -404,7 +435,7 @@ def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord]
 
 
 def _note_final_commits(root: Path, result: FinalizeResult, records: list[LedgerRecord]) -> None:
-    """#20: each final commit gets the notes of the trial commit(s) it replays (never fatal)."""
+    """Each final commit gets the notes of the trial commit(s) it replays (never fatal)."""
     from autoloop.observe.notes import Notes, NotesError, notes_by_commit
 
     texts = notes_by_commit(records)
@@ -421,7 +452,7 @@ def _note_final_commits(root: Path, result: FinalizeResult, records: list[Ledger
 def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:
     """Apply one kept change (parent -> commit) to the private index."""
     rec = change.record
-    for old_mode, new_mode, old_blob, new_blob, status, path in g.changes(rec.parent, rec.commit):
+    for old_mode, new_mode, old_blob, new_blob, status, path in g.changes(change.parent, change.commit):
         now = g.entry(path)
         was = None if status == "A" else (old_mode, old_blob)
         if now == was or (now is not None and now[1] == old_blob):
@@ -434,7 +465,8 @@ def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:
         else:
             # The path moved on since this change's parent: apply the change as a patch.
             patch = tmp / "change.patch"
-            patch.write_text(g("diff", "--binary", "--full-index", rec.parent, rec.commit, "--", path, strip=False))
+            patch.write_text(g("diff", "--binary", "--full-index", change.parent, change.commit, "--", path,
+                               strip=False))
             try:
                 g("apply", "--cached", str(patch))
             except FinalizeError as e:

@@ -16,11 +16,22 @@ from __future__ import annotations
 import io
 import math
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import LedgerRecord
 from autoloop.store.queries import best_before, infer_direction
+
+if TYPE_CHECKING:   # matplotlib is optional: imported when a picture is drawn
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.transforms import Bbox
+
+    from autoloop.core.contributions import Estimate
 
 WIDTH_IN, HEIGHT_IN, DPI = 12.0, 6.75, 100   # 1200 x 675 pixels
 LABEL_CHARS = 34
@@ -69,6 +80,44 @@ def y_range(kept: list[float], others: list[float], direction: str) -> tuple[flo
     return (bottom, top) if sign == 1 else (-top, -bottom)
 
 
+class Point(NamedTuple):
+    """An attempt on the chart: its place in ledger order, its metric (finite, or NaN for an
+    attempt without one) and its record."""
+
+    x: int
+    y: float
+    record: LedgerRecord
+
+
+@dataclass
+class Night:
+    """What the chart shows, sorted once: each kind of attempt with its place on the x axis."""
+
+    judged: list[LedgerRecord]
+    kept: list[Point]          # kept, with a finite metric (the baseline too)
+    others: list[Point]        # neither kept nor crashed, with a finite metric
+    no_metric: list[int]       # neither crashed nor with a finite metric: drawn on the worse edge
+    crashes: list[Point]
+    baseline: Point | None
+    changes: list[Point]       # the kept ones but the baseline
+    refs: dict[int, float | None]   # id(record) -> the best in force when it was judged
+
+
+def _night(records: list[LedgerRecord]) -> Night:
+    judged = [r for r in records if r.status != "skip"]
+    points = [Point(x, r.metric if r.metric is not None else math.nan, r) for x, r in enumerate(judged)]
+    kept = [p for p in points if p.record.status == "keep" and _finite(p.record.metric)]
+    baseline = next((p for p in kept if p.record.kind == "baseline"), kept[0] if kept else None)
+    return Night(
+        judged=judged, kept=kept,
+        others=[p for p in points if p.record.status not in ("keep", "crash") and _finite(p.record.metric)],
+        no_metric=[p.x for p in points if p.record.status != "crash" and not _finite(p.record.metric)],
+        crashes=[p for p in points if p.record.status == "crash"],
+        baseline=baseline,
+        changes=[p for p in kept if baseline is None or p.record is not baseline.record],
+        refs=dict(zip((id(r) for r in records), best_before(records), strict=True)))
+
+
 def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | None = None,
                        direction: str | None = None) -> Path:
     """Draw the progress chart of ``records`` (ledger order) into ``path``."""
@@ -77,24 +126,13 @@ def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | No
 
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
-        from matplotlib.lines import Line2D
-        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise PlotUnavailable("matplotlib is not installed (pip install autoloop[plot])") from None
 
     direction = direction or infer_direction(records)
-    judged = [r for r in records if r.status != "skip"]
-    refs = dict(zip((id(r) for r in records), best_before(records)))
+    night = _night(records)
     metric = records[-1].metric_name if records else "val_bpb"
     better_word = "lower" if direction == "min" else "higher"
-    xs = list(range(len(judged)))
-
-    kept = [(x, r) for x, r in zip(xs, judged) if r.status == "keep" and _finite(r.metric)]
-    others = [(x, r) for x, r in zip(xs, judged) if r.status not in ("keep", "crash") and _finite(r.metric)]
-    no_metric = [x for x, r in zip(xs, judged) if r.status != "crash" and not _finite(r.metric)]
-    crashes = [(x, r) for x, r in zip(xs, judged) if r.status == "crash"]
-    baseline = next(((x, r) for x, r in kept if r.kind == "baseline"), kept[0] if kept else None)
-    changes = [(x, r) for x, r in kept if baseline is None or r is not baseline[1]]
 
     fig = plt.figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
     grid = fig.add_gridspec(2, 1, height_ratios=[5.2, 1], hspace=0.08, left=0.1, right=0.8, top=0.875,
@@ -102,78 +140,119 @@ def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | No
     ax = fig.add_subplot(grid[0])
     strip = fig.add_subplot(grid[1], sharex=ax)
 
-    # -- headline: baseline -> best
-    where = f"autoloop/{tag}: " if tag else ""
-    if baseline and changes:
-        base_v = baseline[1].metric
-        best_v = (min if direction == "min" else max)(r.metric for _, r in kept)
-        delta = best_v - base_v
-        pct = f", {100 * delta / base_v:+.2f}%" if base_v else ""
-        headline = f"{where}{metric} {base_v:.4f} → {best_v:.4f} ({delta:+.4f}{pct})"
-    elif baseline:
-        headline = f"{where}{metric} {baseline[1].metric:.4f}: no change has beaten the baseline yet"
-    else:
-        headline = f"{where}{metric}: no attempt has produced one yet"
-    fig.suptitle(headline, fontsize=15, fontweight="bold", x=0.1, ha="left", y=0.972)
-    subtitle = fig.text(0.1, 0.905, f"{len(judged)} attempts: {len(changes)} kept, "
-                        f"{sum(r.status == 'discard' for r in judged)} discarded, {len(crashes)} crashed   "
-                        f"({better_word} is better)", fontsize=10.5, color="#444444", ha="left")
+    fig.suptitle(_headline(night, metric, direction, tag), fontsize=15, fontweight="bold", x=0.1, ha="left",
+                 y=0.972)
+    subtitle = fig.text(0.1, 0.905, f"{len(night.judged)} attempts: {len(night.changes)} kept, "
+                        f"{sum(r.status == 'discard' for r in night.judged)} discarded, {len(night.crashes)} crashed"
+                        f"   ({better_word} is better)", fontsize=10.5, color="#444444", ha="left")
 
-    handles = []
-    if kept:
-        y0, y1 = y_range([r.metric for _, r in kept], [r.metric for _, r in others], direction)
-        ax.set_ylim(y0, y1)
-
-        # Other attempts: faint dots in range, triangles on the edge beyond it.
-        inside = [(x, r.metric) for x, r in others if y0 <= r.metric <= y1]
-        above = [x for x, r in others if r.metric > y1] + (no_metric if direction == "min" else [])
-        below = [x for x, r in others if r.metric < y0] + (no_metric if direction == "max" else [])
-        if inside:
-            ax.scatter([x for x, _ in inside], [y for _, y in inside], s=30, color=DISCARD_COLOR, alpha=0.55,
-                       linewidths=0, zorder=2)
-            handles.append(Line2D([], [], marker="o", ls="", color=DISCARD_COLOR, alpha=0.6, label="discarded"))
-        pad = 0.02 * (y1 - y0)
-        for xs_edge, y, marker in ((above, y1 - pad, "^"), (below, y0 + pad, "v")):
-            if xs_edge:
-                ax.scatter(xs_edge, [y] * len(xs_edge), marker=marker, s=34, color=DISCARD_COLOR, alpha=0.75,
-                           linewidths=0, zorder=2, clip_on=False)
-        if above or below:
-            handles.append(Line2D([], [], marker="^" if above else "v", ls="", color=DISCARD_COLOR,
-                                  label=f"discarded, off the scale ({len(above) + len(below)})"))
-
-        # Running best: a step line through the kept points, on to the last attempt.
-        step_x = [x for x, _ in kept] + [xs[-1]]
-        step_y = [r.metric for _, r in kept] + [kept[-1][1].metric]
-        ax.step(step_x, step_y, where="post", color=KEEP_COLOR, lw=2.0, alpha=0.9, zorder=3)
-        handles.append(Line2D([], [], color=KEEP_COLOR, lw=2, label="running best"))
-        if changes:
-            ax.scatter([x for x, _ in changes], [r.metric for _, r in changes], s=70, color=KEEP_COLOR,
-                       edgecolors="white", linewidths=1.2, zorder=4)
-            handles.append(Line2D([], [], marker="o", ls="", color=KEEP_COLOR, markersize=8, label="kept"))
-        bx, br = baseline
-        ax.scatter([bx], [br.metric], s=110, marker="D", color=BASELINE_COLOR, edgecolors="white", linewidths=1.2,
-                   zorder=5)
-        handles.append(Line2D([], [], marker="D", ls="", color=BASELINE_COLOR, markersize=8, label="baseline"))
-        ax.annotate(f"baseline {br.metric:.4f}", (bx, br.metric), xytext=(8, 8 if direction == "min" else -8),
-                    textcoords="offset points", fontsize=9, color=BASELINE_COLOR, zorder=6,
-                    va="bottom" if direction == "min" else "top")
+    handles: list[Artist] = []
+    if night.kept:
+        _draw_metrics(ax, night, direction, handles)
     else:
         ax.text(0.5, 0.5, "no attempt has produced a metric yet", transform=ax.transAxes, ha="center",
                 va="center", fontsize=13, color="#666666")
         ax.set_yticks([])
-
     ax.set_ylabel(f"{metric} ({better_word} is better)", fontsize=11)
     ax.grid(True, alpha=0.25)
     ax.tick_params(labelbottom=False)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+    _draw_crashes(strip, night.crashes, handles, len(night.judged))
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.015, 1.0), fontsize=9.5, frameon=False,
+                  borderaxespad=0, labelspacing=0.9)
 
-    # -- crash strip: one row per class that occurred.
-    classes = [c for c in CRASH_STYLE if any(r.crash == c for _, r in crashes)]
-    classes += sorted({r.crash or "fundamental" for _, r in crashes} - set(classes))
+    placed = _label_kept(fig, ax, night, direction)
+    if placed < len(night.changes):
+        subtitle.set_text(subtitle.get_text()
+                          + f"; labels on {placed} of {len(night.changes)} kept changes, the largest that fit")
+    return _save(fig, Path(path))
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=DPI)
+    plt.close(fig)
+    atomic_write(path, image.getvalue())
+    return path
+
+
+def _headline(night: Night, metric: str, direction: str, tag: str | None) -> str:
+    """Baseline -> best, or why there is no such step yet."""
+    where = f"autoloop/{tag}: " if tag else ""
+    if night.baseline and night.changes:
+        base_v = night.baseline.y
+        best_v = (min if direction == "min" else max)(p.y for p in night.kept)
+        delta = best_v - base_v
+        pct = f", {100 * delta / base_v:+.2f}%" if base_v else ""
+        return f"{where}{metric} {base_v:.4f} → {best_v:.4f} ({delta:+.4f}{pct})"
+    if night.baseline:
+        return f"{where}{metric} {night.baseline.y:.4f}: no change has beaten the baseline yet"
+    return f"{where}{metric}: no attempt has produced one yet"
+
+
+def _draw_metrics(ax: Axes, night: Night, direction: str, handles: list[Artist]) -> None:
+    """The other attempts, the running best through the kept points, the kept points and the baseline."""
+    from matplotlib.lines import Line2D
+
+    y0, y1 = y_range([p.y for p in night.kept], [p.y for p in night.others], direction)
+    ax.set_ylim(y0, y1)
+    _draw_others(ax, night, direction, (y0, y1), handles)
+
+    # Running best: a step line through the kept points, on to the last attempt.
+    step_x = [p.x for p in night.kept] + [len(night.judged) - 1]
+    step_y = [p.y for p in night.kept] + [night.kept[-1].y]
+    ax.step(step_x, step_y, where="post", color=KEEP_COLOR, lw=2.0, alpha=0.9, zorder=3)
+    handles.append(Line2D([], [], color=KEEP_COLOR, lw=2, label="running best"))
+    if night.changes:
+        ax.scatter([p.x for p in night.changes], [p.y for p in night.changes], s=70, color=KEEP_COLOR,
+                   edgecolors="white", linewidths=1.2, zorder=4)
+        handles.append(Line2D([], [], marker="o", ls="", color=KEEP_COLOR, markersize=8, label="kept"))
+    bx, by, _ = night.baseline or night.kept[0]   # kept is not empty: the baseline is its own or its first
+    ax.scatter([bx], [by], s=110, marker="D", color=BASELINE_COLOR, edgecolors="white", linewidths=1.2, zorder=5)
+    handles.append(Line2D([], [], marker="D", ls="", color=BASELINE_COLOR, markersize=8, label="baseline"))
+    ax.annotate(f"baseline {by:.4f}", (bx, by), xytext=(8, 8 if direction == "min" else -8),
+                textcoords="offset points", fontsize=9, color=BASELINE_COLOR, zorder=6,
+                va="bottom" if direction == "min" else "top")
+
+
+def _draw_others(ax: Axes, night: Night, direction: str, limits: tuple[float, float],
+                 handles: list[Artist]) -> None:
+    """Other attempts: faint dots in range, triangles on the edge beyond it."""
+    from matplotlib.lines import Line2D
+
+    y0, y1 = limits
+    inside = [(p.x, p.y) for p in night.others if y0 <= p.y <= y1]
+    above = [p.x for p in night.others if p.y > y1] + (night.no_metric if direction == "min" else [])
+    below = [p.x for p in night.others if p.y < y0] + (night.no_metric if direction == "max" else [])
+    if inside:
+        ax.scatter([x for x, _ in inside], [y for _, y in inside], s=30, color=DISCARD_COLOR, alpha=0.55,
+                   linewidths=0, zorder=2)
+        handles.append(Line2D([], [], marker="o", ls="", color=DISCARD_COLOR, alpha=0.6, label="discarded"))
+    pad = 0.02 * (y1 - y0)
+    for xs_edge, y, marker in ((above, y1 - pad, "^"), (below, y0 + pad, "v")):
+        if xs_edge:
+            ax.scatter(xs_edge, [y] * len(xs_edge), marker=marker, s=34, color=DISCARD_COLOR, alpha=0.75,
+                       linewidths=0, zorder=2, clip_on=False)
+    if above or below:
+        handles.append(Line2D([], [], marker="^" if above else "v", ls="", color=DISCARD_COLOR,
+                              label=f"discarded, off the scale ({len(above) + len(below)})"))
+
+
+def _draw_crashes(strip: Axes, crashes: list[Point], handles: list[Artist], attempts: int) -> None:
+    """The crash strip under the chart: one row per class that occurred; the x axis of both."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    classes = [c for c in CRASH_STYLE if any(p.record.crash == c for p in crashes)]
+    classes += sorted({p.record.crash or "fundamental" for p in crashes} - set(classes))
     for row, cls in enumerate(classes):
         marker, color = CRASH_STYLE.get(cls, ("o", "#555555"))
-        pts = [x for x, r in crashes if (r.crash or "fundamental") == cls]
+        pts = [p.x for p in crashes if (p.record.crash or "fundamental") == cls]
         width = 2 if marker == "x" else 0.8
         strip.scatter(pts, [row] * len(pts), marker=marker, s=55, color=color, linewidths=width, zorder=3)
         handles.append(Line2D([], [], marker=marker, ls="", color=color, markersize=8, markeredgewidth=width,
@@ -192,96 +271,90 @@ def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | No
         strip.spines[side].set_visible(False)
     strip.set_xlabel("attempt (ledger order)", fontsize=11)
     strip.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if xs:
-        strip.set_xlim(-0.8, xs[-1] + max(0.8, 0.02 * len(xs)))
-
-    if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.015, 1.0), fontsize=9.5, frameon=False,
-                  borderaxespad=0, labelspacing=0.9)
-
-    placed = _label_kept(fig, ax, changes, refs, direction, others)
-    if placed < len(changes):
-        subtitle.set_text(subtitle.get_text() + f"; labels on {placed} of {len(changes)} kept changes, the largest that fit")
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=DPI)
-    plt.close(fig)
-    atomic_write(path, image.getvalue())
-    return path
+    if attempts:
+        strip.set_xlim(-0.8, attempts - 1 + max(0.8, 0.02 * attempts))
 
 
-def _label_kept(fig, ax, changes, refs, direction, others) -> int:
+def _label_kept(fig: Figure, ax: Axes, night: Night, direction: str) -> int:
     """Label kept points with their short description and delta, largest change first,
     each at the first of a few spots around its point (the better side of the
     running-best line first: nothing else is drawn there) that stays inside the chart and
     clear of the kept points and the labels already placed, and, if such a spot exists,
     of the discarded points too. A change with no clear spot goes unlabelled (its dot is
     still there). Returns how many were labelled."""
-    if not changes:
+    if not night.changes:
         return 0
-    from matplotlib.text import Text
-
-    renderer = fig.canvas.get_renderer()
-    frame = ax.get_window_extent(renderer)
-    taken = [t.get_window_extent(renderer) for t in ax.texts]   # the baseline's label
-    points = {id(r): ax.transData.transform((x, r.metric)) for x, r in changes}
-    faint = [ax.transData.transform((x, r.metric)) for x, r in others]
+    spots = _Spots(fig, ax, night)
     better = -1 if direction == "min" else 1
-    spots = [(dx, better * dy) for dy in (8, 21, 34) for dx in (5, -5)] + [(dx, -better * 8) for dx in (-5, 5)]
+    offsets = [(dx, better * dy) for dy in (8, 21, 34) for dx in (5, -5)] + [(dx, -better * 8) for dx in (-5, 5)]
 
-    def covers(box, px, py, margin) -> bool:
-        return box.x0 - margin <= px <= box.x1 + margin and box.y0 - margin <= py <= box.y1 + margin
-
-    def clear(box, own, strict) -> bool:
-        if not (box.x0 >= frame.x0 + 2 and box.x1 <= frame.x1 - 2 and box.y0 >= frame.y0 + 2
-                and box.y1 <= frame.y1 - 2):
-            return False
-        if any(box.overlaps(t) for t in taken):
-            return False
-        if any(covers(box, px, py, 5) for key, (px, py) in points.items() if key != own):
-            return False
-        return not strict or not any(covers(box, px, py, 2) for px, py in faint)
-
-    def size(item) -> float:
-        ref = refs.get(id(item[1]))
-        return abs(item[1].metric - ref) if ref is not None else 0.0
+    def size(p: Point) -> float:
+        ref = night.refs.get(id(p.record))
+        return abs(p.y - ref) if ref is not None else 0.0
 
     placed = 0
-    for x, r in sorted(changes, key=size, reverse=True):
+    for p in sorted(night.changes, key=size, reverse=True):
         if placed >= MAX_LABELS:
             break
-        ref = refs.get(id(r))
-        text = _short(r.description) + (f" ({r.metric - ref:+.4f})" if ref is not None else "")
-        done = False
-        for strict in (True, False):
-            for dx, dy in spots:
-                note = ax.annotate(text, (x, r.metric), xytext=(dx, dy), textcoords="offset points", fontsize=8.5,
-                                   color=LABEL_COLOR, ha="left" if dx > 0 else "right",
-                                   va="bottom" if dy > 0 else "top", zorder=6, annotation_clip=False,
-                                   bbox=dict(boxstyle="round,pad=0.12", fc="white", ec="none", alpha=0.8),
-                                   arrowprops=dict(arrowstyle="-", color=KEEP_COLOR, lw=0.8, alpha=0.7,
-                                                   shrinkA=0, shrinkB=4))
-                # The text's own box (Annotation's extent includes the leader line to the point).
-                note.update_positions(renderer)
-                box = Text.get_window_extent(note, renderer).padded(2)
-                if clear(box, id(r), strict):
-                    taken.append(box)
-                    placed += 1
-                    done = True
-                    break
-                note.remove()
-            if done:
-                break
+        ref = night.refs.get(id(p.record))
+        text = _short(p.record.description) + (f" ({p.y - ref:+.4f})" if ref is not None else "")
+        if any(spots.place(text, p, dx, dy, strict) for strict in (True, False) for dx, dy in offsets):
+            placed += 1
     return placed
 
 
-# ------------------------------------------------------------------------------ #19: contributions
+class _Spots:
+    """Where a label may go on the chart: inside it, clear of what is already there."""
+
+    def __init__(self, fig: Figure, ax: Axes, night: Night) -> None:
+        self.ax = ax
+        # Agg's canvas (matplotlib.use above) has get_renderer; FigureCanvasBase does not declare it.
+        self.renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # see the line above
+        self.frame = ax.get_window_extent(self.renderer)
+        self.taken = [t.get_window_extent(self.renderer) for t in ax.texts]   # the baseline's label
+        self.points = {id(p.record): ax.transData.transform((p.x, p.y)) for p in night.changes}
+        self.faint = [ax.transData.transform((p.x, p.y)) for p in night.others]
+
+    def place(self, text: str, p: Point, dx: int, dy: int, strict: bool) -> bool:
+        """Draw the label at (dx, dy) points from ``p`` if that spot is clear; else draw nothing."""
+        from matplotlib.text import Text
+
+        note = self.ax.annotate(text, (p.x, p.y), xytext=(dx, dy), textcoords="offset points", fontsize=8.5,
+                                color=LABEL_COLOR, ha="left" if dx > 0 else "right",
+                                va="bottom" if dy > 0 else "top", zorder=6, annotation_clip=False,
+                                bbox=dict(boxstyle="round,pad=0.12", fc="white", ec="none", alpha=0.8),
+                                arrowprops=dict(arrowstyle="-", color=KEEP_COLOR, lw=0.8, alpha=0.7,
+                                                shrinkA=0, shrinkB=4))
+        # The text's own box (Annotation's extent includes the leader line to the point).
+        note.update_positions(self.renderer)
+        box = Text.get_window_extent(note, self.renderer).padded(2)
+        if self._clear(box, id(p.record), strict):
+            self.taken.append(box)
+            return True
+        note.remove()
+        return False
+
+    def _clear(self, box: Bbox, own: int, strict: bool) -> bool:
+        frame = self.frame
+        if not (box.x0 >= frame.x0 + 2 and box.x1 <= frame.x1 - 2 and box.y0 >= frame.y0 + 2
+                and box.y1 <= frame.y1 - 2):
+            return False
+        if any(box.overlaps(t) for t in self.taken):
+            return False
+        if any(_covers(box, px, py, 5) for key, (px, py) in self.points.items() if key != own):
+            return False
+        return not strict or not any(_covers(box, px, py, 2) for px, py in self.faint)
 
 
-def write_contributions_png(rows: list[tuple[str, object, object]], path: Path, *, metric: str = "val_bpb",
-                            title: str = "") -> Path:
+def _covers(box: Bbox, px: float, py: float, margin: float) -> bool:
+    return bool(box.x0 - margin <= px <= box.x1 + margin and box.y0 - margin <= py <= box.y1 + margin)
+
+
+# ------------------------------------------------------------------------------ autoloop verify: contributions
+
+
+def write_contributions_png(rows: Sequence[tuple[str, Estimate | None, Estimate | None]], path: Path, *,
+                            metric: str = "val_bpb", title: str = "") -> Path:
     """results/verify/contributions.png: one horizontal bar per kept change (and the total
     gain), its length the contribution (``contributions.Estimate``: mean, half-width), its
     whisker the 95 % interval; a second, hatched bar for the same at the larger scale.
@@ -305,9 +378,10 @@ def write_contributions_png(rows: list[tuple[str, object, object]], path: Path, 
     bar = 0.38 if any_scale else 0.6
     for i, (_label, small, scale) in enumerate(shown):
         y = len(shown) - 1 - i
-        for est, offset, style in ((small, bar / 2 if any_scale else 0.0, {"color": KEEP_COLOR}),
-                                   (scale, -bar / 2, {"color": "white", "edgecolor": BASELINE_COLOR, "hatch": "//"})):
-            if getattr(est, "mean", None) is None:
+        styles: tuple[dict[str, Any], dict[str, Any]] = (
+            {"color": KEEP_COLOR}, {"color": "white", "edgecolor": BASELINE_COLOR, "hatch": "//"})
+        for est, offset, style in ((small, bar / 2 if any_scale else 0.0, styles[0]), (scale, -bar / 2, styles[1])):
+            if est is None or est.mean is None:
                 continue
             err = [[est.half], [est.half]] if est.half is not None else None
             ax.barh(y + offset, est.mean, height=bar, xerr=err, capsize=4, error_kw={"ecolor": "#333333"}, **style)

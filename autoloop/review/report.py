@@ -15,8 +15,10 @@ import json
 import math
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
@@ -25,7 +27,11 @@ from autoloop.store import person_notes, queries
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
 from autoloop.store.queries import best_before, is_noise_sample, tampered_attempts
-from autoloop.store.state import load_state
+from autoloop.store.state import RunState, load_state
+
+if TYPE_CHECKING:
+    from autoloop.core.contributions import Estimate
+    from autoloop.verification.verify_plan import Summary
 
 
 class ReportError(AutoloopError):
@@ -48,88 +54,46 @@ def _pid_alive(pid: int | None) -> bool:
         return False
     import psutil
 
-    return psutil.pid_exists(pid)
+    return bool(psutil.pid_exists(pid))
 
 
 def _read_records(results_dir: Path) -> list[LedgerRecord]:
     return Ledger(results_dir).records() if Layout(results_dir).ledger.exists() else []
 
 
-def status_data(results_dir: Path, now: float | None = None) -> dict:
+def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
     """A JSON-ready snapshot of the loop: current attempt, best, counts, pace, time left."""
     now = now or time.time()
     results_dir = Path(results_dir)
     records = _read_records(results_dir)
     state = load_state(results_dir)
     # The counts and the pace are the night's; autoloop verify's runs show in "last" and "current".
-    judged = [r for r in queries.of_night(records) if r.status != "skip"]
+    night = queries.of_night(records)
+    judged = [r for r in night if r.status != "skip"]
     baseline = queries.baseline(records)
     best_commit, best_metric = queries.best(records)
-    best_record = queries.best_record(records)
     # The orchestrator is alive in every phase but "stopped", also between attempts ("idle").
     alive = state.phase != "stopped" and _pid_alive(state.pid)
-    first_start = min((r.started_at for r in judged), default=None)
-    last_end = max((r.ended_at for r in judged), default=None)
-    # Pace over the span the ledger covers (first start to last end), so the figure does
-    # not sag while a long trial runs or when status is read the next morning.
-    hours = (last_end - first_start) / 3600 if first_start and last_end else 0.0
-    current = None
-    if state.in_flight:
-        parsed = parse_progress(state.progress)
-        current = {
-            "trial": state.trial, "attempt": state.attempt, "kind": state.kind, "phase": state.phase,
-            "description": state.description,
-            "elapsed_s": round(now - state.attempt_started_at, 1) if state.attempt_started_at else None,
-            "phase_elapsed_s": round(now - state.phase_started_at, 1) if state.phase_started_at else None,
-            "progress": state.progress, "loss": parsed.get("loss"), "percent": parsed.get("percent"),
-            "alive": alive,
-        }
-    workers = []
-    for k, path in Layout(results_dir).worker_states() if state.workers else []:
-        # Parallel workers: each has its own attempt in flight.
-        ws = load_state(results_dir, path.name)
-        if ws.in_flight:
-            workers.append({"worker": f"w{k}", "trial": ws.trial, "attempt": ws.attempt,
-                            "kind": ws.kind, "phase": ws.phase, "description": ws.description,
-                            "elapsed_s": round(now - ws.attempt_started_at, 1) if ws.attempt_started_at else None})
-    layout = Layout(results_dir)
-    ahead = []   # #16: the look-ahead proposals in flight, and the candidates prepared, waiting to run
-    for k, path in layout.ahead_states():
-        st = load_state(results_dir, path.name)
-        if st.in_flight:
-            ahead.append({"worker": None if k is None else f"w{k}", "trial": st.trial, "phase": st.phase,
-                          "elapsed_s": round(now - st.attempt_started_at, 1) if st.attempt_started_at else None})
-    prepared = sorted(int(p.stem) for p in layout.prepared_dir.glob("*.json") if p.stem.isdigit())
-    improvement = None
-    if baseline and baseline.metric is not None and best_metric is not None:
-        improvement = baseline.metric - best_metric
     trials = len({r.trial for r in judged})
-    # #16: how well the proposer kept the device fed, in this run (since its start, or since
-    # its baseline ended when it ran one).
-    since = state.run_started_at or (records[0].started_at if records else now)
-    if baseline is not None and baseline.ended_at > since:
-        since = baseline.ended_at
-    fed = queries.pipeline(records, since)
+    hours = _hours(judged)
+    fed = _device_use(records, state, baseline, now)
     return {
         "tag": state.tag,
         "running": alive,
         "phase": state.phase,
-        "current": current,
-        "workers": workers,
-        "ahead": ahead,
-        "prepared": prepared,
-        "best": {"commit": best_commit, "metric": best_metric,
-                 "trial": best_record.trial if best_record else None,
-                 "description": best_record.description if best_record else None,
-                 "confidence": best_record.confidence if best_record else None},
+        "current": _current(state, now, alive),
+        "workers": _workers(results_dir, state, now),
+        **_look_ahead(results_dir, now),
+        "best": _best(records, best_commit, best_metric),
         "noise": next((r.noise for r in reversed(records) if r.noise is not None), None),
         "baseline": {"commit": baseline.commit if baseline else None, "metric": baseline.metric if baseline else None},
-        "improvement": improvement,
+        "improvement": (baseline.metric - best_metric
+                        if baseline and baseline.metric is not None and best_metric is not None else None),
         "metric_name": records[-1].metric_name if records else "val_bpb",
         "attempts": len(judged),
         "trials": trials,
-        "status_counts": dict(Counter(r.status for r in queries.of_night(records))),
-        "crash_counts": dict(Counter(r.crash for r in queries.of_night(records) if r.crash)),
+        "status_counts": dict(Counter(r.status for r in night)),
+        "crash_counts": dict(Counter(r.crash for r in night if r.crash)),
         "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
         "device_busy": None if fed is None or fed.busy_share is None else round(fed.busy_share, 4),
         "device_span_s": None if fed is None else round(fed.span_s, 1),
@@ -138,21 +102,90 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
         "stop_reason": state.stop_reason if state.phase == "stopped" else None,
         "tampered": tampered_attempts(records),
-        # #17: what `autoloop note` tells every prompt now.
-        **_notes_in_force(results_dir),
+        **_notes_in_force(results_dir),   # what `autoloop note` tells every prompt now
         "agent_spend": _spend(records),
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
                   "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
     }
 
 
-def _spend(records: list[LedgerRecord]) -> dict | None:
-    """#17: the agent calls' reported cost and tokens; None when no agent call ran."""
+def _hours(judged: list[LedgerRecord]) -> float:
+    """The span the ledger covers (first start to last end), in hours: the pace over it does
+    not sag while a long trial runs or when status is read the next morning."""
+    first_start = min((r.started_at for r in judged), default=None)
+    last_end = max((r.ended_at for r in judged), default=None)
+    return (last_end - first_start) / 3600 if first_start and last_end else 0.0
+
+
+def _device_use(records: list[LedgerRecord], state: RunState, baseline: LedgerRecord | None,
+                now: float) -> queries.Pipeline | None:
+    """How well the proposer kept the device fed in this run: since its start, or since its
+    baseline ended when it ran one (the baseline has no proposer to wait for)."""
+    since = state.run_started_at or (records[0].started_at if records else now)
+    if baseline is not None and baseline.ended_at > since:
+        since = baseline.ended_at
+    return queries.pipeline(records, since)
+
+
+def _elapsed(started: float | None, now: float) -> float | None:
+    return round(now - started, 1) if started else None
+
+
+def _current(state: RunState, now: float, alive: bool) -> dict[str, Any] | None:
+    """The single loop's attempt in flight."""
+    if not state.in_flight:
+        return None
+    parsed = parse_progress(state.progress)
+    return {
+        "trial": state.trial, "attempt": state.attempt, "kind": state.kind, "phase": state.phase,
+        "description": state.description,
+        "elapsed_s": _elapsed(state.attempt_started_at, now),
+        "phase_elapsed_s": _elapsed(state.phase_started_at, now),
+        "progress": state.progress, "loss": parsed.get("loss"), "percent": parsed.get("percent"),
+        "alive": alive,
+    }
+
+
+def _workers(results_dir: Path, state: RunState, now: float) -> list[dict[str, Any]]:
+    """Parallel workers: each has its own attempt in flight."""
+    workers = []
+    for k, path in Layout(results_dir).worker_states() if state.workers else []:
+        ws = load_state(results_dir, path.name)
+        if ws.in_flight:
+            workers.append({"worker": f"w{k}", "trial": ws.trial, "attempt": ws.attempt,
+                            "kind": ws.kind, "phase": ws.phase, "description": ws.description,
+                            "elapsed_s": _elapsed(ws.attempt_started_at, now)})
+    return workers
+
+
+def _look_ahead(results_dir: Path, now: float) -> dict[str, Any]:
+    """The look-ahead proposals in flight ("ahead"), and the candidates prepared, waiting to run."""
+    layout = Layout(results_dir)
+    ahead = []
+    for k, path in layout.ahead_states():
+        st = load_state(results_dir, path.name)
+        if st.in_flight:
+            ahead.append({"worker": None if k is None else f"w{k}", "trial": st.trial, "phase": st.phase,
+                          "elapsed_s": _elapsed(st.attempt_started_at, now)})
+    prepared = sorted(int(p.stem) for p in layout.prepared_dir.glob("*.json") if p.stem.isdigit())
+    return {"ahead": ahead, "prepared": prepared}
+
+
+def _best(records: list[LedgerRecord], commit: str | None, metric: float | None) -> dict[str, Any]:
+    record = queries.best_record(records)
+    return {"commit": commit, "metric": metric,
+            "trial": record.trial if record else None,
+            "description": record.description if record else None,
+            "confidence": record.confidence if record else None}
+
+
+def _spend(records: list[LedgerRecord]) -> dict[str, Any] | None:
+    """The agent calls' reported cost and tokens; None when no agent call ran."""
     spend = queries.agent_spend(records)
     return asdict(spend) if spend.calls else None
 
 
-def spend_line(spend: dict) -> str:
+def spend_line(spend: dict[str, Any]) -> str:
     """'$0.13 over 3 agent calls (12,000 tokens in, 963 out); 1 call reported no cost'."""
     calls = spend["calls"]
     text = (f"${spend['cost_usd']:.2f} over {calls} agent call{'s' if calls != 1 else ''} "
@@ -164,7 +197,7 @@ def spend_line(spend: dict) -> str:
     return text
 
 
-def _notes_in_force(results_dir: Path) -> dict:
+def _notes_in_force(results_dir: Path) -> dict[str, Any]:
     """The person's notes for status; a damaged notes file is said, not fatal to status."""
     try:
         return {"notes": [{"at": n.at, "text": n.text} for n in person_notes.active_notes(results_dir)]}
@@ -172,15 +205,25 @@ def _notes_in_force(results_dir: Path) -> dict:
         return {"notes": [], "notes_error": str(e)}
 
 
-def status_text(data: dict) -> str:
-    m = data["metric_name"]
-    lines = []
+def status_text(data: dict[str, Any]) -> str:
+    return "\n".join(_doing_lines(data) + _result_lines(data) + _pipeline_lines(data) + _aside_lines(data))
+
+
+def _label(trial: int, attempt: int | None) -> str:
+    return f"#{trial}" + (f".{attempt}" if (attempt or 1) > 1 else "")
+
+
+def _elapsed_text(seconds: float | None) -> str:
+    return f", {whole_seconds(seconds)} in" if seconds is not None else ""
+
+
+def _doing_lines(data: dict[str, Any]) -> list[str]:
+    """What the loop is doing now: the attempt in flight, each worker's, or why nothing runs."""
     if data["current"]:
         c = data["current"]
-        label = f"#{c['trial']}" + (f".{c['attempt']}" if (c["attempt"] or 1) > 1 else "")
-        elapsed = f", {whole_seconds(c['elapsed_s'])} in" if c["elapsed_s"] is not None else ""
         state = "running" if c["alive"] else "interrupted (no live orchestrator: resume with autoloop run --resume)"
-        lines.append(f"{state}: {label} {c['kind']} '{c['description'] or '-'}' ({c['phase']}{elapsed})")
+        lines = [f"{state}: {_label(c['trial'], c['attempt'])} {c['kind']} '{c['description'] or '-'}' "
+                 f"({c['phase']}{_elapsed_text(c['elapsed_s'])})"]
         if c["progress"]:
             extra = []
             if c["percent"] is not None:
@@ -188,22 +231,24 @@ def status_text(data: dict) -> str:
             if c["loss"] is not None:
                 extra.append(f"loss {c['loss']:.4f}")
             lines.append(f"  {', '.join(extra) or c['progress']}")
-    elif data.get("workers"):
+        return lines
+    if data.get("workers"):
         verb = "running" if data["running"] else "interrupted"
-        for w in data["workers"]:
-            label = f"#{w['trial']}" + (f".{w['attempt']}" if (w["attempt"] or 1) > 1 else "")
-            elapsed = f", {whole_seconds(w['elapsed_s'])} in" if w["elapsed_s"] is not None else ""
-            lines.append(f"{verb} {w['worker']}: {label} {w['kind']} '{w['description'] or '-'}' ({w['phase']}{elapsed})")
+        lines = [f"{verb} {w['worker']}: {_label(w['trial'], w['attempt'])} {w['kind']} '{w['description'] or '-'}' "
+                 f"({w['phase']}{_elapsed_text(w['elapsed_s'])})" for w in data["workers"]]
         if not data["running"]:
             lines.append("  no live orchestrator: resume with autoloop run --resume")
-    elif data["stop_reason"]:
-        lines.append(f"stopped: {data['stop_reason']}")
-    elif data["running"]:
-        lines.append("running: between attempts")
-    elif not data["attempts"]:
-        lines.append("no trials yet")
-    else:
-        lines.append("not running")
+        return lines
+    if data["stop_reason"]:
+        return [f"stopped: {data['stop_reason']}"]
+    if data["running"]:
+        return ["running: between attempts"]
+    return ["no trials yet" if not data["attempts"] else "not running"]
+
+
+def _result_lines(data: dict[str, Any]) -> list[str]:
+    """The best and the baseline, the counts and the pace."""
+    m, lines = data["metric_name"], []
     best, base = data["best"], data["baseline"]
     if best["metric"] is not None:
         where = f" (trial {best['trial']}: {best['description']})" if best.get("trial") else ""
@@ -213,18 +258,25 @@ def status_text(data: dict) -> str:
         imp = ""
         if data["improvement"]:
             pct = 100 * data["improvement"] / base["metric"] if base["metric"] else 0.0
-            imp = f" (best is {abs(data['improvement']):.6f} {'lower' if data['improvement'] > 0 else 'higher'}, {abs(pct):.2f}%)"
+            imp = (f" (best is {abs(data['improvement']):.6f} {'lower' if data['improvement'] > 0 else 'higher'}, "
+                   f"{abs(pct):.2f}%)")
         lines.append(f"baseline {m}: {base['metric']:.6f} at {(base['commit'] or '-')[:7]}{imp}")
     if data["attempts"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(data["status_counts"].items()))
         crashes = ", ".join(f"{k} {v}" for k, v in sorted(data["crash_counts"].items()))
-        lines.append(f"{data['trials']} trials, {data['attempts']} attempts: {counts}" + (f" (crashes: {crashes})" if crashes else ""))
+        lines.append(f"{data['trials']} trials, {data['attempts']} attempts: {counts}"
+                     + (f" (crashes: {crashes})" if crashes else ""))
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
+    return lines
+
+
+def _pipeline_lines(data: dict[str, Any]) -> list[str]:
+    """The look-ahead, how busy the device was, the time left."""
+    lines = []
     for a in data.get("ahead", []):
         who = f"{a['worker']} " if a["worker"] else ""
-        elapsed = f", {whole_seconds(a['elapsed_s'])} in" if a["elapsed_s"] is not None else ""
-        lines.append(f"{who}ahead: trial {a['trial']} ({a['phase']}{elapsed})")
+        lines.append(f"{who}ahead: trial {a['trial']} ({a['phase']}{_elapsed_text(a['elapsed_s'])})")
     if data.get("prepared"):
         lines.append(f"prepared, not yet run: trial {', '.join(map(str, data['prepared']))}"
                      + ("" if data["running"] else " (autoloop run --resume runs it first)"))
@@ -234,6 +286,12 @@ def status_text(data: dict) -> str:
                      + (f"; proposer {proposer:.1f} s per trial" if proposer is not None else ""))
     if data["time_left_s"] is not None:
         lines.append(f"time left: {time_left(data['time_left_s'])}")
+    return lines
+
+
+def _aside_lines(data: dict[str, Any]) -> list[str]:
+    """The noise, the person's notes, the agent's cost, and any tampering."""
+    lines = []
     if data.get("noise") is not None:
         lines.append(f"noise: σ {data['noise']:.6f} (the noise rule needs a gain beyond z x σ)")
     if data.get("notes"):
@@ -251,10 +309,10 @@ def status_text(data: dict) -> str:
                           + (" (before the run)" if t["when"] == "before" else "") for t in found[-5:])
         lines.append(f"TAMPERED: {len(found)} attempt{'s' if len(found) != 1 else ''} changed a protected input "
                      f"(restored): {shown}")
-    return "\n".join(lines)
+    return lines
 
 
-def status_json(data: dict) -> str:
+def status_json(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2)
 
 
@@ -334,9 +392,9 @@ def _clock(t: float | None) -> str:
 def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], float], *, tag: str | None = None,
                     picture: str | None = "progress.png", picture_note: str | None = None,
                     now: float | None = None, verification: list[str] | None = None,
-                    notes: list[dict] = ()) -> str:
+                    notes: Sequence[dict[str, Any]] = ()) -> str:
     """The whole report.md text for a ledger (pure: everything it needs is passed in).
-    ``verification``: the lines of its Verification section (#19), after the kept changes;
+    ``verification``: the lines of its Verification section, after the kept changes;
     ``notes``: the person's notes and clears (person_notes.history), in order."""
     if not records:
         raise ReportError("the ledger has no records yet: nothing to report")
@@ -356,7 +414,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += notes_section(notes)
     if spend:
         out += ["## Agent cost", "", spend_line(spend) + ".", ""]
-    out += proposers_section(records, direction, metric)   # yield per proposer (#18)
+    out += proposers_section(records, direction, metric)   # what each proposer brought
     out += attempts_section(records, baseline)
     out += crashes_section(records)
     out += device_time_section(records, baseline)
@@ -368,7 +426,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
 
 def kept_changes(records: list[LedgerRecord]) -> list[tuple[LedgerRecord, float | None]]:
     """The kept changes in the order they were kept, each with the best before it."""
-    return [(r, ref) for r, ref in zip(records, best_before(records))
+    return [(r, ref) for r, ref in zip(records, best_before(records), strict=True)
             if r.status == "keep" and r.kind != "baseline" and not is_noise_sample(r)]
 
 
@@ -469,7 +527,7 @@ def crashes_section(records: list[LedgerRecord]) -> list[str]:
 
 
 def device_time_section(records: list[LedgerRecord], baseline: LedgerRecord | None) -> list[str]:
-    """#16: the share of the night a trial was running, and what the proposer cost per trial."""
+    """The share of the night a trial was running, and what the proposer cost per trial."""
     fed = queries.pipeline(records, baseline.ended_at) if baseline is not None else None
     if fed is None or fed.busy_share is None:
         return []
@@ -506,15 +564,16 @@ def noise_section(records: list[LedgerRecord], baseline: LedgerRecord | None, me
         return out + ["No record carries a noise estimate (no repeated runs of one commit were made), so "
                       "small deltas may be noise.", ""]
     latest = noisy[-1]
-    values = [r.noise for r in noisy]
+    values = [r.noise for r in noisy if r.noise is not None]   # all of them: narrowed for the type checker
+    latest_noise = values[-1]
     spread = f", ranging {min(values):.6f} to {max(values):.6f}" if min(values) != max(values) else ""
     out.append(f"Noise estimate (the run-to-run spread of {metric} that the decisions allowed for): "
-               f"{latest.noise:.6f} as of trial {trial_label(latest.trial, latest.attempt)}; "
+               f"{latest_noise:.6f} as of trial {trial_label(latest.trial, latest.attempt)}; "
                f"{len(noisy)} record{'s' if len(noisy) != 1 else ''} carry one{spread}.")
     _, best_metric = queries.best(records)
-    if best_metric is not None and baseline and baseline.metric is not None and latest.noise > 0:
+    if best_metric is not None and baseline and baseline.metric is not None and latest_noise > 0:
         out.append(f"The total change, {best_metric - baseline.metric:+.6f}, is "
-                   f"{abs(best_metric - baseline.metric) / latest.noise:.1f} times that estimate.")
+                   f"{abs(best_metric - baseline.metric) / latest_noise:.1f} times that estimate.")
     return out + [""]
 
 
@@ -539,25 +598,28 @@ def time_section(split: TimeSplit) -> list[str]:
     s = split.span
     out = ["## Where the time went", "",
            "| | time | share | how it is computed |", "|---|---:|---:|---|"]
-    for name, field, how in TIME_ROWS:
-        value = getattr(split, field)
+    for name, attribute, how in TIME_ROWS:
+        value = getattr(split, attribute)
         out.append(f"| {name} | {whole_seconds(value)} | {_pct(value, s)} | {how} |")
     if abs(split.unaccounted) >= 1:
-        out.append(f"| overlap / unaccounted | {whole_seconds(abs(split.unaccounted))} | {_pct(abs(split.unaccounted), s)} | "
+        gap = abs(split.unaccounted)
+        out.append(f"| overlap / unaccounted | {whole_seconds(gap)} | {_pct(gap, s)} | "
                    "the span minus the rows above (records that overlap in time: parallel writers) |")
-    out.append(f"| **total** | **{whole_seconds(s)}** | 100% | first record's `started_at` to the last record's `ended_at` |")
+    out.append(f"| **total** | **{whole_seconds(s)}** | 100% | "
+               "first record's `started_at` to the last record's `ended_at` |")
     out.append("")
     if split.longest_gap >= 1800:
-        out += [f"The longest gap between two attempts, {whole_seconds(split.longest_gap)} from {_clock(split.longest_gap_at)}, "
-                "is probably time when no loop was running; it is counted in the last row.", ""]
+        out += [f"The longest gap between two attempts, {whole_seconds(split.longest_gap)} from "
+                f"{_clock(split.longest_gap_at)}, is probably time when no loop was running; it is counted "
+                "in the last row.", ""]
     return out
 
 
 _HOLDS = {True: "holds", False: "does not hold", None: "-"}
 
 
-def verification_section(summary, picture: str | None, picture_note: str | None = None) -> list[str]:
-    """'## Verification' (#19): each kept change's contribution with its interval, whether
+def verification_section(summary: Summary, picture: str | None, picture_note: str | None = None) -> list[str]:
+    """'## Verification': each kept change's contribution with its interval, whether
     it holds at scale, from ``verify_plan.summarize``; how the numbers are made, in a line."""
     from autoloop.verification.verify_plan import scale_text, variant_label
 
@@ -599,8 +661,8 @@ def verification_section(summary, picture: str | None, picture_note: str | None 
     return out
 
 
-def notes_section(notes: list[dict]) -> list[str]:
-    """'## Notes from the person' (#17): every `autoloop note` and `--clear`, with its time."""
+def notes_section(notes: Sequence[dict[str, Any]]) -> list[str]:
+    """'## Notes from the person': every `autoloop note` and `--clear`, with its time."""
     if not notes:
         return []
     out = ["## Notes from the person", "",
@@ -647,7 +709,8 @@ def verification_lines(results: Layout, output: Layout, records: list[LedgerReco
     if plan is None or (tag and plan.tag != tag):
         return []
     summary = summarize(plan, records)
-    rows = [("the best vs the baseline", summary.gain, summary.gain_at_scale)]
+    rows: list[tuple[str, Estimate | None, Estimate | None]] = [
+        ("the best vs the baseline", summary.gain, summary.gain_at_scale)]
     rows += [(f"{variant_label(list(c.trials))} {c.description}", c.estimate, c.at_scale) for c in summary.changes]
     picture = output.contributions_picture
     try:
@@ -664,7 +727,7 @@ class ReportFiles:
     markdown: Path
     picture: Path | None
     note: str | None      # why there is no picture, when there is none
-    records: list[LedgerRecord] | None = None   # what the report covered (#20: report --since-last's mark)
+    records: list[LedgerRecord] = field(default_factory=list)   # what it covered: report --since-last's start
     tag: str | None = None
 
 
@@ -686,9 +749,10 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
     # The night's search is what the counts, tables and the progress picture show; the
     # verification's runs (kind verify) have a section of their own.
     night = queries.of_night(records)
-    picture, note = output.picture, None
+    picture: Path | None = output.picture
+    note: str | None = None
     try:
-        plot.write_progress_png(night, picture, tag=tag)
+        plot.write_progress_png(night, output.picture, tag=tag)
     except plot.PlotUnavailable as e:
         picture, note = None, str(e)
     text = report_markdown(night, eval_seconds(results.root, night), tag=tag,

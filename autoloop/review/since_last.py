@@ -31,11 +31,11 @@ MARK_FILE = "report-mark.json"
 class Mark:
     tag: str | None
     records: int          # ledger records covered (skips included)
-    last: list | None     # [trial, attempt, started_at] of the last covered record
+    last: list[float] | None   # [trial, attempt, started_at] of the last covered record
     at: float | None = None
 
 
-def _key(record: LedgerRecord) -> list:
+def _key(record: LedgerRecord) -> list[float]:
     return [record.trial, record.attempt, record.started_at]
 
 
@@ -68,24 +68,24 @@ def start_index(records: list[LedgerRecord], mark: Mark | None, tag: str | None)
 def since_last_text(root: Path, records: list[LedgerRecord], start: int, mark: Mark | None,
                     tag: str | None) -> str:
     """What ``--since-last`` prints for the records from ``start`` on."""
-    new = [r for r in records[start:] if r.status != "skip" and r.kind != "verify"]   # the TSV's rows
+    rows = [(r, row) for r in records[start:] if (row := tsv_row(r)) is not None]   # the TSV's rows
+    new = [r for r, _ in rows]
     where = f"autoloop/{tag}" if tag else "the ledger"
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(mark.at)) if mark and mark.at and start else None
     since = f"since the last report ({when})" if when else "in all (no earlier report of this ledger)"
     if not new:
-        return f"no new rows {since}; {where} has {sum(r.status != 'skip' and r.kind != 'verify' for r in records)} rows"
+        return f"no new rows {since}; {where} has {sum(tsv_row(r) is not None for r in records)} rows"
     kept = sum(is_kept_change(r) for r in new)
     out = [f"{len(new)} new row{'s' if len(new) != 1 else ''} {since} on {where}, {kept} kept "
            f"change{'s' if kept != 1 else ''} with {'its' if kept == 1 else 'their'} diff:", "",
            "\t".join(TSV_COLUMNS)]
-    for record in new:
-        row = tsv_row(record)
+    for record, row in rows:
         out.append("\t".join(plain(field) or "-" for field in row))
         if is_kept_change(record):
             diff = record_diff(root, record)
             label = trial_label(record.trial, record.attempt)
             if diff is None:
-                out.append(f"    (no diff: commit {record.commit[:7]} of #{label} is not in this repository)")
+                out.append(f"    (no diff: commit {(record.commit or '')[:7]} of #{label} is not in this repository)")
             else:
                 out += [f"    {verbatim_line(line)}" for line in diff.splitlines()]
             out.append("")

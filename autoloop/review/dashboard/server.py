@@ -32,11 +32,13 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from autoloop.core.errors import AutoloopError
@@ -53,6 +55,7 @@ STATIC = {   # URL path -> (package file, content type)
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 _LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
+Query = dict[str, list[str]]   # a request's query string, as parse_qs gives it
 
 
 class DashboardError(AutoloopError):
@@ -101,10 +104,12 @@ class Dashboard:
     def __init__(self, root: Path, token: str | None):
         self.views = WorkspaceViews(root)
         self.token = token
-        self.cookie = None
+        self.cookie: str | None = None   # named after the port, once bound (make_server)
 
     def token_ok(self, given: str | None) -> bool:
-        return bool(given) and self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
+        if not given or self.token is None:
+            return False
+        return hmac.compare_digest(given.encode(), self.token.encode())
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -114,7 +119,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- access -----------------------------------------------------------------------------
 
-    def _token_given(self, query: dict) -> tuple[str | None, bool]:
+    def _token_given(self, query: Query) -> tuple[str | None, bool]:
         """(token, came in the URL): the query, a bearer header, or the cookie."""
         if query.get("token"):
             return query["token"][0], True
@@ -129,11 +134,12 @@ class Handler(BaseHTTPRequestHandler):
         morsel = cookie.get(self.dashboard.cookie or "")
         return (morsel.value if morsel else None), False
 
-    def _denied(self, query: dict) -> tuple[HTTPStatus, str] | None:
+    def _denied(self, query: Query) -> tuple[HTTPStatus, str] | None:
         d = self.dashboard
         if d.token is None:
             if not is_loopback_client(self.client_address[0]):
-                return HTTPStatus.FORBIDDEN, "this dashboard serves this machine only (start it with --host to share it)"
+                return (HTTPStatus.FORBIDDEN,
+                        "this dashboard serves this machine only (start it with --host to share it)")
             if not host_header_is_loopback(self.headers.get("Host")):
                 return HTTPStatus.FORBIDDEN, "bad Host header: open the dashboard as 127.0.0.1 or localhost"
             return None
@@ -144,7 +150,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- responses ---------------------------------------------------------------------------
 
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str, extra: dict | None = None) -> None:
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -163,7 +169,7 @@ class Handler(BaseHTTPRequestHandler):
     def _text(self, status: HTTPStatus, text: str) -> None:
         self._send(status, (text + "\n").encode(), "text/plain; charset=utf-8")
 
-    def _json(self, data: dict) -> None:
+    def _json(self, data: dict[str, Any]) -> None:
         self._send(HTTPStatus.OK, json.dumps(_finite(data), allow_nan=False).encode(), "application/json")
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -190,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method  # noqa: N815
 
-    def _route(self, path: str, query: dict) -> None:
+    def _route(self, path: str, query: Query) -> None:
         views = self.dashboard.views
         if path in STATIC:
             name, content_type = STATIC[path]
@@ -211,11 +217,11 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._text(HTTPStatus.NOT_FOUND, "not found")
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
         pass   # polling every two seconds would flood the terminal
 
 
-def _finite(value):
+def _finite(value: Any) -> Any:
     """JSON has no NaN or infinity (a diverged run's number): they go out as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -226,7 +232,7 @@ def _finite(value):
     return value
 
 
-def _int(query: dict, key: str, default: int) -> int:
+def _int(query: Query, key: str, default: int) -> int:
     try:
         return int(query[key][0])
     except (KeyError, IndexError, ValueError):
@@ -240,7 +246,7 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def resolve_token(host: str, environ: dict | None = None) -> str | None:
+def resolve_token(host: str, environ: Mapping[str, str] | None = None) -> str | None:
     """None on loopback; else the token from the environment, or a fresh one."""
     if is_loopback_host(host):
         return None
@@ -259,7 +265,7 @@ def make_server(root: Path, host: str, port: int, token: str | None) -> Threadin
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         server_class = type("Server", (_Server,), {"address_family": family})
-        server = server_class((host, port), handler)
+        server: ThreadingHTTPServer = server_class((host, port), handler)
     except socket.gaierror:
         raise DashboardError(f"--host {host}: not an address or a name of this machine") from None
     except OSError as e:
@@ -281,7 +287,7 @@ def urls(host: str, port: int, token: str | None) -> list[str]:
     return [f"http://{name}:{port}{suffix}" for name in names]
 
 
-def serve(root: Path, host: str, port: int, say) -> None:
+def serve(root: Path, host: str, port: int, say: Callable[[str], None]) -> None:
     """Serve until Ctrl-C. ``say`` prints one line."""
     if not (Path(root) / "results").is_dir():
         raise DashboardError(f"no results/ in {root}: start a night with autoloop run first (or pass -C DIR)")

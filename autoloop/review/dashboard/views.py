@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from autoloop.core.layout import Layout
 from autoloop.observe.console import parse_progress
@@ -47,7 +48,7 @@ def confined(results_dir: Path, relative: str | None) -> Path | None:
 
 
 def log_tail(results_dir: Path, relative: str | None, limit: int = LOG_TAIL_BYTES,
-             lines: int = LOG_TAIL_LINES) -> dict:
+             lines: int = LOG_TAIL_LINES) -> dict[str, Any]:
     """The end of a run log: ``{"text", "truncated", "size"}``, or ``{"error"}``."""
     path = confined(results_dir, relative)
     if path is None:
@@ -77,7 +78,7 @@ class WorkspaceViews:
         self.root = Path(root).resolve()
         self.layout = Layout.of(self.root)
         self.results = self.layout.root
-        self._cache_key: tuple | None = None
+        self._cache_key: tuple[int, int, int] | None = None
         self._cache: list[LedgerRecord] = []
         self._lock = threading.Lock()
 
@@ -97,7 +98,7 @@ class WorkspaceViews:
 
     # -- endpoints ----------------------------------------------------------------------
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         data = status_data(self.results)
         records = self.records()
         data["direction"] = infer_direction(records)
@@ -105,7 +106,7 @@ class WorkspaceViews:
         data.pop("last", None)   # the table has every row
         return data
 
-    def attempts(self, start: int = 0) -> dict:
+    def attempts(self, start: int = 0) -> dict[str, Any]:
         """Rows from ledger index ``start`` on. ``first`` identifies the ledger: when it changes
         (a new tag archived the old one) the page starts over."""
         records = self.records()
@@ -115,15 +116,14 @@ class WorkspaceViews:
         first = f"{records[0].trial}.{records[0].attempt}@{records[0].started_at}" if records else None
         return {"total": len(records), "start": start, "first": first, "rows": rows}
 
-    def attempt(self, trial: int, attempt: int) -> dict:
+    def attempt(self, trial: int, attempt: int) -> dict[str, Any]:
         """One attempt in full: its texts, its diff against its parent (git), its log's tail."""
         records = self.records()
         before = best_before(records)
-        for i, r in enumerate(records):
-            if r.trial == trial and r.attempt == attempt:
-                break
-        else:
+        found = next(((i, r) for i, r in enumerate(records) if r.trial == trial and r.attempt == attempt), None)
+        if found is None:
             raise NotFound(f"no attempt {trial}.{attempt} in the ledger")
+        i, r = found
         row = _row(i, r, before[i])
         diff = record_diff(self.root, r)
         row.update(
@@ -136,7 +136,7 @@ class WorkspaceViews:
         )
         return row
 
-    def live(self) -> dict:
+    def live(self) -> dict[str, Any]:
         """The attempts in flight (the single loop's, or each worker's) with their live logs."""
         state = load_state(self.results)
         states = [("", state)]
@@ -153,7 +153,7 @@ class WorkspaceViews:
                         "attempt_started_at": st.attempt_started_at, "phase_started_at": st.phase_started_at,
                         "log": log_tail(self.results, rel, lines=80) if st.phase in ("running", "judging") else None,
                         **{k: v for k, v in parse_progress(st.progress).items() if k in ("percent", "loss")}})
-        # #16: the next trial's proposal, made while the one above trains, and the candidates
+        # The next trial's proposal, made while the one above trains, and the candidates
         # prepared that wait for their turn: what the device does next.
         for k, path in self.layout.ahead_states():
             st = load_state(self.results, path.name)
@@ -167,7 +167,7 @@ class WorkspaceViews:
         return {"now": time.time(), "attempts": out, "prepared": prepared}
 
 
-def _row(index: int, r: LedgerRecord, reference: float | None) -> dict:
+def _row(index: int, r: LedgerRecord, reference: float | None) -> dict[str, Any]:
     delta = None
     if r.metric is not None and reference is not None and r.kind != "baseline":
         delta = r.metric - reference

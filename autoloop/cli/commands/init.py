@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -23,6 +24,13 @@ run.log
 
 class ScaffoldError(AutoloopError):
     """The folder cannot be made into an experiment repository; one line for the user."""
+
+
+def run(args: argparse.Namespace) -> int:
+    path = init_experiment(Path(args.path))
+    print(f"created an experiment repository in {path}")
+    print(f"next: cd {path} && autoloop run --budget 5m --hours 8")
+    return 0
 
 
 def template_text(name: str) -> str:

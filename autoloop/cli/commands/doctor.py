@@ -10,6 +10,7 @@ takes at most seconds; none trains, none reaches the network.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import glob
 import importlib.metadata
@@ -19,18 +20,30 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from autoloop.cli.flags import settings_from
+from autoloop.cli.paths import repo_root
+from autoloop.config.settings import Settings
 from autoloop.core.checks import Check, fail, failures, ok, warn
 from autoloop.observe.console import plural
 
+if TYPE_CHECKING:
+    from autoloop.repo.workspace import Workspace
 
-def run_doctor(root: Path, load: Callable[[], object], say: Callable[[str], None]) -> list[Check]:
+
+def run(args: argparse.Namespace) -> int:
+    checks = run_doctor(repo_root(args.directory), lambda: settings_from(args), print)
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
+def run_doctor(root: Path, load: Callable[[], Settings], say: Callable[[str], None]) -> list[Check]:
     """Every check, each said as one line when done; returns them (a fail: exit non-zero).
 
     ``load`` gives the Settings (config file and flags); a ConfigError is itself a failed
     check, and the rest is checked with the defaults.
     """
-    from autoloop.config.settings import ConfigError, Settings
+    from autoloop.config.settings import ConfigError
 
     checks: list[Check] = []
 
@@ -54,7 +67,7 @@ def run_doctor(root: Path, load: Callable[[], object], say: Callable[[str], None
     return checks
 
 
-def _steps(root: Path, settings) -> Iterator[Callable[[], Check | list[Check]]]:
+def _steps(root: Path, settings: Settings) -> Iterator[Callable[[], Check | list[Check]]]:
     ws = _workspace(root, settings)
     yield lambda: _git(root, ws)
     if not isinstance(ws, Check):
@@ -73,7 +86,7 @@ def _steps(root: Path, settings) -> Iterator[Callable[[], Check | list[Check]]]:
 # ------------------------------------------------------------------------------ git
 
 
-def _workspace(root: Path, settings):
+def _workspace(root: Path, settings: Settings) -> Workspace | Check:
     from autoloop.repo.workspace import Workspace, WorkspaceError
 
     try:
@@ -82,7 +95,7 @@ def _workspace(root: Path, settings):
         return fail("git", f"{e} (autoloop init DIR makes an experiment repository)")
 
 
-def _git(root: Path, ws) -> Check:
+def _git(root: Path, ws: Workspace | Check) -> Check:
     if isinstance(ws, Check):
         return ws
     version = _output(["git", "--version"], root) or "git"
@@ -101,7 +114,7 @@ def _identity(root: Path) -> Check:
                                 f"set it with git config --global {missing.split(' and ')[0]} ...")
 
 
-def _clean_tree(ws) -> list[Check]:
+def _clean_tree(ws: Workspace) -> list[Check]:
     from autoloop.repo.workspace import WorkspaceError, _listing
 
     checks = []
@@ -136,7 +149,7 @@ def _interrupted(results_dir: Path) -> list[Check]:
 # ------------------------------------------------------------------------------ the experiment
 
 
-def _target(root: Path, settings) -> Check:
+def _target(root: Path, settings: Settings) -> Check:
     from autoloop.proposers.mutate import MutateError, constant_moves, find_constants
 
     name = settings.target
@@ -167,7 +180,7 @@ def _target(root: Path, settings) -> Check:
     return ok(name, f"parses; {constants}" + ("; reports through autoloop.evaluate" if uses_evaluate else ""))
 
 
-def _data(settings) -> Check:
+def _data(settings: Settings) -> Check:
     from autoloop.data import CorpusSpec, DataError, default_data_dir, read_meta
 
     spec = CorpusSpec(source=settings.corpus)
@@ -186,7 +199,7 @@ def _data(settings) -> Check:
     return fail("data", f"corpus {settings.corpus} not found (a directory, file or glob of text)")
 
 
-def _torch(settings) -> Check:
+def _torch(settings: Settings) -> Check:
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - a broken install raises anything
@@ -213,14 +226,14 @@ def _torch(settings) -> Check:
     return ok("torch", f"{build}; no GPU: trials train on the CPU ({plural(os.cpu_count() or 1, 'core')})")
 
 
-def _disk(root: Path, settings) -> Check:
+def _disk(root: Path, settings: Settings) -> Check:
     from autoloop.core.layout import Layout
     from autoloop.data import CorpusSpec, default_data_dir
     from autoloop.execution.diskspace import _existing, low_disk_reason
 
     data = Path(settings.data_dir) if settings.data_dir else default_data_dir(CorpusSpec(source=settings.corpus))
     paths = [Layout.of(root).root, root, data]
-    low = low_disk_reason(paths, settings.min_free_gb)
+    low = low_disk_reason([*paths], settings.min_free_gb)   # a new list: it takes list[Path | None]
     if low:
         return fail("disk", f"{low}: autoloop run would stop before its first trial")
     seen, parts = set(), []
@@ -239,7 +252,7 @@ def _disk(root: Path, settings) -> Check:
 # ------------------------------------------------------------------------------ agent and extras
 
 
-def _agent(root: Path, settings) -> Check | list[Check]:
+def _agent(root: Path, settings: Settings) -> Check | list[Check]:
     from autoloop.proposers.preflight import agent_checks
 
     if not (settings.agent or settings.agent_cmd):
@@ -248,7 +261,7 @@ def _agent(root: Path, settings) -> Check | list[Check]:
     return agent_checks(settings, root)
 
 
-def _extras(settings) -> list[Check]:
+def _extras(settings: Settings) -> list[Check]:
     checks = []
     plot = _installed("matplotlib")
     checks.append(ok("plot", f"matplotlib {plot}: autoloop report draws progress.png") if plot else
@@ -269,7 +282,7 @@ def _extras(settings) -> list[Check]:
     return checks
 
 
-def _isolation(settings) -> Check:
+def _isolation(settings: Settings) -> Check:
     from autoloop.execution.isolate import isolation_available
 
     available, why = isolation_available()

@@ -1,0 +1,39 @@
+"""`autoloop note`: a note from the person to every later prompt, or --clear, or the notes in force."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from autoloop.cli.paths import repo_root
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoloop.core.layout import Layout
+    from autoloop.store.person_notes import PersonNotesError, active_notes, add_note, clear_notes
+
+    root = repo_root(args.directory)
+    if not (root / ".git").exists():
+        raise PersonNotesError(f"{root} is not a git repository: run autoloop note in the experiment repository "
+                               "(or give it with -C DIR)")
+    if args.clear and args.text:
+        raise PersonNotesError("give a note or --clear, not both")
+    results = Layout.of(root).root
+    if args.clear:
+        n = clear_notes(results)
+        print(f"cleared {n} note{'s' if n != 1 else ''}: later prompts carry none" if n else "no notes to clear")
+        return 0
+    if args.text:
+        note = add_note(results, " ".join(args.text))
+        print(f"noted at {_hhmm(note.at)}: every later prompt carries it (autoloop note --clear drops it)")
+        return 0
+    notes = active_notes(results)
+    for note in notes:
+        print(f"{_hhmm(note.at)}  {note.text}")
+    if not notes:
+        print('no notes in force (add one: autoloop note "try SwiGLU; leave the LRs alone")')
+    return 0
+
+
+def _hhmm(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
