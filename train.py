@@ -28,12 +28,12 @@ import time
 # costs little when the machine is idle. Set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from autoloop.data import load_data  # noqa: E402
-from autoloop.evaluate import EVAL_CONTEXT, evaluate_bpb  # noqa: E402
+from autoloop.data import load_data
+from autoloop.evaluate import EVAL_CONTEXT, evaluate_bpb
 
 # ---------------------------------------------------------------------------------
 # Hyperparameters, sized for a 5-minute budget on 2 CPU cores (fp32). On a GPU the

@@ -79,7 +79,7 @@ def _bpb(model: torch.nn.Module, data: np.ndarray, context: int, batch_size: int
         try:
             total, count = _score(model, data, windows, device, batch_size)
             return total / count / math.log(2), count, batch_size
-        except Exception as exc:  # noqa: BLE001 - only OOM is retried, the rest re-raised
+        except Exception as exc:  # only OOM is retried, the rest re-raised
             if not _is_oom(exc) or batch_size == 1:
                 raise
             batch_size //= 2
@@ -114,7 +114,7 @@ def evaluate_bpb(model: torch.nn.Module, batch_size: int = DEFAULT_EVAL_BATCH, d
         if write_result and os.environ.get("AUTOLOOP_RESULT"):
             try:
                 audit_data = dataset.split("audit")
-            except Exception:  # noqa: BLE001 - an older prepared dataset without audit bytes
+            except Exception:  # an older prepared dataset without audit bytes
                 audit_data = None
             if audit_data is not None and len(audit_data) > 1:
                 audit = _bpb(model, audit_data, context, batch_size, device)[0]

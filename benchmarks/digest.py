@@ -25,9 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from test_digest import kept_trials, section, synthetic_night  # noqa: E402
+from test_digest import kept_trials, section, synthetic_night
 
-from autoloop.store.digest import research_digest  # noqa: E402
+from autoloop.store.digest import research_digest
 
 SECTIONS = ("Kept changes", "Tried without becoming the best", "Crashes", "Proposals not run", "The last")
 

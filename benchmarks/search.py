@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from noise import LANDSCAPES, night  # noqa: E402  (benchmarks/noise.py: the simulated night)
+from noise import LANDSCAPES, night
 
 REPO = Path(__file__).resolve().parent.parent
 

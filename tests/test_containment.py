@@ -66,7 +66,7 @@ def test_every_kind_of_group_ends_a_forking_tree(kind):
     if where is None or procs._probe(where) is not None:
         pytest.skip(f"no writable {kind} hierarchy on this machine")
     group = procs.TrialGroup(where, uuid.uuid4().hex)
-    proc = subprocess.Popen([sys.executable, "-c", FORKER], preexec_fn=group.join, start_new_session=True)  # noqa: PLW1509
+    proc = subprocess.Popen([sys.executable, "-c", FORKER], preexec_fn=group.join, start_new_session=True)
     deadline = time.monotonic() + 30
     while len(group.pids()) < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -84,7 +84,7 @@ def test_recovery_ends_the_group_of_a_run_left_by_a_kill(tmp_path):
     finds it by the run's token and ends it."""
     token = uuid.uuid4().hex
     group = procs.TrialGroup(CONTAINMENT, token)
-    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=group.join,  # noqa: PLW1509
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=group.join,
                               start_new_session=True, env={})
     assert procs.end_leftovers([], token=token, grace_s=1.0) >= 1
     daemon.wait(timeout=10)

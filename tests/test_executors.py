@@ -32,7 +32,7 @@ from autoloop.execution.runner import TOKEN_VAR, TrialSpec
 
 pytest.importorskip("submitit")
 
-from autoloop.execution.executors.slurm import SlurmExecutor  # noqa: E402
+from autoloop.execution.executors.slurm import SlurmExecutor
 
 # ------------------------------------------------------------------------------ fake trials
 

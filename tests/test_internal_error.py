@@ -27,7 +27,8 @@ BUGGY_STATUS = ("import sys\n"
                 "sys.exit(main(sys.argv[1:]))\n")
 LINE = re.compile(r"^autoloop: internal error: ZeroDivisionError: a bug on purpose "
                   r"\(traceback in (?P<log>\S+internal-error-\d{8}T\d{6}Z\.log); "
-                  r"please attach it to a bug report\)$")
+                  r"please attach it to a bug report; recorded results are safe, "
+                  r"autoloop run --resume recovers an interrupted trial\)$")
 
 
 def _run_buggy_status(cwd: Path, tmp: Path) -> subprocess.CompletedProcess:

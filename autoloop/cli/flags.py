@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from autoloop.config.fields import choices, default_text, meta
 from autoloop.config.settings import SECTIONS, Settings, flag_of, load_settings
-from autoloop.core.durations import format_duration
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, command: str, sections: tuple[str, ...] | None = None) -> None:
@@ -28,8 +28,8 @@ def add_setting_flags(parser: argparse.ArgumentParser, command: str, sections: t
     for section, title in SECTIONS.items():
         if sections is not None and section not in sections:
             continue
-        fields = [(n, f) for n, f in Settings.model_fields.items() if _meta(f)["section"] == section
-                  and (command == "run" or not _meta(f)["run_only"])]
+        fields = [(n, f) for n, f in Settings.model_fields.items() if meta(f)["section"] == section
+                  and (command == "run" or not meta(f)["run_only"])]
         if fields:
             groups[section] = parser.add_argument_group(title)
         for name, field in fields:
@@ -57,9 +57,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
 # ------------------------------------------------------------------------------ one flag
 
 
-def _meta(field: FieldInfo) -> dict[str, Any]:
-    extra = field.json_schema_extra   # a dict on every Settings field (pydantic also allows a callable)
-    return extra if isinstance(extra, dict) else {}
 
 
 def _origin(annotation: Any) -> Any:
@@ -68,31 +65,12 @@ def _origin(annotation: Any) -> Any:
     return typing.get_origin(inner) or inner
 
 
-def _choices(field: FieldInfo) -> list[str] | None:
-    declared = _meta(field).get("choices")
-    if declared is not None:
-        return list(declared())
-    args = [a for a in typing.get_args(field.annotation) if a is not type(None)]
-    literal = args[0] if len(args) == 1 else field.annotation
-    if typing.get_origin(literal) is typing.Literal:
-        return list(typing.get_args(literal))
-    return None
 
 
-def _default_text(field: FieldInfo) -> str | None:
-    meta = _meta(field)
-    if meta.get("default_text"):
-        return str(meta["default_text"])
-    default = field.get_default(call_default_factory=True)
-    if default is None or default is False or default in ({}, []):
-        return None
-    if meta.get("metavar") == "DURATION":
-        return format_duration(default)
-    return f"{default:g}" if isinstance(default, float) else str(default)
 
 
 def _help(field: FieldInfo) -> str:
-    text, default = field.description or "", _default_text(field)
+    text, default = field.description or "", default_text(field)
     if "{default}" in text:
         text = text.replace("{default}", default or "none")
     elif default is not None:
@@ -112,14 +90,14 @@ def _add(group: argparse._ArgumentGroup, name: str, field: FieldInfo) -> None:
     if field.annotation is bool:
         kwargs["action"] = argparse.BooleanOptionalAction   # --isolate / --no-isolate over the file
     elif _origin(field.annotation) is dict:
-        kwargs.update(action="append", type=_key_value, metavar=_meta(field).get("metavar"))
-    elif _meta(field).get("repeatable"):
+        kwargs.update(action="append", type=_key_value, metavar=meta(field).get("metavar"))
+    elif meta(field).get("repeatable"):
         # --track wandb --track mlflow, or --track wandb,mlflow: the validator splits and checks
-        kwargs.update(action="append", metavar=_meta(field).get("metavar"))
+        kwargs.update(action="append", metavar=meta(field).get("metavar"))
     else:
-        choices = _choices(field)
-        if choices:
-            kwargs["choices"] = choices
+        accepted = choices(field)
+        if accepted:
+            kwargs["choices"] = accepted
         else:
-            kwargs["metavar"] = _meta(field).get("metavar")
+            kwargs["metavar"] = meta(field).get("metavar")
     group.add_argument(flag_of(name), **kwargs)

@@ -85,7 +85,7 @@ def _torch_version() -> str:
         return importlib.metadata.version("torch") + " (installed, not imported)"
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-    except Exception as e:  # noqa: BLE001 - a broken metadata file must not hide the original error
+    except Exception as e:  # a broken metadata file must not hide the original error
         return f"unreadable ({type(e).__name__}: {e})"
 
 

@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autoloop: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - a bug of ours: one line, the traceback in a log file
+    except Exception as e:  # a bug of ours: one line, the traceback in a log file
         if os.environ.get("AUTOLOOP_DEBUG"):
             raise
         return _internal_error(e, argv, getattr(args, "directory", "."))
@@ -287,14 +287,15 @@ def _internal_error(error: Exception, argv: list[str], directory: str) -> int:
     what = f"autoloop: internal error: {type(error).__name__}: {error}"
     try:
         log = write_log(error, argv, directory)
-    except Exception:  # noqa: BLE001 - writing the log failed too: the traceback goes to stderr
+    except Exception:  # writing the log failed too: the traceback goes to stderr
         log = None
     if log is None:
         traceback.print_exception(error)
-        print(f"{what} (traceback above; please include it in a bug report)", file=sys.stderr)
+        print(f"{what} (traceback above; please include it in a bug report; recorded results are safe, "
+              "autoloop run --resume recovers an interrupted trial)", file=sys.stderr)
     else:
-        print(f"{what} (traceback in {shown_path(log, Path.cwd())}; please attach it to a bug report)",
-              file=sys.stderr)
+        print(f"{what} (traceback in {shown_path(log, Path.cwd())}; please attach it to a bug report; "
+              "recorded results are safe, autoloop run --resume recovers an interrupted trial)", file=sys.stderr)
     return EXIT_INTERNAL
 
 

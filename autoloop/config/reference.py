@@ -12,11 +12,11 @@ a flag or a default the code does not have (tests/test_docs.py compares the file
 from __future__ import annotations
 
 import sys
-import typing
-from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from autoloop.config import fields
+from autoloop.config.fields import default_text, meta
 from autoloop.config.settings import AUTOLOOP_TOML, PYPROJECT, SECTIONS, Settings, flag_of
 from autoloop.core.durations import format_duration
 
@@ -64,7 +64,7 @@ def configuration_markdown() -> str:
     """The whole page: how settings are found, an example, then one table per section."""
     parts = [_intro(), _example()]
     for section, title in SECTIONS.items():
-        names = [name for name, field in Settings.model_fields.items() if _meta(field)["section"] == section]
+        names = [name for name, field in Settings.model_fields.items() if meta(field)["section"] == section]
         if names:
             parts.append(_section(title, names))
     return "\n".join(parts)
@@ -129,21 +129,8 @@ def _section(title: str, names: list[str]) -> str:
 # ------------------------------------------------------------------------------ one row
 
 
-def _meta(field: FieldInfo) -> dict[str, Any]:
-    extra = field.json_schema_extra
-    return extra if isinstance(extra, dict) else {}
 
 
-def _choices(field: FieldInfo) -> list[str] | None:
-    """The values the flag accepts, as autoloop.cli.flags gives them to argparse."""
-    declared = _meta(field).get("choices")
-    if declared is not None:
-        return [str(c) for c in declared()]
-    args = [a for a in typing.get_args(field.annotation) if a is not type(None)]
-    literal = args[0] if len(args) == 1 else field.annotation
-    if typing.get_origin(literal) is typing.Literal:
-        return [str(c) for c in typing.get_args(literal)]
-    return None
 
 
 def _flag_cell(name: str, field: FieldInfo) -> str:
@@ -151,26 +138,26 @@ def _flag_cell(name: str, field: FieldInfo) -> str:
     if field.annotation is bool:
         text = f"`{flag}`, `--no-{flag[2:]}`"
     else:
-        choices = _choices(field)
-        value = "\\|".join(choices) if choices else _escape(str(_meta(field).get("metavar") or "VALUE"))
+        choices = [str(c) for c in fields.choices(field) or []]
+        value = "\\|".join(choices) if choices else _escape(str(meta(field).get("metavar") or "VALUE"))
         text = f"`{flag} {value}`"
-    repeatable = _meta(field).get("repeatable") or isinstance(field.get_default(call_default_factory=True), dict)
+    repeatable = meta(field).get("repeatable") or isinstance(field.get_default(call_default_factory=True), dict)
     if repeatable and "repeat" not in (field.description or ""):
         text += " (repeatable)"
-    return text + (" *(run)*" if _meta(field).get("run_only") else "")
+    return text + (" *(run)*" if meta(field).get("run_only") else "")
 
 
 def _default_cell(field: FieldInfo) -> str:
     """The default as it would be written in the file, or in words where it depends on others."""
-    meta = _meta(field)
-    if meta.get("default_text"):
-        return _escape(meta["default_text"])
+    declared = meta(field)
+    if declared.get("default_text"):
+        return _escape(declared["default_text"])
     default = field.get_default(call_default_factory=True)
     if default is None:
         return "not set"
     if isinstance(default, bool):
         return f"`{str(default).lower()}`"
-    if meta.get("metavar") == "DURATION":
+    if declared.get("metavar") == "DURATION":
         return f'`"{format_duration(default)}"`'
     if isinstance(default, str):
         return f'`"{default}"`'
@@ -182,20 +169,9 @@ def _default_cell(field: FieldInfo) -> str:
 def _meaning(field: FieldInfo) -> str:
     """The --help text, its {default} filled in as the flag's help fills it."""
     text = field.description or ""
-    return text.replace("{default}", _help_default(field)) if "{default}" in text else text
+    return text.replace("{default}", (default_text(field) or "none")) if "{default}" in text else text
 
 
-def _help_default(field: FieldInfo) -> str:
-    """The default as `autoloop run --help` writes it (autoloop.cli.flags)."""
-    meta = _meta(field)
-    if meta.get("default_text"):
-        return str(meta["default_text"])
-    default = field.get_default(call_default_factory=True)
-    if default is None or default is False or default in ({}, []):
-        return "none"
-    if meta.get("metavar") == "DURATION":
-        return format_duration(default)
-    return f"{default:g}" if isinstance(default, float) else str(default)
 
 
 def _escape(text: str) -> str:

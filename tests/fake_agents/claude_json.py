@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, scale_constants, values_from  # noqa: E402
+from _edit import describe, scale_constants, values_from
 
 trial = int(os.environ["AUTOLOOP_TRIAL"])
 prompt = sys.stdin.read()

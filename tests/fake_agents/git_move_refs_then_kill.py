@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, set_constants, values_from  # noqa: E402
-from _git import git  # noqa: E402
+from _edit import describe, set_constants, values_from
+from _git import git
 
 set_constants(Path("train.py"), values_from(sys.argv[1:]))
 describe("moved refs, then the orchestrator died")

@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe  # noqa: E402
-from _git import git  # noqa: E402
+from _edit import describe
+from _git import git
 
 git("rm", "-q", "train.py")
 if "commit" in sys.argv[1:]:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, set_constants, values_from  # noqa: E402
+from _edit import describe, set_constants, values_from
 
 prompt = sys.stdin.read()
 print(f"fake agent: read a prompt of {len(prompt)} characters; raising the learning rates")

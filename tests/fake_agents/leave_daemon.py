@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, set_constants, values_from  # noqa: E402
+from _edit import describe, set_constants, values_from
 
 pid_file = Path(sys.argv[1])
 set_constants(Path("train.py"), values_from(sys.argv[2:]))

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, set_constants, values_from  # noqa: E402
+from _edit import describe, set_constants, values_from
 
 set_constants(Path("train.py"), values_from(sys.argv[1:]))
 Path("helper.py").write_text("# a helper the agent should not have written\n")

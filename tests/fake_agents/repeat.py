@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, values_from  # noqa: E402
+from _edit import describe, values_from
 
 trial = int(os.environ["AUTOLOOP_TRIAL"])
 out = Path(sys.argv[1])

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, set_constants  # noqa: E402
+from _edit import describe, set_constants
 
 TYPO = ("A + B", "A + C")   # tests/test_lookahead.py's train.py prints A + B
 

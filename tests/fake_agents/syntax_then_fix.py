@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _edit import describe, set_constants, values_from  # noqa: E402
+from _edit import describe, set_constants, values_from
 
 BROKEN = "def broken(:\n"
 prompt = Path(sys.argv[1]).read_text()

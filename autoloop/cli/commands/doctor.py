@@ -202,7 +202,7 @@ def _data(settings: Settings) -> Check:
 def _torch(settings: Settings) -> Check:
     try:
         import torch
-    except Exception as e:  # noqa: BLE001 - a broken install raises anything
+    except Exception as e:  # a broken install raises anything
         return fail("torch", f"cannot import torch: {type(e).__name__}: {e}")
     build = f"torch {torch.__version__}" + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)")
     wanted = settings.device

@@ -129,7 +129,7 @@ class Handler(BaseHTTPRequestHandler):
         cookie = SimpleCookie()
         try:
             cookie.load(self.headers.get("Cookie", ""))
-        except Exception:  # noqa: BLE001 - a malformed cookie header is no token
+        except Exception:  # a malformed cookie header is no token
             return None, False
         morsel = cookie.get(self.dashboard.cookie or "")
         return (morsel.value if morsel else None), False
@@ -172,7 +172,7 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, data: dict[str, Any]) -> None:
         self._send(HTTPStatus.OK, json.dumps(_finite(data), allow_nan=False).encode(), "application/json")
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         denied = self._denied(query)
@@ -185,7 +185,7 @@ class Handler(BaseHTTPRequestHandler):
             self._text(HTTPStatus.NOT_FOUND, str(e))
         except (BrokenPipeError, ConnectionResetError):
             pass
-        except Exception as e:  # noqa: BLE001 - one bad view must not take the page down
+        except Exception as e:  # one bad view must not take the page down
             self._text(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {' '.join(str(e).split())}")
 
     do_HEAD = do_GET
@@ -194,7 +194,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.METHOD_NOT_ALLOWED, b"read-only: GET and HEAD only\n", "text/plain; charset=utf-8",
                    {"Allow": "GET, HEAD"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method
 
     def _route(self, path: str, query: Query) -> None:
         views = self.dashboard.views
@@ -217,7 +217,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._text(HTTPStatus.NOT_FOUND, "not found")
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:  # http.server's signature
         pass   # polling every two seconds would flood the terminal
 
 
