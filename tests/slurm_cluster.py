@@ -191,6 +191,41 @@ def _wait(ready, timeout: float, what: str, folder: Path) -> None:
     raise RuntimeError(f"private Slurm cluster: timed out waiting for {what} ({timeout:.0f} s){logs}")
 
 
+
+# ------------------------------------------------------------------------------ the pytest fixture
+def _fixture():
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def slurm_cluster():
+        """One private cluster for the session (the Slurm tests share one xdist group, so one
+        worker holds it); skipped only where Slurm is not installed and CI did not ask for it."""
+        reason = missing_reason()
+        if reason:
+            if os.environ.get("AUTOLOOP_REQUIRE_SLURM"):
+                pytest.fail(f"AUTOLOOP_REQUIRE_SLURM is set but {reason}")
+            pytest.skip(reason)
+        cluster = SlurmCluster().start()
+        old = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = str(cluster.conf)   # the CLI subprocesses and submitit's sbatch read it
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+            if old is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = old
+            shutil.rmtree(cluster.dir, ignore_errors=True)
+
+    return slurm_cluster
+
+
+try:
+    slurm_cluster = _fixture()
+except ImportError:   # run as a script without pytest
+    pass
+
 if __name__ == "__main__":
     cluster = SlurmCluster().start()
     print(f"export SLURM_CONF={cluster.conf}   # Ctrl-C ends the cluster", flush=True)
@@ -201,3 +236,4 @@ if __name__ == "__main__":
     finally:
         cluster.stop()
         shutil.rmtree(cluster.dir, ignore_errors=True)
+
