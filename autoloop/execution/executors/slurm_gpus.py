@@ -16,14 +16,16 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from typing import Any
 
 RENDEZVOUS_PORT = 29500   # torchrun's default
 _GPU_RE = re.compile(r"\bgpu(?::[^:,()\s]+)*?:(\d+)")
 
 
-def gpus_asked(settings) -> int | None:
+def gpus_asked(settings: Any) -> int | None:
     """GPUs per trial as the user set them (None: not set, decide from the partition)."""
-    return settings.slurm_gpus_per_trial
+    asked: int | None = settings.slurm_gpus_per_trial
+    return asked
 
 
 def gres_gpus(gres: str) -> int:
@@ -52,7 +54,7 @@ def partition_gpus(partition: str | None) -> int | None:
     return best
 
 
-def gpu_plan(settings, cluster: str) -> tuple[int, str]:
+def gpu_plan(settings: Any, cluster: str) -> tuple[int, str]:
     """(GPUs per node to ask, one line saying why)."""
     asked = gpus_asked(settings)
     where = f"partition {settings.slurm_partition}" if settings.slurm_partition else "the default partition"
@@ -66,9 +68,9 @@ def gpu_plan(settings, cluster: str) -> tuple[int, str]:
     return 1, f"slurm: 1 GPU per trial job ({where} has up to {has} per node; slurm_gpus_per_trial for more)"
 
 
-def multi_parameters(gpus: int, nodes: int) -> dict:
+def multi_parameters(gpus: int, nodes: int) -> dict[str, int]:
     """submitit SlurmExecutor parameters for a trial on ``nodes`` nodes with ``gpus`` GPUs each."""
-    params: dict = {"nodes": nodes, "ntasks_per_node": 1}
+    params: dict[str, int] = {"nodes": nodes, "ntasks_per_node": 1}
     if gpus:
         params["gpus_per_node"] = gpus
     return params

@@ -122,7 +122,7 @@ def base_state(info: dict[str, str]) -> str:
     return (info.get("State") or "UNKNOWN").split()[0].upper()
 
 
-class QuietWatcher(SlurmInfoWatcher):  # type: ignore[misc,valid-type]
+class QuietWatcher(SlurmInfoWatcher):
     """submitit's job-state poller, reading scontrol (sacct where accounting runs), quiet on errors."""
 
     def __init__(self, delay_s: int = 60) -> None:
