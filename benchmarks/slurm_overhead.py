@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,7 @@ def main() -> None:
             slurm = night(Path(tmp, "slurm"), args.trials, args.sleep, "slurm", cluster.env)
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.dir, ignore_errors=True)
     print(f"{'executor':8} {'trials':>6} {'night s':>8} {'per trial s':>12} {'overhead/trial s':>17}")
     for name, wall in (("local", local), ("slurm", slurm)):
         per = wall / args.trials
