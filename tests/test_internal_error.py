@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import init_repo
+from helpers.git import init_repo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # status_data is imported by `autoloop status` when it runs, so the replacement is the one it calls.

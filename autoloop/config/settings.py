@@ -281,7 +281,12 @@ class Settings(BaseModel):
     slurm_cluster: Literal["slurm", "local", "debug"] = setting(
         "slurm", "slurm", "submitit cluster: slurm (sbatch), or local/debug to try it without a cluster")
     slurm_partition: str | None = setting(None, "slurm", "sbatch --partition", metavar="NAME")
-    slurm_gpus_per_trial: int = setting(1, "slurm", "GPUs per trial job", metavar="N", ge=0)
+    slurm_gpus_per_trial: int | None = setting(
+        None, "slurm", "GPUs per trial job", metavar="N", ge=0,
+        default_text="1 where the partition has GPUs (sinfo's GRES), else 0")
+    nodes_per_trial: int = setting(
+        1, "slurm", "nodes per trial job; above 1, torchrun on each node meets at the allocation's first node",
+        metavar="M", ge=1)
     slurm_time_limit: float | None = setting(
         None, "slurm", "the job's time limit, e.g. 20m", metavar="DURATION",
         default_text="the trial timeout + 5m, rounded up to minutes")

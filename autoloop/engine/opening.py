@@ -78,6 +78,8 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             if report:
                 console.line(f"ledger: {report}")
             console.line(f"containment: {containment()[1]}")
+            if executor.plan:
+                console.line(executor.plan)   # what each trial's job asks the cluster for, and why
             arbiter = Arbiter(ledger, ws, Rules.of(settings))
             night = Night(settings, console, ws, layout, ledger, arbiter, tag, stop, executor)
             if settings.workers > 1 or layout.worker_states():

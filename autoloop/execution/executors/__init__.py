@@ -33,6 +33,7 @@ class ExecutorError(AutoloopError):
 
 class Executor(Protocol):
     name: str
+    plan: str | None   # what each trial asks of where it runs, and why: said once at the start
 
     def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
@@ -43,6 +44,7 @@ class LocalExecutor:
     """The trial runs here, as a child process of the orchestrator (autoloop.execution.runner)."""
 
     name = "local"
+    plan: str | None = None
 
     def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,

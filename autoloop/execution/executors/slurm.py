@@ -42,6 +42,8 @@ import psutil
 
 from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters
+from autoloop.execution.executors.slurm_state import LIVE, QuietWatcher, base_state, describe, read_job, settled
 from autoloop.execution.procs import TOKEN_VAR, end_token_holders
 from autoloop.execution.runner import _PROGRESS_RE, TrialOutcome, TrialSpec, default_timeout, run_trial
 
@@ -63,7 +65,8 @@ POLL_S = 1.0            # how often the orchestrator looks at the job and its lo
 LOCAL_RESULT_WAIT_S = 2  # submitit waits this long for a result pickle (15 s: for network filesystems)
 # Set by our own settings; in slurm_options they would silently fight those.
 _OWN_PARAMETERS = {"partition": "slurm_partition", "time": "slurm_time_limit",
-                   "gpus_per_node": "slurm_gpus_per_trial"}
+                   "gpus_per_node": "slurm_gpus_per_trial", "nodes": "nodes_per_trial",
+                   "ntasks_per_node": "nodes_per_trial"}
 
 
 def time_limit_minutes(settings: Settings) -> int:
@@ -72,11 +75,12 @@ def time_limit_minutes(settings: Settings) -> int:
     return max(1, math.ceil(seconds / 60))
 
 
-def sbatch_parameters(settings: Settings) -> dict[str, Any]:
+def sbatch_parameters(settings: Settings, gpus: int | None = None) -> dict[str, Any]:
     """submitit SlurmExecutor parameters from the settings; ExecutorError for an unknown option."""
     valid = submitit.SlurmExecutor._valid_parameters()
-    params: dict[str, Any] = {"time": time_limit_minutes(settings), "gpus_per_node": settings.slurm_gpus_per_trial,
-                    "nodes": 1, "ntasks_per_node": 1, "job_name": "autoloop"}
+    gpus = gpu_plan(settings, "local")[0] if gpus is None else gpus
+    params: dict[str, Any] = {"time": time_limit_minutes(settings), "gpus_per_node": gpus,
+                              **multi_parameters(gpus, settings.nodes_per_trial), "job_name": "autoloop"}
     if settings.slurm_partition:
         params["partition"] = settings.slurm_partition
     for raw, value in settings.slurm_options.items():
@@ -166,8 +170,12 @@ class SlurmExecutor:
         self.poll_s = poll_s
         self.pending_timeout_s = pending_timeout_s
         self.submitit: submitit.Executor
+        self.plan: str | None = None   # what the job asks for and why, said once at start
         if cluster == "slurm":
             # max_num_timeout=0: a trial is not checkpointable, a timed-out job is not requeued.
+            # Job states from scontrol (sacct where accounting runs), without a warning per poll.
+            if not isinstance(submitit.SlurmJob.watcher, QuietWatcher):
+                submitit.SlurmJob.watcher = QuietWatcher(delay_s=60)
             try:
                 self.submitit = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0)
                 self.submitit.update_parameters(**parameters)
@@ -184,8 +192,11 @@ class SlurmExecutor:
         if submitit is None:
             raise ExecutorError(_NO_SUBMITIT)
         folder = Path(settings.slurm_folder)
-        return cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
-                   sbatch_parameters(settings), pending_timeout_s=settings.slurm_pending_timeout)
+        gpus, why = gpu_plan(settings, settings.slurm_cluster)
+        executor = cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
+                       sbatch_parameters(settings, gpus), pending_timeout_s=settings.slurm_pending_timeout)
+        executor.plan = why
+        return executor
 
     # -- one trial ---------------------------------------------------------------------------
 
@@ -205,7 +216,8 @@ class SlurmExecutor:
             except Exception as exc:  # sbatch refused it: recorded like a launch failure
                 return self._outcome(spec, started_at, t0, follower, {"executor": self.name, "cluster": self.cluster},
                                      launch_error=f"job submission failed: {_said(exc)}")
-        info: dict[str, Any] = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id)}
+        info: dict[str, Any] = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id),
+                                **_job_logs(job)}
         self._announce(job, info, on_start, on_job)
         end = _JobEnd()
         self._wait(job, spec, t0, follower, stop_event, on_progress, end)
@@ -341,7 +353,7 @@ def _end_strays(job: Job[Any], token: str, log_path: Path) -> None:
 
 def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object) -> tuple[str, bool]:
     """Why a job gave no trial outcome, and whether the scheduler's time limit ended it."""
-    state = _job_state(job)
+    state = _job_state(job, ended=True)
     what = _said(failure) if failure is not None else f"returned {type(data).__name__}, not an outcome"
     error = f"job {job.job_id} ended without a trial outcome (state {state}): {what}"
     timed_out = state.upper().startswith("TIMEOUT")
@@ -355,18 +367,41 @@ def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], sto
     node_signal = data.pop("node_signal", None)
     outcome = TrialOutcome.model_validate(data)
     update: dict[str, Any] = {"job": info}
-    if outcome.killed_reason == "stopped" and not stopped:
-        # Nobody here asked: the scheduler signalled the job (time limit, preemption, scancel).
-        state = _job_state(job)
-        timed_out = state.upper().startswith("TIMEOUT") or node_signal == "SIGUSR2"
-        update["job_error"] = (f"job {job.job_id} was ended by the scheduler ({node_signal or 'a signal'} "
-                               f"on its node{', time limit' if timed_out else ': preemption or scancel'}; "
-                               f"state {state})")
-        update["timed_out"] = timed_out
+    if (outcome.killed_reason == "stopped" or outcome.signal is not None) and not stopped:
+        update.update(_scheduler_ended(job, node_signal, outcome.killed_reason == "stopped"))
     return outcome.model_copy(update=update)
 
 
-def _job_state(job: Job[Any]) -> str:
+def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool) -> dict[str, Any]:
+    """The outcome's update when the scheduler, not this loop, may have ended the job: its
+    signal reached the node (``caught``), or the trial died of a signal that could be the
+    scheduler's (scancel signals every process of the job, so the trial can die before the
+    job's handler sees anything). The cluster's final state decides, in its own words."""
+    state = _job_state(job, ended=True)
+    word = state.split()[0].upper() if state else "UNKNOWN"
+    if not caught and word in ("COMPLETED", "UNKNOWN", "FAILED"):
+        return {}   # a trial that died of a signal of its own: the runner's classification stands
+    timed_out = word == "TIMEOUT" or node_signal == "SIGUSR2"
+    how = {"TIMEOUT": "time limit", "PREEMPTED": "preemption", "NODE_FAIL": "its node failed",
+           "CANCELLED": "cancelled", "REQUEUED": "requeued", "PENDING": "requeued"}.get(word, "preemption or scancel")
+    return {"job_error": f"job {job.job_id} was ended by the scheduler ({how}; {node_signal or 'a signal'} on its "
+                         f"node; state {state})", "timed_out": timed_out}
+
+
+def _job_logs(job: Job[Any]) -> dict[str, str]:
+    """Where the job's own stdout/stderr are (submitit's files), for the ledger record."""
+    try:
+        return {"job_stdout": str(job.paths.stdout), "job_stderr": str(job.paths.stderr)}
+    except Exception:  # the debug executor has none worth naming
+        return {}
+
+
+def _job_state(job: Job[Any], ended: bool = False) -> str:
+    """The job's state; ``ended``: the job gave its answer, wait for the cluster's final word."""
+    if isinstance(job, submitit.SlurmJob):   # the cluster's own words: "CANCELLED by 0", "NODE_FAIL", ...
+        info = settled(str(job.job_id)) if ended else read_job(str(job.job_id))
+        if info:
+            return describe(info)
     try:
         return str(job.state)
     except Exception:  # sacct unreachable: the state is only evidence
@@ -397,10 +432,26 @@ def cancel_recorded_job(job: dict[str, Any]) -> str | None:
         except (psutil.Error, ValueError):
             return None
         return f"cancelled local job {job_id}"
-    if cluster == "slurm" and job_id and submitit is not None and shutil.which("scancel"):
+    if cluster == "slurm" and job_id:
+        return settle_orphan(str(job_id), job)
+    return None
+
+
+def _scancel(job: dict[str, Any], job_id: str) -> str:
+    if submitit is not None and shutil.which("scancel"):
         try:
             submitit.SlurmJob(folder=job.get("folder") or ".", job_id=str(job_id)).cancel(check=False)
         except Exception as exc:  # recovery goes on; the user can scancel
             return f"could not cancel slurm job {job_id} ({exc}); scancel it"
         return f"cancelled slurm job {job_id}"
-    return None
+    return f"slurm job {job_id} may still run: scancel not found here; scancel it"
+
+
+def settle_orphan(job_id: str, job: dict[str, Any]) -> str:
+    """The job of a run killed with -9: cancelled while the cluster still holds it; if it had
+    ended, said so with its state (its trial is recorded as interrupted either way)."""
+    info = read_job(job_id)
+    state = describe(info) if info else "not known to scontrol/sacct"
+    if info and base_state(info) not in LIVE:
+        return f"slurm job {job_id} of the interrupted trial had ended ({state}); nothing to cancel"
+    return f"{_scancel(job, job_id)} (was {state})"

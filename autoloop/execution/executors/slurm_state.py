@@ -1,0 +1,154 @@
+"""What Slurm says about a job, with or without job accounting.
+
+submitit reads job states with ``sacct``, which fails on clusters without slurmdbd (accounting
+off: ``Slurm accounting storage is disabled``) and then logs a warning at every poll. Here
+``scontrol show job`` is asked first (slurmctld keeps a job for ``MinJobAge`` after it ends,
+300 s by default, and it answers with or without accounting); ``sacct`` only where
+accounting runs and scontrol no longer knows the job. The reason that goes into the ledger is
+the cluster's own words: ``CANCELLED by 0`` (sacct), ``NODE_FAIL``, ``PREEMPTED``,
+``TIMEOUT``, with scontrol's ``Reason`` and exit code where sacct is not there.
+
+:class:`QuietWatcher` is a drop-in for submitit's ``SlurmJob.watcher`` that polls this way
+and warns once, not at every poll, when neither tool answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable
+
+try:
+    from submitit.slurm.slurm import SlurmInfoWatcher
+except ImportError:   # optional dependency; only the slurm executor builds a watcher
+    SlurmInfoWatcher = object  # type: ignore[assignment,misc]
+
+log = logging.getLogger(__name__)
+TIMEOUT_S = 20
+# States in which a job still holds (or waits for) the cluster.
+LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+        "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
+
+
+def _run(argv: list[str]) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def accounting_enabled() -> bool:
+    """Whether the cluster stores job accounting (sacct works): scontrol's AccountingStorageType."""
+    out = _run(["scontrol", "show", "config"]) or ""
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageType":
+            return value.strip() not in ("", "accounting_storage/none")
+    return False
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """``scontrol show job -o``: one line of Key=Value pairs (values without spaces, except the last ones)."""
+    info: dict[str, str] = {}
+    for word in text.split():
+        key, eq, value = word.partition("=")
+        if eq and key and key[0].isupper():
+            info.setdefault(key, value)
+    if "JobState" in info:
+        info["State"] = info["JobState"]
+    return info
+
+
+def parse_sacct(text: str) -> dict[str, str]:
+    """``sacct -X -P -o JobID,State,Reason,ExitCode,NodeList``: the first (allocation) line."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return {}
+    names = lines[0].split("|")
+    return {k: v.strip() for k, v in zip(names, lines[1].split("|"), strict=False)}
+
+
+def read_job(job_id: str) -> dict[str, str]:
+    """What the cluster says about one job ({} when nothing answers): State, Reason, ExitCode, NodeList."""
+    out = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    info = parse_scontrol(out) if out else {}
+    if accounting_enabled() and (not info or info.get("State") not in LIVE):
+        # sacct says who cancelled ("CANCELLED by 1234") and knows jobs scontrol forgot.
+        acct = _run(["sacct", "-X", "-P", "-o", "JobID,State,Reason,ExitCode,NodeList", "-j", str(job_id)])
+        found = parse_sacct(acct) if acct else {}
+        if found.get("State"):
+            info = {**info, **found}
+    return info
+
+
+def settled(job_id: str, wait_s: float = 30.0, poll_s: float = 0.5) -> dict[str, str]:
+    """read_job once the job has left the live states: its result file comes while the job
+    is still COMPLETING, and the reason (CANCELLED, NODE_FAIL, ...) only after; bounded by
+    ``wait_s`` (KillWait and the epilog), then whatever the cluster says."""
+    deadline = time.monotonic() + wait_s
+    info = read_job(job_id)
+    while info and base_state(info) in LIVE and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        info = read_job(job_id)
+    return info
+
+
+def describe(info: dict[str, str]) -> str:
+    """The job's end in the cluster's words, e.g. ``CANCELLED by 0``, ``NODE_FAIL (reason NodeDown)``,
+    ``CANCELLED (exit 0:15)``, ``PENDING (reason Resources)``; ``UNKNOWN`` when nothing answered."""
+    state = info.get("State") or "UNKNOWN"
+    extra = []
+    reason = info.get("Reason")
+    if reason and reason not in ("None", "(null)"):
+        extra.append(f"reason {reason}")
+    exit_code = info.get("ExitCode")
+    if exit_code and exit_code not in ("0:0",) and state not in LIVE:
+        extra.append(f"exit {exit_code}")
+    restarts = info.get("Restarts")
+    if restarts and restarts != "0":
+        extra.append(f"requeued {restarts}x")
+    return f"{state} ({', '.join(extra)})" if extra else state
+
+
+def base_state(info: dict[str, str]) -> str:
+    """The state word alone: ``CANCELLED by 0`` -> ``CANCELLED``."""
+    return (info.get("State") or "UNKNOWN").split()[0].upper()
+
+
+class QuietWatcher(SlurmInfoWatcher):
+    """submitit's job-state poller, reading scontrol (sacct where accounting runs), quiet on errors."""
+
+    def __init__(self, delay_s: int = 60) -> None:
+        super().__init__(delay_s=delay_s)
+        self._warned = False
+
+    def _read_all(self, job_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        found = {}
+        for job_id in job_ids:
+            info = read_job(job_id)
+            if info:
+                found[job_id] = {**info, "State": base_state(info)}
+        return found
+
+    def update(self) -> None:
+        to_check = sorted(self._registered - self._finished)
+        if not to_check:
+            return
+        self._num_calls += 1
+        found = self._read_all(to_check)
+        if not found and not self._warned:
+            self._warned = True   # once: a job that slurmctld forgot is normal, a flood of warnings is not
+            log.warning("neither scontrol nor sacct knows jobs %s; job states come from result files only",
+                        ", ".join(to_check))
+        self._info_dict.update(found)
+        self._last_status_check = time.time()
+        for job_id in to_check:
+            if self.is_done(job_id, mode="cache"):
+                self._finished.add(job_id)

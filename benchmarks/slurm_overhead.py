@@ -1,0 +1,95 @@
+"""Seconds of harness + scheduler overhead per trial: through a real (private, one-node) Slurm
+cluster against local trials, on a scripted stand-in train.py that sleeps its budget.
+
+    python benchmarks/slurm_overhead.py [--trials 4] [--sleep 1]
+
+Each row is one night of ``autoloop run --proposer queue`` (a baseline and trials-1 queued
+candidates) in a fresh git repo; ``per trial`` = (night wall - trials x sleep) / trials, so it
+holds the harness (propose, commit, judge, ledger) and, for Slurm, sbatch, the scheduler's
+start-up, submitit's pickles and the polling. Needs root and Debian's slurmctld, slurmd,
+slurm-client and munge (tests/slurm_cluster.py starts and ends the cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from slurm_cluster import SlurmCluster, missing_reason  # noqa: E402
+
+
+def train(value: float, sleep: float) -> str:
+    return f"import time\ntime.sleep({sleep})\nprint('---')\nprint('val_bpb: {value:.6f}')\n"
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+def make_repo(folder: Path, trials: int, sleep: float) -> Path:
+    repo = folder / "repo"
+    repo.mkdir(parents=True)
+    (repo / "train.py").write_text(train(1.0, sleep))
+    (repo / ".gitignore").write_text("results/*\n__pycache__/\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.email=b@autoloop.invalid", "-c", "user.name=bench", "commit", "-q", "-m", "initial")
+    queue = repo / "results" / "queue"
+    queue.mkdir(parents=True)
+    for k in range(1, trials):
+        (queue / f"{k:02d}.py").write_text(f"# autoloop: candidate {k}\n" + train(1.0 - k / 100, sleep))
+    return repo
+
+
+def night(folder: Path, trials: int, sleep: float, executor: str, env: dict) -> float:
+    repo = make_repo(folder, trials, sleep)
+    cmd = [sys.executable, "-m", "autoloop.cli", "run", "--budget", str(sleep), "--timeout", "120", "--proposer",
+           "queue", "--tag", "b", "--device", "cpu", "--noise-runs", "0", "--sanity-bound", "0",
+           "--command", f"{sys.executable} train.py", "--executor", executor]
+    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@autoloop.invalid",
+           "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@autoloop.invalid", **env}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    wall = time.monotonic() - t0
+    ledger = repo / "results" / "ledger.jsonl"
+    rows = ledger.read_text().splitlines() if ledger.exists() else []
+    if proc.returncode != 0 or len(rows) != trials:
+        sys.exit(f"slurm_overhead: the {executor} night failed ({len(rows)} of {trials} trials recorded):\n"
+                 + proc.stdout[-2000:] + proc.stderr[-2000:])
+    return wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--sleep", type=float, default=1.0)
+    args = parser.parse_args()
+    reason = missing_reason()
+    if reason:
+        sys.exit(f"slurm_overhead: {reason}")
+    cluster = SlurmCluster().start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            local = night(Path(tmp, "local"), args.trials, args.sleep, "local", {})
+            slurm = night(Path(tmp, "slurm"), args.trials, args.sleep, "slurm", cluster.env)
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.dir, ignore_errors=True)
+    print(f"{'executor':8} {'trials':>6} {'night s':>8} {'per trial s':>12} {'overhead/trial s':>17}")
+    for name, wall in (("local", local), ("slurm", slurm)):
+        per = wall / args.trials
+        print(f"{name:8} {args.trials:6d} {wall:8.1f} {per:12.2f} {per - args.sleep:17.2f}")
+    print(f"slurm adds {(slurm - local) / args.trials:.2f} s per trial over local")
+
+
+if __name__ == "__main__":
+    main()

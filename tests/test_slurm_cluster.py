@@ -1,0 +1,179 @@
+"""The slurm executor against a real Slurm cluster: a private slurmctld + slurmd on this machine
+(tests/slurm_cluster.py; accounting off, so job states come from scontrol). Jobs are real
+sbatch jobs; cancellations are real scancel calls; the orchestrator is killed for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers.git import init_repo
+from helpers.loop import assert_invariants, autoloop, queue_file
+from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
+
+from autoloop.core.classify import classify
+
+pytest.importorskip("submitit")
+
+from autoloop.execution.executors.slurm import SlurmExecutor
+
+# One cluster serves them all: with `-n 2 --dist loadgroup` they run on one worker.
+pytestmark = pytest.mark.xdist_group("slurm_cluster")
+
+
+def fake_train(value: float, action: str = "") -> str:
+    return f"VALUE = {value!r}\n" + action + 'print("---")\nprint(f"val_bpb: {VALUE:.6f}")\n'
+
+
+def hang_train(marker: Path) -> str:
+    return fake_train(0.8, f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\n"
+                           "print('step 00001 (1.0%) | loss: 9.0', flush=True)\ntime.sleep(300)\n")
+
+
+def night(*extra: str) -> list[str]:
+    return ["run", "--budget", "2", "--timeout", "60", "--proposer", "queue", "--tag", "t", "--device", "cpu",
+            "--command", f"{sys.executable} train.py", "--executor", "slurm", "--noise-runs", "0",
+            "--sanity-bound", "0", *extra]
+
+
+def wait_for(what: str, ready, timeout: float = 120) -> None:
+    """Poll until ready() (a bound against hangs, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_night(repo: Path, data_dir: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    return subprocess.Popen([sys.executable, "-m", "autoloop.cli", *night(*extra)], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.fixture
+def cluster(slurm_cluster):  # noqa: F811
+    yield slurm_cluster
+    slurm_cluster.drain_queue()   # a failed test must not leave the next one a busy node
+
+
+def test_a_night_through_the_cluster_asks_no_gpu_of_a_partition_without(tmp_path, tiny_data_dir, cluster):
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_better.py", fake_train(0.9), "better")
+    proc = autoloop(repo, *night(), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "slurm: no GPU asked for: the default partition has none (sinfo GRES)" in proc.stdout, proc.stdout
+    assert "Bypassing sacct error" not in proc.stdout + proc.stderr   # no warning at every poll
+    ledger = assert_invariants(repo)
+    assert [(r["description"], r["status"]) for r in ledger] == [("baseline", "keep"), ("better", "keep")]
+    for record in ledger:
+        extra = record["extra"]
+        assert extra["cluster"] == "slurm" and extra["job_id"].isdigit(), record
+        assert Path(extra["job_stdout"]).exists(), extra   # the job's own output, named in the record
+        assert "autoloop" in cluster.run("scontrol", "show", "job", extra["job_id"])   # a real job
+    assert not cluster.queue()
+
+
+def test_ctrl_c_cancels_the_running_job(tmp_path, tiny_data_dir, cluster):
+    marker = tmp_path / "started"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
+    orchestrator = start_night(repo, tiny_data_dir)
+    try:
+        wait_for("the hanging trial to run", lambda: marker.exists() or orchestrator.poll() is not None)
+        assert marker.exists() and cluster.queue(), "the hanging job never ran"
+        os.killpg(orchestrator.pid, signal.SIGINT)   # as a terminal's Ctrl-C does
+        out, _ = orchestrator.communicate(timeout=120)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    assert orchestrator.returncode == 130, out
+    wait_for("squeue to drain", lambda: not cluster.queue(), 60)
+
+
+def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None):
+    """Run one trial job through SlurmExecutor in a thread; (thread, result holder, spec)."""
+    from autoloop.execution.runner import TrialSpec
+
+    work = tmp_path / "ws"
+    work.mkdir(exist_ok=True)
+    (work / "train.py").write_text(script)
+    spec = TrialSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
+                     budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
+    executor = SlurmExecutor("slurm", tmp_path / "slurm", {"time": 5, "gpus_per_node": 0}, poll_s=0.2,
+                             pending_timeout_s=pending_timeout_s)
+    jobs: list[dict] = []
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(executor.run(spec, on_job=jobs.append)), daemon=True)
+    thread.start()
+    return thread, result, jobs
+
+
+def test_a_job_cancelled_from_outside_is_classified_with_slurms_reason(tmp_path, cluster):
+    marker = tmp_path / "started"
+    thread, result, jobs = executor_run(tmp_path, hang_train(marker))
+    wait_for("the job to start", lambda: marker.exists())
+    cluster.run("scancel", jobs[0]["job_id"])
+    thread.join(120)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert outcome.job_error and f"job {jobs[0]['job_id']}" in outcome.job_error, outcome
+    assert "CANCELLED" in outcome.job_error, outcome.job_error   # scontrol's JobState, not only "SIGTERM"
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental" and "CANCELLED" in verdict.reason, verdict
+    assert not cluster.queue()
+
+
+def test_a_job_pending_too_long_is_cancelled_and_recorded(tmp_path, cluster):
+    blocker = cluster.run("sbatch", "--parsable", "-c", "2", "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    wait_for("the blocker to hold the node", lambda: "RUNNING" in cluster.run("scontrol", "show", "job", blocker))
+    thread, result, jobs = executor_run(tmp_path, fake_train(1.0), pending_timeout_s=3)
+    thread.join(120)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert outcome.job_error and "still waiting in the queue after 3s" in outcome.job_error, outcome
+    assert "PENDING" in outcome.job_error, outcome.job_error   # with Slurm's reason (Resources)
+    assert cluster.queue() == [blocker]   # ours is gone, the blocker is not ours to cancel
+    cluster.run("scancel", blocker)
+
+
+def test_resume_after_kill_9_cancels_the_orphaned_job(tmp_path, tiny_data_dir, cluster):
+    marker = tmp_path / "started"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
+    orchestrator = start_night(repo, tiny_data_dir)
+    try:
+        wait_for("the hanging trial to run", lambda: marker.exists() or orchestrator.poll() is not None)
+        assert marker.exists(), orchestrator.communicate()[0] if orchestrator.poll() is not None else ""
+        job = json.loads((repo / "results" / "state.json").read_text())["job"]
+        os.kill(orchestrator.pid, signal.SIGKILL)
+        orchestrator.wait(30)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    assert job["job_id"] in cluster.queue()   # the job outlived its orchestrator
+    proc = autoloop(repo, *night("--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"recovery: cancelled slurm job {job['job_id']} (was RUNNING" in proc.stdout, proc.stdout
+    wait_for("squeue to drain", lambda: not cluster.queue(), 60)
+    ledger = assert_invariants(repo)
+    hung = [r for r in ledger if r["description"] == "hangs"]
+    assert hung and hung[0]["status"] == "crash" and hung[0]["reason"].startswith("interrupted"), ledger
+
+
+def test_resume_says_when_the_orphaned_job_had_ended(tmp_path, cluster):
+    from autoloop.execution.executors import cancel_job
+
+    done = cluster.run("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true").strip()
+    wait_for("the job to end", lambda: done not in cluster.queue(), 60)
+    said = cancel_job({"executor": "slurm", "cluster": "slurm", "job_id": done, "folder": str(tmp_path)})
+    assert said == f"slurm job {done} of the interrupted trial had ended (COMPLETED); nothing to cancel"

@@ -1,0 +1,70 @@
+"""What the slurm executor asks sbatch for and how it reads Slurm's answers, from recorded
+tool output (no cluster: tests/test_slurm_cluster.py runs the real one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoloop.config.settings import build_settings
+from autoloop.execution.executors import slurm_gpus, slurm_state
+
+pytest.importorskip("submitit")
+
+from autoloop.execution.executors.slurm import SlurmExecutor, sbatch_parameters
+
+SCONTROL_NODE_FAIL = ("JobId=7 JobName=autoloop UserId=root(0) JobState=NODE_FAIL Reason=NodeDown Dependency=(null) "
+                      "Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 NodeList=gpu01")
+SACCT_CANCELLED = "JobID|State|Reason|ExitCode|NodeList\n8|CANCELLED by 1234|None|0:15|gpu02\n"
+
+
+def test_job_states_read_in_the_clusters_words():
+    info = slurm_state.parse_scontrol(SCONTROL_NODE_FAIL)
+    assert slurm_state.describe(info) == "NODE_FAIL (reason NodeDown)" and slurm_state.base_state(info) == "NODE_FAIL"
+    acct = slurm_state.parse_sacct(SACCT_CANCELLED)
+    assert slurm_state.describe(acct) == "CANCELLED by 1234 (exit 0:15)" and slurm_state.base_state(acct) == "CANCELLED"
+    requeued = slurm_state.parse_scontrol("JobId=9 JobState=PENDING Reason=BeginTime Restarts=1 ExitCode=0:0")
+    assert slurm_state.describe(requeued) == "PENDING (reason BeginTime, requeued 1x)"
+    timeout = slurm_state.parse_scontrol("JobId=10 JobState=TIMEOUT Reason=TimeLimit ExitCode=0:15")
+    assert slurm_state.describe(timeout) == "TIMEOUT (reason TimeLimit, exit 0:15)"
+    assert slurm_state.describe({}) == "UNKNOWN" and slurm_state.parse_sacct("JobID|State\n") == {}
+
+
+@pytest.mark.parametrize(("gres", "gpus"), [("(null)", 0), ("gpu:4", 4), ("gpu:a100:8(S:0-1)", 8),
+                                            ("nvme:1,gpu:tesla:2", 2), ("gpu:h100:4,gpu:a100:8", 8)])
+def test_gpus_per_node_from_sinfo_gres(gres, gpus):
+    assert slurm_gpus.gres_gpus(gres) == gpus
+
+
+def test_multi_gpu_multi_node_trial_maps_to_sbatch_and_torchrun(tmp_path):
+    settings = build_settings({"executor": "slurm", "slurm_cluster": "local", "slurm_gpus_per_trial": 4,
+                               "nodes_per_trial": 2, "timeout": "10m", "budget": "5m"})
+    params = sbatch_parameters(settings, slurm_gpus.gpus_asked(settings))
+    assert params["nodes"] == 2 and params["gpus_per_node"] == 4 and params["ntasks_per_node"] == 1
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=tmp_path, max_num_timeout=0)
+    executor.update_parameters(**params)
+    text = executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=1"):
+        assert line in text, text
+    rdzv = slurm_gpus.rendezvous_env("gpu[07-08]", 2, 4, "123")
+    assert rdzv["MASTER_ADDR"] in ("gpu07", "gpu[07-08]") or rdzv["MASTER_ADDR"].startswith("gpu07")
+    assert slurm_gpus.first_node("gpu[07-08],cpu01") in ("gpu07",)
+    launcher = slurm_gpus.torchrun_prefix(2, 4, rdzv)
+    assert launcher[:3] == ["torchrun", "--nnodes=2", "--nproc-per-node=4"]
+    assert f"--rdzv-endpoint={rdzv['MASTER_ADDR']}:29500" in launcher and "--rdzv-id=autoloop-123" in launcher
+
+
+def test_gpu_plan_says_what_it_asks_and_why(monkeypatch):
+    settings = build_settings({"executor": "slurm"})
+    monkeypatch.setattr(slurm_gpus, "partition_gpus", lambda partition: 0)
+    assert slurm_gpus.gpu_plan(settings, "slurm")[0] == 0
+    monkeypatch.setattr(slurm_gpus, "partition_gpus", lambda partition: 8)
+    gpus, why = slurm_gpus.gpu_plan(settings, "slurm")
+    assert gpus == 1 and "has up to 8 per node" in why
+    monkeypatch.setattr(slurm_gpus, "partition_gpus", lambda partition: None)
+    assert slurm_gpus.gpu_plan(settings, "slurm") == (1, "slurm: 1 GPU per trial job (sinfo did not say whether "
+                                                         "the default partition has GPUs)")
+    explicit = build_settings({"executor": "slurm", "slurm_gpus_per_trial": 2})
+    assert slurm_gpus.gpu_plan(explicit, "slurm")[0] == 2
+    assert SlurmExecutor.from_settings(build_settings({"executor": "slurm", "slurm_cluster": "local"}), ".").plan
