@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from git import BadName, BadObject
 
 from autoloop.core import duplicate_gate
+from autoloop.core.errors import NightError
 from autoloop.core.layout import Layout
 from autoloop.engine.attempt import Candidate, Slot
 from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest, Proposer
@@ -127,6 +128,7 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
     outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=base))
     if outside:
         console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
+    timing.update(put_back_git(night, request.trial, request.attempt, console))
     events = tuple(outcome.events)
     if proposal is None or outcome.target_deleted:
         ws.reset_to(base)
@@ -150,6 +152,25 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
                        else outcome.commit_message)
     return Candidate(None, request.best_commit, request.best_metric, description, proposer.name, proposal.source,
                      outside, events, extra={**proposal.extra, **timing})
+
+
+def put_back_git(night, trial: int, attempt: int, console) -> dict:
+    """Git's configuration and hooks put back as the night's snapshot has them, right after
+    a proposer ran (its hook must not outlive the call, even when the proposal is skipped);
+    the record's extra names what changed. The git area alone: a look-ahead proposal ends
+    while another trial trains, whose own check must still find what that trial changed."""
+    if night.inputs is None or night.inputs.area("git") is None:
+        return {}
+    evidence = night.layout.tampered(trial, attempt)
+    with night.arbiter.lock:
+        found = night.inputs.only("git").check(evidence)
+    if found.unrestorable:
+        raise NightError(found.message)
+    if not found.git:
+        return {}
+    console.line(f"#{trial}: git's own configuration changed ({', '.join(found.git)}); put back, never run by "
+                 f"autoloop (changed versions in {evidence.relative_to(night.ws.root)})")
+    return {"git_config_changed": found.git}
 
 
 def screen(ws: Workspace, broken: str | None = None, records: list[LedgerRecord] = (),

@@ -115,6 +115,9 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             report = ledger.repair()
             if report:
                 console.line(f"ledger: {report}")
+            ledger.sole_writer, ledger.notice = True, console.line   # the workspace lock is held
+            for line in ledger.integrity_lines():
+                console.line(f"ledger: {line}")
             console.line(f"containment: {containment()[1]}")
             arbiter = Arbiter(ledger, ws, Rules.of(settings))
             night = Night(settings, console, ws, layout, ledger, arbiter, tag, stop, executor)

@@ -19,7 +19,8 @@ from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchP
 
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import RESULTS, branch_name, trial_ref, trial_ref_prefix
-from autoloop.execution.procs import OWN_GROUP, run_own_group, terminal_signal_held
+from autoloop.execution.gitsafe import is_git
+from autoloop.execution.procs import OWN_GROUP, neutral_git, run_own_group, terminal_signal_held
 
 # Used for candidate commits when the user has no git identity configured (a fresh
 # machine, a container): git would refuse to commit, and the night would be lost.
@@ -55,6 +56,9 @@ def _listing(paths: list[str]) -> str:
 class _OwnGroupGit(git.Git):
     """GitPython's git runner, every git process in a process group of its own.
 
+    Every git it starts runs neutralised (`procs.neutral_git`): no hook, fsmonitor, external
+    diff or filter of anyone else's runs inside it.
+
     GitPython keeps `git cat-file --batch` helpers alive between object lookups; in the
     terminal's foreground group a Ctrl-C killed them with the orchestrator's SIGINT, and the
     next lookup (judging the interrupted attempt) died of a BrokenPipeError; a short command
@@ -65,6 +69,10 @@ class _OwnGroupGit(git.Git):
         for key, value in OWN_GROUP.items():
             kwargs.setdefault(key, value)
         with terminal_signal_held():
+            if isinstance(command, (list, tuple)) and is_git(command):
+                # Merged as GitPython merges them (it updates a copy of os.environ with this).
+                base = {**os.environ, "LANGUAGE": "C", "LC_ALL": "C", **self._environment, **(kwargs.get("env") or {})}
+                command, kwargs["env"] = neutral_git(list(command), base, self._working_dir)
             return super().execute(command, *args, **kwargs)
 
 
