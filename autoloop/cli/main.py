@@ -126,6 +126,8 @@ def cmd_report(args) -> int:
     print("wrote " + " and ".join(_shown_path(p, root) for p in shown))
     if files.note:
         print(f"no picture: {files.note}")
+    for line in files.not_ours:
+        print(f"not autoloop's: {line}")
     return 0
 
 

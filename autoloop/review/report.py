@@ -15,7 +15,7 @@ import json
 import math
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autoloop.core.errors import AutoloopError
@@ -138,6 +138,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
         "stop_reason": state.stop_reason if state.phase == "stopped" else None,
         "tampered": tampered_attempts(records),
+        "records_not_ours": integrity_lines(results_dir),
         # #17: what `autoloop note` tells every prompt now.
         **_notes_in_force(results_dir),
         "agent_spend": _spend(records),
@@ -251,7 +252,14 @@ def status_text(data: dict) -> str:
                           + (" (before the run)" if t["when"] == "before" else "") for t in found[-5:])
         lines.append(f"TAMPERED: {len(found)} attempt{'s' if len(found) != 1 else ''} changed a protected input "
                      f"(restored): {shown}")
+    lines += [f"NOT AUTOLOOP'S: {line}" for line in data.get("records_not_ours") or ()]
     return "\n".join(lines)
+
+
+def integrity_lines(results_dir: Path) -> list[str]:
+    """Records autoloop did not write as they stand, and a results.tsv that is not the
+    ledger's (store/chain.py): one line each, with its line number."""
+    return Ledger(results_dir).integrity_lines() if Layout(results_dir).ledger.exists() else []
 
 
 def status_json(data: dict) -> str:
@@ -666,6 +674,7 @@ class ReportFiles:
     note: str | None      # why there is no picture, when there is none
     records: list[LedgerRecord] | None = None   # what the report covered (#20: report --since-last's mark)
     tag: str | None = None
+    not_ours: list[str] = field(default_factory=list)   # integrity_lines: printed by `autoloop report` too
 
 
 def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
@@ -696,5 +705,8 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
                            picture_note=f"_No picture: {note}._" if note else None,
                            verification=verification_lines(results, output, records, tag),
                            notes=person_notes.history(results.root))
+    found = integrity_lines(results.root)
+    if found:   # first thing on the page: these records are not counted anywhere below
+        text = "\n".join(["## Records autoloop did not write", "", *[f"- {line}" for line in found], "", text])
     atomic_write(output.report, text + "\n")
-    return ReportFiles(output.report, picture, note, records, tag)
+    return ReportFiles(output.report, picture, note, records, tag, found)
