@@ -5,14 +5,18 @@ trusted. Real fake agents (tests/fake_agents/), the real CLI, real git."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+from conftest import init_repo
 from loop_helpers import BUDGET, LR_ARGS, assert_invariants, autoloop
 
+from autoloop.repo.workspace import Workspace
 from autoloop.store.ledger import Ledger, LedgerRecord
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"
+SCRIPT = "LR = 0.1\nprint('val_bpb: 1.0')\n"
 
 
 def agent_run(repo: Path, data_dir: Path, agent_cmd: str, *extra: str):
@@ -145,3 +149,44 @@ def _record(trial: int, metric: float) -> LedgerRecord:
     return LedgerRecord(trial=trial, started_at=1.0, ended_at=2.0, proposer="mutate", commit=f"{trial:040x}",
                         description=f"change {trial}", status="keep", metric=metric, best=f"{trial:040x}",
                         best_metric=metric)
+
+
+# ------------------------------------------------------------------------------ the target itself
+
+
+def _link(kind: str, repo: Path, outside: Path) -> None:
+    target = repo / "train.py"
+    if kind == "symlink":
+        outside.write_text(target.read_text())
+        target.unlink()
+        target.symlink_to(outside)
+    elif kind == "hardlink":
+        os.link(target, outside)
+    else:
+        target.unlink()
+        target.mkdir()
+        (target / "x.py").write_text("print(1)\n")
+
+
+@pytest.mark.parametrize("kind, said", [("symlink", "train.py is a symbolic link"),
+                                        ("hardlink", "train.py has 1 other hard link"),
+                                        ("folder", "train.py is a folder")])
+def test_a_linked_or_folder_target_is_refused_at_start_with_one_line(tmp_path, tiny_data_dir, kind, said):
+    repo = init_repo(tmp_path / "repo", {"train.py": SCRIPT})
+    _link(kind, repo, tmp_path / "elsewhere.py")
+    proc = autoloop(repo, "run", "--budget", BUDGET, "--tag", "t", "--proposer", "mutate", data_dir=tiny_data_dir)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "folder"])
+def test_a_target_linked_during_a_call_or_a_run_is_put_back_and_kept(tmp_path, kind):
+    repo = init_repo(tmp_path / "repo", {"train.py": SCRIPT})
+    ws = Workspace(repo)
+    _link(kind, repo, tmp_path / "elsewhere.py")
+    why = ws.undo_run_writes(tmp_path / "quarantine")
+    assert "train.py" in why
+    assert ws.target_refusal() is None and (repo / "train.py").read_text() == SCRIPT
+    assert os.lstat(repo / "train.py").st_nlink == 1
+    assert os.path.lexists(tmp_path / "quarantine" / "train.py")
+    ws.close()

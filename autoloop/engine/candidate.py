@@ -129,6 +129,9 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
     if outside:
         console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
     timing.update(put_back_git(night, request.trial, request.attempt, console))
+    linked = ws.detach_target(night.layout.quarantine(request.trial, request.attempt))
+    if linked and proposal is not None:   # the edit, if any, went through the link: refused
+        proposal, failure = None, f"{proposer.name} made {ws.target} a link or a folder ({linked.split(':')[0]}); put back"
     events = tuple(outcome.events)
     if proposal is None or outcome.target_deleted:
         ws.reset_to(base)
