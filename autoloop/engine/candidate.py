@@ -131,7 +131,8 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
     timing.update(put_back_git(night, request.trial, request.attempt, console))
     linked = ws.detach_target(night.layout.quarantine(request.trial, request.attempt))
     if linked and proposal is not None:   # the edit, if any, went through the link: refused
-        proposal, failure = None, f"{proposer.name} made {ws.target} a link or a folder ({linked.split(':')[0]}); put back"
+        failure = f"{proposer.name} made {ws.target} a link or a folder ({linked.split(':')[0]}); put back"
+        proposal = None
     events = tuple(outcome.events)
     if proposal is None or outcome.target_deleted:
         ws.reset_to(base)
