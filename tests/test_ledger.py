@@ -133,9 +133,10 @@ def test_append_after_a_torn_tail_repairs_first_instead_of_gluing(tmp_path):
 
 def test_repair_completes_a_valid_record_missing_its_newline(tmp_path):
     ledger = Ledger(tmp_path)
-    ledger.append(rec(0))
+    # A ledger from before the hash chain (a hand-written record after a chained one is
+    # foreign: tests/test_tamper.py), its last line cut before the newline.
     with open(ledger.path, "ab") as f:
-        f.write(rec(1).model_dump_json().encode())   # e.g. a hand edit: no final newline
+        f.write(rec(0).model_dump_json().encode() + b"\n" + rec(1).model_dump_json().encode())
     assert [r.trial for r in ledger.records()] == [0, 1]
     report = ledger.repair()
     assert report and "newline" in report

@@ -132,6 +132,7 @@ class AttemptRunner:
         with self.night.arbiter.lock:
             after = self.check_inputs(plan)   # restored before the record is appended
             draft = self._draft(plan, commit, outcome, verdict, started, diff_lines, before)
+            self._note_git_changes(draft, before, after)
             decision, merged = self.night.arbiter.decide(self._facts(plan, commit, outcome, verdict, after), ws)
             record = self.night.arbiter.record(draft, decision, self.slot.worker)
             fault_point("recorded", plan.trial)
@@ -153,7 +154,19 @@ class AttemptRunner:
         if found:
             where = evidence.relative_to(self.night.ws.root)
             self.console.line(f"#{plan.trial}: {tampered_reason(found.paths)}; restored (changed versions in {where})")
+        if found.git:
+            where = evidence.relative_to(self.night.ws.root)
+            self.console.line(f"#{plan.trial}: git's own configuration changed ({', '.join(found.git)}); "
+                              f"put back, never run by autoloop (changed versions in {where})")
         return found
+
+    @staticmethod
+    def _note_git_changes(draft: dict[str, Any], before: Tampering, after: Tampering) -> None:
+        """Changes to git's configuration or hooks found before or after the run (put back):
+        recorded like an edit outside the target, the run standing."""
+        changed = sorted({*draft["extra"].get("git_config_changed", ()), *before.git, *after.git})
+        if changed:
+            draft["extra"]["git_config_changed"] = changed
 
     def _commit(self, plan: AttemptPlan) -> str:
         """The commit the attempt runs, checked out in the slot's work tree."""

@@ -25,9 +25,11 @@ from git import BadName, BadObject
 
 from autoloop.config.settings import Settings
 from autoloop.core import duplicate_gate
+from autoloop.core.errors import NightError
 from autoloop.core.layout import Layout
 from autoloop.engine.attempt import Candidate, Slot
 from autoloop.engine.night import Night
+from autoloop.observe.console import Console, Prefixed
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, ProposalRequest, Proposer
 from autoloop.repo import reconcile
 from autoloop.repo.workspace import Workspace
@@ -140,7 +142,11 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
     proposal, failure, failed_extra = _ask(proposer, request)
     # The proposer's time, a fact of its record: `autoloop status` sums it per trial.
     timing = {"propose_seconds": round(time.time() - asked, 3)}
-    outcome, outside = _put_back(night, slot, request, base, before)
+    outcome, outside, git_changed, linked = _put_back(night, slot, request, base, before)
+    timing.update(git_changed)
+    if linked and proposal is not None:   # the edit, if any, went through the link: refused
+        failure = f"{proposer.name} made {slot.ws.target} a link or a folder ({linked.split(':')[0]}); put back"
+        proposal = None
     events = tuple(outcome.events)
     if proposal is None or outcome.target_deleted:
         ws.reset_to(base)
@@ -195,10 +201,14 @@ def _ask(proposer: Proposer, request: ProposalRequest) -> tuple[Proposal | None,
     return proposal, None, {}
 
 
+PutBack = tuple[reconcile.Reconciled, tuple[str, ...], dict[str, Any], str | None]
+
+
 def _put_back(night: Night, slot: Slot, request: ProposalRequest, base: str,
-              before: reconcile.RefSnapshot) -> tuple[reconcile.Reconciled, tuple[str, ...]]:
-    """Git as the loop left it, then every change outside the target reverted (quarantined):
-    what reconcile did, and the paths reverted."""
+              before: reconcile.RefSnapshot) -> PutBack:
+    """Git as the loop left it, every change outside the target reverted (quarantined), git's
+    own configuration put back and a linked target detached: what reconcile did, the paths
+    reverted, what git's configuration had (the record's extra) and how the target was linked."""
     ws, console = slot.ws, slot.console or night.console
     # Git first: a proposer that committed, switched branch or reset must not have the
     # scope check (or a reset) act on some other branch than the loop's.
@@ -209,7 +219,28 @@ def _put_back(night: Night, slot: Slot, request: ProposalRequest, base: str,
     outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=base))
     if outside:
         console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
-    return outcome, outside
+    git_changed = put_back_git(night, request.trial, request.attempt, console)
+    linked = ws.detach_target(night.layout.quarantine(request.trial, request.attempt))
+    return outcome, outside, git_changed, linked
+
+
+def put_back_git(night: Night, trial: int, attempt: int, console: Console | Prefixed) -> dict[str, Any]:
+    """Git's configuration and hooks put back as the night's snapshot has them, right after
+    a proposer ran (its hook must not outlive the call, even when the proposal is skipped);
+    the record's extra names what changed. The git area alone: a look-ahead proposal ends
+    while another trial trains, whose own check must still find what that trial changed."""
+    if night.inputs is None or night.inputs.area("git") is None:
+        return {}
+    evidence = night.layout.tampered(trial, attempt)
+    with night.arbiter.lock:
+        found = night.inputs.only("git").check(evidence)
+    if found.unrestorable:
+        raise NightError(found.message)
+    if not found.git:
+        return {}
+    console.line(f"#{trial}: git's own configuration changed ({', '.join(found.git)}); put back, never run by "
+                 f"autoloop (changed versions in {evidence.relative_to(night.ws.root)})")
+    return {"git_config_changed": found.git}
 
 
 def screen(ws: Workspace, broken: str | None = None, records: Sequence[LedgerRecord] = (),

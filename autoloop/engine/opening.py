@@ -77,6 +77,9 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             report = ledger.repair()
             if report:
                 console.line(f"ledger: {report}")
+            ledger.sole_writer, ledger.notice = True, console.line   # the workspace lock is held
+            for line in ledger.integrity_lines():
+                console.line(f"ledger: {line}")
             console.line(f"containment: {containment()[1]}")
             if executor.plan:
                 console.line(executor.plan)   # what each trial's job asks the cluster for, and why

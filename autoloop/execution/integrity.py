@@ -13,7 +13,11 @@ inputs decide what a trial's number means, and none of them is the target file:
   test suite runs), and an edit of that source cannot reach a running night's trials;
 * ``program.md`` in the workspace, present or absent (a trial that writes one would
   speak to the next agent);
-* every file of the prepared data directory, and no new ones.
+* every file of the prepared data directory, and no new ones;
+* git's own configuration of the workspace (``.git/config``, ``config.worktree``,
+  ``info/attributes`` and every file under ``hooks/``, :func:`git_files`): what it names
+  would run in the person's own git after the night. autoloop's git runs with all of
+  it off (``gitsafe.py``); a change is put back and recorded like any other tampering.
 
 :class:`InputsSnapshot` snapshots them once per session, after the data is prepared, and keeps
 pristine copies in ``results/.pristine/``: content-addressed ``blobs/<sha256>`` and
@@ -57,6 +61,11 @@ DATA_BACKUP_CAP = 512 * 2**20
 CAP_ENV = "AUTOLOOP_PRISTINE_MAX_BYTES"
 PROGRAM_FILE = "program.md"
 DATA_LABEL = "$AUTOLOOP_DATA_DIR"
+GIT_LABEL = ".git/"
+# What, in a git directory, makes git run a program or changes what it does to the work
+# tree: the configuration (hooks path, fsmonitor, filter drivers...), the attributes that
+# name filters, and the hooks themselves.
+GIT_FILES = ("config", "config.worktree", "info/attributes")
 _CHUNK = 1 << 20
 
 
@@ -155,7 +164,7 @@ def _files(root: Path, suffix: str | None) -> list[Path]:
 @dataclass(frozen=True)
 class Area:
     """One group of protected files: where they are and how they are named."""
-    name: str              # harness | program | data
+    name: str              # harness | program | data | git
     root: Path
     label: str             # display prefix: "autoloop/", "", "$AUTOLOOP_DATA_DIR/"
     backup: bool = True
@@ -165,6 +174,8 @@ class Area:
         if self.name == "program":
             path = self.root / PROGRAM_FILE
             return {PROGRAM_FILE: path} if os.path.lexists(path) else {}
+        if self.name == "git":
+            return git_files(self.root, self.label)
         if not self.root.is_dir():
             return {}
         suffix = ".py" if self.name == "harness" else None
@@ -177,15 +188,52 @@ class Area:
                 for p in sorted(self.root.rglob("__pycache__/*.pyc")) if p.is_file()}
 
 
+def git_common_dir(workspace: Path) -> Path | None:
+    """The git directory shared by every work tree of the repository at ``workspace``
+    (``.git``, or what a ``.git`` file and its ``commondir`` point at); None when there is none."""
+    dot = Path(workspace) / ".git"
+    if dot.is_file():
+        try:
+            text = dot.read_text().strip()
+        except OSError:
+            return None
+        if not text.startswith("gitdir:"):
+            return None
+        gitdir = (dot.parent / text[len("gitdir:"):].strip()).resolve()
+        try:
+            common = (gitdir / "commondir").read_text().strip()
+        except OSError:
+            return gitdir
+        return (gitdir / common).resolve()
+    return dot.resolve() if dot.is_dir() else None
+
+
+def git_files(git_dir: Path, label: str) -> dict[str, Path]:
+    """The protected files of a git directory now: GIT_FILES that exist, and all of hooks/."""
+    found = {label + name: git_dir / name for name in GIT_FILES if os.path.lexists(git_dir / name)}
+    hooks = git_dir / "hooks"
+    if hooks.is_dir() and not hooks.is_symlink():
+        found.update({label + p.relative_to(git_dir).as_posix(): p for p in _files(hooks, None)})
+    elif os.path.lexists(hooks):
+        found[label + "hooks"] = hooks    # a symlink (or a file) put where the folder was
+    return found
+
+
 # ------------------------------------------------------------------------------ the snapshot
 
 
 @dataclass
 class Tampering:
-    """What one check found: paths changed (all restored unless listed in unrestorable)."""
+    """What one check found: paths changed (all restored unless listed in unrestorable).
+
+    ``git``: files of the git area changed, restored too, but apart: they cannot change a
+    number (autoloop's git runs with them off, trials do not run git), so, like an edit
+    outside the target, they are put back and recorded without invalidating the run; and a
+    look-ahead agent, proposing while another trial trains, would otherwise spoil that run."""
     paths: list[str] = field(default_factory=list)
     unrestorable: list[str] = field(default_factory=list)
     message: str = ""      # one line for the user when something could not be restored
+    git: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.paths)
@@ -204,7 +252,8 @@ class InputsSnapshot:
 
     @classmethod
     def snapshot(cls, store: Path, *, harness: Path | None = None, workspace: Path | None = None,
-                 data_dir: Path | None = None, tag: str | None = None, data_cap: int | None = None) -> InputsSnapshot:
+                 data_dir: Path | None = None, tag: str | None = None, data_cap: int | None = None,
+                 git_dir: Path | None = None) -> InputsSnapshot:
         """Hash every protected file now, keep pristine copies, persist the manifest."""
         store = Path(store)
         cap = data_backup_cap() if data_cap is None else data_cap
@@ -221,6 +270,8 @@ class InputsSnapshot:
             data_dir = Path(data_dir)
             total = sum(p.stat().st_size for p in _files(data_dir, None) if p.is_file() and not p.is_symlink())
             areas.append(Area("data", data_dir, DATA_LABEL + "/", backup=total <= cap))
+        if git_dir is not None:
+            areas.append(Area("git", Path(git_dir), GIT_LABEL))
         blobs = store / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
         entries: dict[str, Entry] = {}
@@ -284,6 +335,12 @@ class InputsSnapshot:
             return self
         return InputsSnapshot(self.store, [a for a in self.areas if a.name != name],
                      {k: e for k, e in self.entries.items() if self._area_of(k) is not area}, self.meta)
+
+    def only(self, name: str) -> InputsSnapshot:
+        """The same snapshot, one area alone (the git area, checked after each proposal)."""
+        area = self.area(name)
+        return InputsSnapshot(self.store, [area] if area else [],
+                              {k: e for k, e in self.entries.items() if area and self._area_of(k) is area}, self.meta)
 
     def _area_of(self, key: str) -> Area | None:
         if key == PROGRAM_FILE:
@@ -380,7 +437,8 @@ class InputsSnapshot:
             return Tampering()
         self.restore(paths, evidence_dir)
         left = self.verify()
-        return Tampering(paths, left, self.explain(left) if left else "")
+        git = [p for p in paths if p.startswith(GIT_LABEL)]
+        return Tampering([p for p in paths if p not in git], left, self.explain(left) if left else "", git)
 
     def explain(self, left: list[str]) -> str:
         """One line: what could not be restored and what the user should do."""
@@ -474,14 +532,16 @@ def open_snapshot(results_dir: Path, workspace: Path, data_dir: Path | None, tag
             raise IntegrityError(f"the prepared data in {data_dir} does not match its meta.json ({', '.join(bad)} "
                                  f"changed); delete {data_dir} and run `autoloop prepare`")
     copy_harness(results_dir)
-    return InputsSnapshot.snapshot(store, harness=harness, workspace=workspace, data_dir=data_dir, tag=tag)
+    return InputsSnapshot.snapshot(store, harness=harness, workspace=workspace, data_dir=data_dir, tag=tag,
+                                   git_dir=git_common_dir(Path(workspace)))
 
 
 def _compatible(old: InputsSnapshot, harness: Path, workspace: Path, data_dir: Path | None, tag: str | None) -> bool:
     roots = {a.name: a.root for a in old.areas}
     return (old.meta.get("tag") == tag and old.meta.get("autoloop") == autoloop.__version__
             and roots.get("harness") == harness and roots.get("program") == workspace
-            and roots.get("data") == (Path(data_dir) if data_dir else None))
+            and roots.get("data") == (Path(data_dir) if data_dir else None)
+            and roots.get("git") == git_common_dir(workspace))
 
 
 def recover_inputs(results_dir: Path, evidence_dir: Path | None) -> Tampering:

@@ -34,12 +34,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from autoloop.execution import gitsafe
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +79,24 @@ def terminal_signal_held() -> Iterator[None]:
 
 
 def run_own_group(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
-    """`subprocess.run` for a short helper (git), out of the terminal's process group."""
+    """`subprocess.run` for a short helper (git), out of the terminal's process group; git
+    with no code of anyone else's inside it (`neutral_git`)."""
     with terminal_signal_held():
+        if gitsafe.is_git(command):
+            command, kwargs["env"] = neutral_git(command, kwargs.get("env"), kwargs.get("cwd"))
         return subprocess.run(command, **OWN_GROUP, **kwargs)
+
+
+def neutral_git(command: list[str], env: Mapping[str, str] | None, cwd: str | os.PathLike[str] | None,
+                ) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of a git command autoloop starts: hooks, fsmonitor, external
+    diffs and filters off (`gitsafe`). Call it with SIGINT held (`terminal_signal_held`)."""
+    def listing(argv: list[str], list_env: dict[str, str], where: str | None) -> tuple[int, bytes]:
+        done = subprocess.run(argv, env=list_env, cwd=where, capture_output=True, stdin=subprocess.DEVNULL,
+                              check=False, **OWN_GROUP)
+        return done.returncode, done.stdout
+
+    return gitsafe.prepare(command, os.environ if env is None else env, None if cwd is None else str(cwd), listing)
 
 
 # ------------------------------------------------------------------------------ a live tree

@@ -75,6 +75,8 @@ def _mutate(settings: Settings, root: Path) -> tuple[Proposer, str]:
         constants = find_constants(target.read_bytes())
     except FileNotFoundError:
         raise ProposerError(f"mutate: {settings.target} not found") from None
+    except IsADirectoryError:
+        raise ProposerError(f"mutate: {settings.target} is a folder, not a file") from None
     except MutateError as e:
         raise ProposerError(f"mutate: {settings.target}: {e}") from None
     tunable = [c.name for c in constants if constant_moves(c)]

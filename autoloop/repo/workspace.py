@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,8 @@ from git.objects import Commit
 
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import RESULTS, branch_name, trial_ref, trial_ref_prefix
-from autoloop.execution.procs import OWN_GROUP, run_own_group, terminal_signal_held
+from autoloop.execution.gitsafe import is_git
+from autoloop.execution.procs import OWN_GROUP, neutral_git, run_own_group, terminal_signal_held
 
 # Used for candidate commits when the user has no git identity configured (a fresh
 # machine, a container): git would refuse to commit, and the night would be lost.
@@ -58,6 +60,9 @@ def _listing(paths: list[str]) -> str:
 class _OwnGroupGit(git.Git):
     """GitPython's git runner, every git process in a process group of its own.
 
+    Every git it starts runs neutralised (`procs.neutral_git`): no hook, fsmonitor, external
+    diff or filter of anyone else's runs inside it.
+
     GitPython keeps `git cat-file --batch` helpers alive between object lookups; in the
     terminal's foreground group a Ctrl-C killed them with the orchestrator's SIGINT, and the
     next lookup (judging the interrupted attempt) died of a BrokenPipeError; a short command
@@ -68,6 +73,10 @@ class _OwnGroupGit(git.Git):
         for key, value in OWN_GROUP.items():
             kwargs.setdefault(key, value)
         with terminal_signal_held():
+            if isinstance(command, (list, tuple)) and is_git(command):
+                # Merged as GitPython merges them (it updates a copy of os.environ with this).
+                base = {**os.environ, "LANGUAGE": "C", "LC_ALL": "C", **self._environment, **(kwargs.get("env") or {})}
+                command, kwargs["env"] = neutral_git(list(command), base, self._working_dir)
             return super().execute(command, *args, **kwargs)
 
 
@@ -123,7 +132,10 @@ class Workspace:
     # ---------------------------------------------------------------- checks
 
     def check_target(self) -> None:
-        """The target exists in the work tree and is committed in HEAD."""
+        """The target exists in the work tree, a plain file of its own, and is committed in HEAD."""
+        refused = self.target_refusal()
+        if refused:
+            raise WorkspaceError(refused)
         if not self.target_path.is_file():
             raise WorkspaceError(
                 f"{self.target} not found in {self.root} (create it and commit it, or set the target in the config)"
@@ -134,6 +146,39 @@ class Workspace:
             raise WorkspaceError(
                 f"{self.target} is not committed in {self.root} (git add {self.target} && git commit first)"
             ) from None
+
+    def target_refusal(self) -> str | None:
+        """Why the target cannot be what is measured, one line; None when it is a plain file.
+
+        A symlink or a second hard link lets what is trained be changed through another
+        path (outside the repository, unseen by the scope check); a folder is no program."""
+        try:
+            st = os.lstat(self.target_path)
+        except OSError:
+            return None   # missing: check_target and the proposal's screen say so
+        if stat.S_ISLNK(st.st_mode):
+            return f"{self.target} is a symbolic link (to {os.readlink(self.target_path)}): make it a plain file"
+        if stat.S_ISDIR(st.st_mode):
+            return f"{self.target} is a folder, not a file: put the training script there"
+        if st.st_nlink > 1:
+            return (f"{self.target} has {st.st_nlink - 1} other hard link(s): make it a file of its own "
+                    f"(cp {self.target} x && mv x {self.target})")
+        return None
+
+    def detach_target(self, quarantine_dir: Path) -> str | None:
+        """A linked or folder target (target_refusal) replaced by HEAD's plain file, what was
+        there kept in quarantine_dir; returns why, or None when it was a plain file."""
+        refused = self.target_refusal()
+        if refused is None:
+            return None
+        dest = self._free_path(Path(quarantine_dir) / self.target)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(self.target_path), str(dest))   # a hard link moved: the other name keeps its inode
+        try:
+            self.repo.git.checkout("HEAD", "--", self.target)
+        except GitCommandError as err:
+            raise WorkspaceError(f"cannot restore {self.target}: {_git_error(err)}") from None
+        return refused
 
     def _status(self) -> list[tuple[str, str, str | None]]:
         """(XY, path, original path of a rename/copy or None) for every non-clean path.
@@ -277,6 +322,8 @@ class Workspace:
         the run wrote is not part of it, and left in place it would dirty a kept commit's
         tree or be taken for the next proposal's edit."""
         touched = self.revert_out_of_scope(quarantine_dir)
+        if self.detach_target(quarantine_dir):
+            touched = sorted({*touched, self.target})
         if self.target_changed():
             src = self.target_path
             if src.is_file():

@@ -102,6 +102,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         "time_left_s": round(state.deadline - now, 0) if state.deadline and alive else None,
         "stop_reason": state.stop_reason if state.phase == "stopped" else None,
         "tampered": tampered_attempts(records),
+        "records_not_ours": integrity_lines(results_dir),
         **_notes_in_force(results_dir),   # what `autoloop note` tells every prompt now
         "agent_spend": _spend(records),
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
@@ -309,7 +310,14 @@ def _aside_lines(data: dict[str, Any]) -> list[str]:
                           + (" (before the run)" if t["when"] == "before" else "") for t in found[-5:])
         lines.append(f"TAMPERED: {len(found)} attempt{'s' if len(found) != 1 else ''} changed a protected input "
                      f"(restored): {shown}")
+    lines += [f"NOT AUTOLOOP'S: {line}" for line in data.get("records_not_ours") or ()]
     return lines
+
+
+def integrity_lines(results_dir: Path) -> list[str]:
+    """Records autoloop did not write as they stand, and a results.tsv that is not the
+    ledger's (store/chain.py): one line each, with its line number."""
+    return Ledger(results_dir).integrity_lines() if Layout(results_dir).ledger.exists() else []
 
 
 def status_json(data: dict[str, Any]) -> str:
@@ -729,6 +737,7 @@ class ReportFiles:
     note: str | None      # why there is no picture, when there is none
     records: list[LedgerRecord] = field(default_factory=list)   # what it covered: report --since-last's start
     tag: str | None = None
+    not_ours: list[str] = field(default_factory=list)   # integrity_lines: printed by `autoloop report` too
 
 
 def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
@@ -760,5 +769,8 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
                            picture_note=f"_No picture: {note}._" if note else None,
                            verification=verification_lines(results, output, records, tag),
                            notes=person_notes.history(results.root))
+    found = integrity_lines(results.root)
+    if found:   # first thing on the page: these records are not counted anywhere below
+        text = "\n".join(["## Records autoloop did not write", "", *[f"- {line}" for line in found], "", text])
     atomic_write(output.report, text + "\n")
-    return ReportFiles(output.report, picture, note, records, tag)
+    return ReportFiles(output.report, picture, note, records, tag, found)

@@ -71,8 +71,8 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -82,6 +82,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autoloop.core.classify import CrashClass
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
+from autoloop.store import chain
 from autoloop.store.atomic import atomic_write, fsync_dir
 
 Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
@@ -140,6 +141,8 @@ class LedgerRecord(BaseModel):
     # the decision was final. A record of what was decided; read back only by the next start,
     # for a step decided and never run (queries.pending_next).
     next: Literal["confirm", "replay"] | None = None
+    # The hash chain (chain.py): written as the line's last key, checked on every read.
+    chain: str | None = Field(default=None, exclude=True)   # read from the line; never dumped
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,10 +214,12 @@ class _Parsed:
     torn_why: str = ""
     # The final line is a valid record that only lacks its newline (a hand edit).
     unterminated_record: bool = False
+    lines: list[tuple[int, bytes]] = field(default_factory=list)   # each record's (line number, bytes)
 
 
 def _parse(data: bytes, name: str) -> _Parsed:
     records: list[LedgerRecord] = []
+    lines: list[tuple[int, bytes]] = []
     good_end = 0                                # just past the last good (or blank) line
     pending_bad: tuple[int, str] | None = None  # first non-JSON line after the last good one
     pos = 0
@@ -239,7 +244,8 @@ def _parse(data: bytes, name: str) -> _Parsed:
             if pending_bad is not None:
                 _raise_middle(name, pending_bad)
             records.append(record)
-            return _Parsed(records, good_end, unterminated_record=True)
+            lines.append((lineno, body))
+            return _Parsed(records, good_end, unterminated_record=True, lines=lines)
 
         if not body.strip():
             # Blank lines carry no data; skip them rather than call the file corrupt.
@@ -260,11 +266,12 @@ def _parse(data: bytes, name: str) -> _Parsed:
         if pending_bad is not None:
             _raise_middle(name, pending_bad)
         records.append(record)
+        lines.append((lineno, body))
         good_end = end
 
     torn = data[good_end:]
     why = pending_bad[1] if torn and pending_bad else ""
-    return _Parsed(records, good_end, torn, why)
+    return _Parsed(records, good_end, torn, why, lines=lines)
 
 
 def _raise_middle(name: str, bad: tuple[int, str]) -> NoReturn:
@@ -307,6 +314,15 @@ class Ledger:
         self._lock = FileLock(str(self.lock_path), timeout=lock_timeout)
         # Reports of repairs that append() had to do by itself (the caller may log them).
         self.repairs: list[str] = []
+        # Where append() says what it found that autoloop did not write (the night's console).
+        self.notice: Callable[[str], None] | None = None
+        self._told: set[int] = set()   # line numbers already reported
+        # The orchestrator's ledger: nothing else appends (the workspace lock), so a line after
+        # the last one this process wrote is not autoloop's (_chained).
+        self.sole_writer = False
+        self._ours: str | None = None
+        self._walked: tuple[int, int, chain.Chain] = (0, 0, chain.Chain())
+        self.last_breaks: list[chain.Break] = []
 
     # -- locking ------------------------------------------------------------------------------
 
@@ -331,9 +347,45 @@ class Ledger:
         return _parse(self._read_bytes(), str(self.path))
 
     def records(self) -> list[LedgerRecord]:
-        """Every valid record in file order. A torn tail is ignored (repair() moves it away);
-        corruption with good records after it raises LedgerError."""
-        return self._parse().records
+        """Every valid record autoloop wrote, in file order. A torn tail is ignored (repair()
+        moves it away); corruption with good records after it raises LedgerError. Lines the
+        hash chain rejects (chain.py) are left out, and named by :meth:`breaks`."""
+        return self._trusted(self._parse())[0]
+
+    def _trusted(self, parsed: _Parsed) -> tuple[list[LedgerRecord], chain.Walk]:
+        walk = chain.verify(parsed.lines)
+        self.last_breaks = walk.breaks
+        bad = {b.lineno for b in walk.breaks}
+        return [r for r, (n, _) in zip(parsed.records, parsed.lines, strict=True) if n not in bad], walk
+
+    def breaks(self) -> list[chain.Break]:
+        """The lines autoloop did not write as they are (edited, appended, copied): chain.py."""
+        return chain.verify(self._parse().lines).breaks
+
+    def tsv_differences(self) -> list[int]:
+        """Line numbers where results.tsv is not what the ledger regenerates (a row forged,
+        edited or removed); [] when it matches or does not exist."""
+        try:
+            have = self.tsv_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return []
+        want = format_tsv(self.records()).splitlines()
+        return [i + 1 for i in range(max(len(have), len(want)))
+                if i >= len(have) or i >= len(want) or have[i] != want[i]]
+
+    def integrity_lines(self) -> list[str]:
+        """One line per record autoloop did not write as it is, and for a results.tsv that
+        differs from the ledger: what `status`, `report` and `--resume` print."""
+        breaks = self.breaks()
+        self._told.update(b.lineno for b in breaks)   # append() does not say them again
+        out = [b.describe(self.path.name) + " (not counted)" for b in breaks]
+        rows = self.tsv_differences()
+        if rows:
+            shown = ", ".join(map(str, rows[:5])) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+            out.append(f"{self.tsv_path.name} line{'s' if len(rows) > 1 else ''} {shown}: not what the ledger "
+                       f"gives (edited by hand or by an agent); the ledger is the truth, the file is rewritten "
+                       f"from it at the next record")
+        return out
 
     def __len__(self) -> int:
         return len(self.records())
@@ -393,13 +445,12 @@ class Ledger:
         if isinstance(record, dict):
             record = LedgerRecord.model_validate(record)
         try:
-            line = record.model_dump_json()
+            line = record.model_dump_json(exclude={"chain"})
         except Exception as e:  # e.g. something unserialisable in `extra`
             raise LedgerError(f"ledger record of trial {record.trial} cannot be written as JSON: "
                               f"{_one_line(str(e))}") from None
         # Round-trip now so a line that could not be read back is never written.
         LedgerRecord.model_validate_json(line)
-        data = (line + "\n").encode("utf-8")
 
         self._acquire()
         try:
@@ -407,11 +458,62 @@ class Ledger:
                 report = self._repair_locked()
                 if report:
                     self.repairs.append(report)
-            self._write_all(data)
+                    self._tell(f"ledger: {report}")
+                self._walked = (0, 0, chain.Chain())
+            ours = self._ours
+            try:
+                self._write_all(self._chained(line))
+            except BaseException:   # not written (a full disk): the chain goes on from the file
+                self._ours, self._walked = ours, (0, 0, chain.Chain())
+                raise
             if write_tsv:
                 self._write_tsv_locked()
         finally:
             self._lock.release()
+
+    def _walk_new(self) -> chain.Chain:
+        """The chain walked up to the file's end, reading only the lines added since the last
+        walk (the file is append-only; a repair, or a file that shrank, starts it over)."""
+        offset, lineno, walk = self._walked
+        try:
+            with open(self.path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size < offset:
+                    offset, lineno, walk = 0, 0, chain.Chain()
+                f.seek(offset)
+                data = f.read(size - offset)
+        except FileNotFoundError:
+            offset, lineno, walk, data = 0, 0, chain.Chain(), b""
+        end = data.rfind(b"\n") + 1
+        for raw in data[:end].split(b"\n")[:-1]:
+            lineno += 1
+            if raw.strip():
+                walk.feed(lineno, raw)
+        self._walked = (offset + end, lineno, walk)
+        return walk
+
+    def _chained(self, line: str) -> bytes:
+        """The line to append, chained (chain.py) to the file's last record; for the night's
+        own ledger (``sole_writer``), to the last record this process wrote when something
+        else appended after it (a well-forged line is so left out of the chain). Reports
+        the lines the chain rejects, once each."""
+        walk = self._walk_new()
+        prev = walk.head
+        if self.sole_writer and self._ours is not None and self._ours != prev:
+            prev = self._ours
+        sealed = chain.seal(prev, line)
+        self._ours = chain.split(sealed.encode("utf-8"))[1]
+        walk.feed(self._walked[1] + 1, sealed.encode("utf-8"))
+        self._walked = (self._walked[0] + len(sealed.encode("utf-8")) + 1, self._walked[1] + 1, walk)
+        for lineno, why in sorted(walk.breaks.items()):
+            if lineno not in self._told:
+                self._told.add(lineno)
+                self._tell(f"ledger: {chain.Break(lineno, why).describe(self.path.name)} (not counted)")
+        return (sealed + "\n").encode("utf-8")
+
+    def _tell(self, line: str) -> None:
+        if self.notice is not None:
+            self.notice(line)
 
     def _tail_is_clean(self) -> bool:
         """Cheap check that the file ends with a complete JSON line (or is empty)."""

@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
     print("wrote " + " and ".join(shown_path(p, root) for p in shown))
     if files.note:
         print(f"no picture: {files.note}")
+    for line in files.not_ours:
+        print(f"not autoloop's: {line}")
     return 0
 
 
