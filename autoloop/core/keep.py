@@ -31,6 +31,7 @@ from typing import Literal
 
 from autoloop.core.decide import decide as decide_metric
 from autoloop.core.decide import judge_runs, noise_estimate
+from autoloop.core.guards import Guard, breaches, parse_guards
 
 MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
 
@@ -59,10 +60,12 @@ class Rules:
     keep_rule: str = "auto"
     noise_z: float = 2.0
     sanity_bound: float = 0.0
+    guards: tuple[Guard, ...] = ()          # --guard: conditions on secondary metrics a keep must meet
 
     @classmethod
     def of(cls, settings) -> Rules:
-        return cls(settings.direction, settings.min_delta, settings.keep_rule, settings.noise_z, settings.sanity_bound)
+        return cls(settings.direction, settings.min_delta, settings.keep_rule, settings.noise_z, settings.sanity_bound,
+                   parse_guards(getattr(settings, "guards", None) or ()))
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class Facts:
     replays: int = 0                        # how often this trial's change was replayed already
     merge: Literal["clean", "conflict", "already_in"] | None = None   # its change onto `current`
     rules: Rules = field(default_factory=Rules)
+    metrics: dict[str, float] = field(default_factory=dict)            # the NAME: value lines it printed
+    baseline_metrics: dict[str, float] = field(default_factory=dict)   # the baseline's (relative guards)
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,16 @@ def _judged(f: Facts) -> Decision:
     r = f.rules
     j = judge_runs(list(f.runs), f.start[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
                    rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
-    extra = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
+    extra: dict = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
+    broken = breaches(r.guards, f.metrics, f.baseline_metrics)
+    if broken:
+        extra["guard_breaches"] = [b.as_dict() for b in broken]
+        if j.status != "discard":
+            # A keep needs the metric better AND every guard holding: a win that breaks one is
+            # a discard, never confirmed or replayed (another run cannot mend a guard).
+            reason = "; ".join(b.reason for b in broken) + f" (metric: {j.reason})"
+            return Decision("discard", "discard", reason, _unmoved(f), noise=f.noise, confidence=j.confidence,
+                            extra=extra)
     moved = f.current[0] is not None and f.current[0] != f.start[0]
     if not moved:
         if j.status == "keep":

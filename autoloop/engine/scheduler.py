@@ -40,7 +40,7 @@ from autoloop.engine import lookahead
 from autoloop.engine.attempt import AttemptRunner, Slot
 from autoloop.engine.lookahead import Lookahead, PreparedCandidate
 from autoloop.engine.night import Night
-from autoloop.engine.trial import Run, Trial, measure_noise, run_baseline
+from autoloop.engine.trial import Run, Trial, check_guard_names, measure_noise, run_baseline
 from autoloop.execution.devices import slot_envs
 from autoloop.execution.executors import make_executor
 from autoloop.observe.console import Prefixed, plural, shorten
@@ -113,6 +113,7 @@ class Scheduler:
             # Before the baseline and before this run's state is written: an agent that cannot
             # run is one line now, not a failed call after minutes of baseline, five times over.
             run_preflight(s, night.ws.root, night.console.line)
+        check_guard_names(s, queries.baseline(night.arbiter.records()))   # a recorded baseline: before anything runs
         envs, devices = slot_envs(s, self.n)
         started = time.time()
         self.deadline = started + s.hours * 3600 if s.hours else None

@@ -139,6 +139,9 @@ class LedgerRecord(BaseModel):
     # the decision was final. A record of what was decided; read back only by the next start,
     # for a step decided and never run (queries.pending_next).
     next: Literal["confirm", "replay"] | None = None
+    # Every `NAME: value` line the trial printed (finite numbers): the secondary metrics that
+    # --guard reads and the morning's trade-offs plot. Empty in ledgers written before it.
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
