@@ -246,7 +246,7 @@ def test_guards_on_a_foreign_command_and_under_workers(tmp_path, tiny_data_dir, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = read_ledger(repo)
     by = {r["extra"].get("source"): r for r in ledger if r["kind"] == "candidate"}
-    fat, lean = by["queue/01_fat.py"], by["queue/02_lean.py"]
+    fat, lean = by["01_fat.py"], by["02_lean.py"]
     assert fat["status"] == "discard" and "guard mem_mb <= 1.5 * baseline breached: mem_mb 400 vs limit 150" \
         in fat["reason"], fat["reason"]
     assert lean["status"] == "keep" and lean["metrics"] == {"score": 0.8, "mem_mb": 120.0}
