@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 from conftest import git, init_repo
-from loop_helpers import GOOD, LR_ARGS, LRS, SLOW, assert_invariants, autoloop, queue_file, read_ledger, \
-    run_args, set_constants
+from loop_helpers import (
+    GOOD,
+    LR_ARGS,
+    LRS,
+    SLOW,
+    assert_invariants,
+    autoloop,
+    queue_file,
+    read_ledger,
+    run_args,
+    set_constants,
+)
 
 from autoloop.core.guards import Guard, breaches, missing_in_baseline, parse_guard
 from autoloop.core.keep import Facts, Rules, decide
@@ -205,7 +215,8 @@ def test_a_check_that_edits_files_is_undone_before_training(baselined_repo, tiny
     repo = baselined_repo
     queue_file(repo, "01_good.py", GOOD, "restore learning rates")
     edit = ("import pathlib; p = pathlib.Path('train.py'); "
-            "p.write_text(p.read_text().replace('HEAD_LR = 0.01', 'HEAD_LR = 0.0')); pathlib.Path('junk.txt').write_text('x')")
+            "p.write_text(p.read_text().replace('HEAD_LR = 0.01', 'HEAD_LR = 0.0')); "
+            "pathlib.Path('junk.txt').write_text('x')")
     proc = resume(repo, tiny_data_dir, "--check", f"{sys.executable} -c \"{edit}\"")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     trial = assert_invariants(repo)[-1]

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 from autoloop.core.classify import Classification, classify
 from autoloop.core.durations import format_duration
-from autoloop.core.guards import finite_metrics
 from autoloop.core.errors import NightError
+from autoloop.core.guards import finite_metrics
 from autoloop.core.keep import Decision, Facts, tampered_reason
+from autoloop.engine.precheck import CheckResult, run_checks, training_limit
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import Tampering, harness_path
 from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
-from autoloop.engine.precheck import CheckResult, run_checks, training_limit
 from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
 from autoloop.repo.workspace import Workspace
 from autoloop.store import queries
