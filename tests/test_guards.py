@@ -234,7 +234,8 @@ import time
 time.sleep(0.2)
 print("loading data")
 print(f"score: {SCORE:.6f}")
-print(f"mem_mb: {MEM:.1f}")
+print(f"peak_vram_mb: {MEM:.1f}")
+print(f"tokens_per_second: {1e5 / MEM:.1f}")
 '''
 
 
@@ -244,7 +245,7 @@ def foreign(score: float, mem: float) -> str:
 
 def foreign_args(*extra: str) -> list[str]:
     return ["run", "--budget", "1", "--timeout", "60", "--proposer", "queue", "--tag", "t", "--device", "cpu",
-            "--command", f"{sys.executable} train.py", "--metric", "score", "--guard", "mem_mb <= 1.5 * baseline",
+            "--command", f"{sys.executable} train.py", "--metric", "score", "--guard", "peak_vram_mb <= 1.5 * baseline",
             *extra]
 
 
@@ -258,7 +259,33 @@ def test_guards_on_a_foreign_command_and_under_workers(tmp_path, tiny_data_dir, 
     ledger = read_ledger(repo)
     by = {r["extra"].get("source"): r for r in ledger if r["kind"] == "candidate"}
     fat, lean = by["01_fat.py"], by["02_lean.py"]
-    assert fat["status"] == "discard" and "guard mem_mb <= 1.5 * baseline breached: mem_mb 400 vs limit 150" \
+    assert fat["status"] == "discard" and "guard peak_vram_mb <= 1.5 * baseline breached: peak_vram_mb 400 vs limit 150" \
         in fat["reason"], fat["reason"]
-    assert lean["status"] == "keep" and lean["metrics"] == {"score": 0.8, "mem_mb": 120.0}
+    assert lean["status"] == "keep" and lean["metrics"] == {"score": 0.8, "peak_vram_mb": 120.0, "tokens_per_second": 833.3}
     assert git(repo, "rev-parse", "HEAD") == lean["commit"] == ledger[-1]["best"]
+
+
+def foreign_night(tmp_path: Path, data_dir: Path) -> Path:
+    repo = init_repo(tmp_path / "repo", {"train.py": FOREIGN})
+    queue_file(repo, "01_fat.py", foreign(0.5, 400.0), "better score, four times the memory")
+    queue_file(repo, "02_lean.py", foreign(0.8, 120.0), "better score, a little more memory")
+    queue_file(repo, "03_worse.py", foreign(0.9, 90.0), "worse score, less memory")
+    proc = autoloop(repo, *foreign_args(), data_dir=data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return repo
+
+
+def test_status_and_report_show_the_guards_and_the_front(tmp_path, tiny_data_dir):
+    repo = foreign_night(tmp_path, tiny_data_dir)
+    status = autoloop(repo, "status", data_dir=tiny_data_dir, check=True).stdout
+    assert "guards:\n  `peak_vram_mb <= 1.5 * baseline`: breached by 1 attempt: #1 (400 vs 150)" in status, status
+    autoloop(repo, "report", data_dir=tiny_data_dir, check=True)
+    report = (repo / "results" / "report.md").read_text()
+    assert "## Guards" in report and "breached by 1 attempt: #1 (400 vs 150)" in report
+    memory = report.split("### score against peak memory (MB)")[1].split("###")[0]
+    # The front against memory: the baseline (100), #2 (0.8 at 120) and #3 (0.9 at 90); #1 is a
+    # discard but on the front too (best score, most memory). Kept rows marked.
+    assert "| #2 | 0.800000 | 120 | kept |" in memory and "| #0 | 1.000000 | 100 | kept |" not in memory
+    assert "| #3 | 0.900000 | 90 |  |" in memory and "| #1 | 0.500000 | 400 |  |" in memory
+    assert "Kept but off the front: #0" in memory
+    assert "### score against tokens/s" in report
