@@ -68,7 +68,7 @@ class Breach:
         return (f"guard {self.guard.text} breached: {self.guard.name} {self.value:g} vs limit "
                 f"{_limit_text(self.guard, self.limit)}")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {"guard": self.guard.text, "name": self.guard.name, "value": self.value, "limit": self.limit}
 
 

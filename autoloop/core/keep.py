@@ -160,7 +160,7 @@ def _judged(f: Facts) -> Decision:
     r = f.rules
     j = judge_runs(list(f.runs), f.start[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
                    rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
-    extra: dict = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
+    extra: dict[str, object] = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
     if r.guards:   # the guards in force, as the record states them (status and the report read them)
         extra["guards"] = [g.text for g in r.guards]
     broken = breaches(r.guards, f.metrics, f.baseline_metrics)

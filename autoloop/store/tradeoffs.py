@@ -89,7 +89,7 @@ def points(records: Sequence[LedgerRecord], name: str, direction: str, higher_x:
     return [Point(p.trial, p.attempt, p.metric, p.x, p.kept, not dominated(p)) for p in pts]
 
 
-def front_data(records: Sequence[LedgerRecord], direction: str) -> list[dict]:
+def front_data(records: Sequence[LedgerRecord], direction: str) -> list[dict[str, object]]:
     """For the dashboard: per axis with any point, its points (JSON-ready)."""
     out = []
     for name, label, higher in AXES:
