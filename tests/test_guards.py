@@ -290,3 +290,24 @@ def test_status_and_report_show_the_guards_and_the_front(tmp_path, tiny_data_dir
     assert "| #3 | 0.900000 | 90 |  |" in memory and "| #1 | 0.500000 | 400 |  |" in memory
     assert "Kept but off the front: #0" in memory
     assert "### score against tokens/s" in report
+
+
+def test_the_digest_states_the_guards_and_the_breaches_so_far():
+    from autoloop.store.digest import research_digest
+    from autoloop.store.ledger import LedgerRecord
+
+    guard = "peak_vram_mb <= 1.1 * baseline"
+    common = {"started_at": 0.0, "ended_at": 1.0, "proposer": "queue", "metric_name": "val_bpb"}
+    records = [
+        LedgerRecord(trial=0, kind="baseline", status="keep", metric=2.0, commit="a" * 40, best="a" * 40,
+                     best_metric=2.0, description="baseline", metrics={"peak_vram_mb": 1000.0}, **common),
+        LedgerRecord(trial=1, status="discard", metric=1.5, commit="b" * 40, best="a" * 40, best_metric=2.0,
+                     description="wider model", reason=f"guard {guard} breached: ...",
+                     extra={"guards": [guard], "guard_breaches": [{"guard": guard, "value": 2000.0, "limit": 1100.0}]},
+                     **common),
+    ]
+    digest = research_digest(records, guards=[guard, "num_params_M <= 120"])
+    assert "## Guards (a keep must also meet each" in digest
+    assert f"- `{guard}`: breached by 1 attempt: #1 (2000 vs 1100)" in digest
+    assert "- `num_params_M <= 120`: no breach so far" in digest
+    assert "## Guards" not in research_digest(records[:1])   # no guard given or recorded: no section
