@@ -42,6 +42,7 @@ from autoloop.config.presets import PRESETS
 from autoloop.core.durations import DURATION_HINT, default_timeout, format_duration, parse_duration
 from autoloop.core.durations import show as _show
 from autoloop.core.errors import ConfigError
+from autoloop.core.guards import parse_guard
 from autoloop.core.layout import DEFAULT_QUEUE_DIR, DEFAULT_SLURM_DIR, branch_name
 
 __all__ = ["ConfigError", "DURATION_HINT", "Settings", "build_settings", "format_duration", "load_settings",
@@ -154,6 +155,45 @@ class Settings(BaseModel):
     data_dir: str | None = setting(None, "trial", "prepared data folder", metavar="DIR", default_text="per-user cache")
     device: str | None = setting(
         None, "trial", "cpu, cuda, cuda:N or mps", metavar="DEV", default_text="auto-detect")
+
+    # -- what counts as a win besides the metric (docs/guards.md) --------------------------------
+    guards: list[str] = setting(
+        [], "trial", "a condition a keep must also meet, on a NAME: value line the trial prints, absolute or "
+        "relative to the baseline: 'peak_vram_mb <= 1.10 * baseline', 'num_params_M <= 120' (repeat the flag)",
+        metavar="EXPR", flag="--guard", repeatable=True)
+    checks: list[str] = setting(
+        [], "trial", "a command run in the candidate's tree before training (a unit test, a lint); a failing "
+        "one costs no training: a trivial crash sent back for a fix (repeat the flag)", metavar="CMD",
+        flag="--check", repeatable=True)
+
+    @field_validator("guards", mode="before")
+    @classmethod
+    def _guards(cls, v: Any) -> Any:
+        items = [v] if isinstance(v, str) else v
+        if isinstance(items, list):
+            for item in items:
+                if not isinstance(item, str):
+                    raise ValueError(f"must be guard expressions (strings), got {_show(item)}")
+                parse_guard(item)   # a malformed guard is refused here, before anything runs
+            return list(items)
+        return v
+
+    @field_validator("checks", mode="before")
+    @classmethod
+    def _checks(cls, v: Any) -> Any:
+        items = [v] if isinstance(v, str) else v
+        if isinstance(items, list):
+            for item in items:
+                if not isinstance(item, str):
+                    raise ValueError(f"must be commands (strings), got {_show(item)}")
+                try:
+                    argv = shlex.split(item)
+                except ValueError as e:
+                    raise ValueError(f"cannot split {item!r} into arguments ({e})") from None
+                if not argv:
+                    raise ValueError("a check must not be empty")
+            return list(items)
+        return v
 
     # -- noise and the keep rule (docs/noise.md) -----------------------------------------------
     min_delta: float = setting(0.0, "noise", "a keep must beat the best by more than X", metavar="X", ge=0)

@@ -31,6 +31,7 @@ from typing import Literal, Protocol
 
 from autoloop.core.classify import CrashClass
 from autoloop.core.decide import Direction, judge_metric, judge_runs, noise_estimate
+from autoloop.core.guards import Guard, breaches, parse_guards
 
 MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
 
@@ -74,10 +75,12 @@ class Rules:
     keep_rule: str = "auto"
     noise_z: float = 2.0
     sanity_bound: float = 0.0
+    guards: tuple[Guard, ...] = ()          # --guard: conditions on secondary metrics a keep must meet
 
     @classmethod
     def of(cls, settings: RuleSettings) -> Rules:
-        return cls(settings.direction, settings.min_delta, settings.keep_rule, settings.noise_z, settings.sanity_bound)
+        return cls(settings.direction, settings.min_delta, settings.keep_rule, settings.noise_z, settings.sanity_bound,
+                   parse_guards(getattr(settings, "guards", None) or ()))
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class Facts:
     replays: int = 0                        # how often this trial's change was replayed already
     merge: Literal["clean", "conflict", "already_in"] | None = None   # its change onto `current`
     rules: Rules = field(default_factory=Rules)
+    metrics: dict[str, float] = field(default_factory=dict)            # the NAME: value lines it printed
+    baseline_metrics: dict[str, float] = field(default_factory=dict)   # the baseline's (relative guards)
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,17 @@ def _judged(f: Facts) -> Decision:
     j = judge_runs(list(f.runs), f.start[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
                    rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
     extra: dict[str, object] = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
+    if r.guards:   # the guards in force, as the record states them (status and the report read them)
+        extra["guards"] = [g.text for g in r.guards]
+    broken = breaches(r.guards, f.metrics, f.baseline_metrics)
+    if broken:
+        extra["guard_breaches"] = [b.as_dict() for b in broken]
+        if j.status != "discard":
+            # A keep needs the metric better AND every guard holding: a win that breaks one is
+            # a discard, never confirmed or replayed (another run cannot mend a guard).
+            reason = "; ".join(b.reason for b in broken) + f" (metric: {j.reason})"
+            return Decision("discard", "discard", reason, _unmoved(f), noise=f.noise, confidence=j.confidence,
+                            extra=extra)
     now = f.current[0]
     if now is None or now == f.start[0]:   # the best has not moved since the attempt started
         if j.status == "keep":

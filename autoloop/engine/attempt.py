@@ -28,13 +28,16 @@ from autoloop.config.settings import Settings
 from autoloop.core.classify import Classification, classify
 from autoloop.core.durations import format_duration
 from autoloop.core.errors import NightError
+from autoloop.core.guards import finite_metrics
 from autoloop.core.keep import Decision, Facts, tampered_reason
 from autoloop.engine.night import Night
+from autoloop.engine.precheck import CheckContext, CheckResult, run_checks, training_limit
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import Tampering, harness_path
 from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
 from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
 from autoloop.repo.workspace import Workspace
+from autoloop.store import queries
 from autoloop.store.ledger import AttemptKind, LedgerRecord
 from autoloop.store.state import StateFile, fault_point
 
@@ -107,6 +110,7 @@ class AttemptRunner:
         self.settings = settings or night.settings
         self.console = slot.console or night.console
         self._progress_saved_at = 0.0
+        self._checked = CheckResult()   # this attempt's --check results (precheck.py)
 
     def run(self, plan: AttemptPlan) -> Recorded:
         """Commit, run, check, record (see the module docstring); returns once the state is
@@ -193,6 +197,11 @@ class AttemptRunner:
             # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
             # itself is not a measurement. A foreign --command may only have stdout.
             require_result=s.command is None, log_cap_bytes=int(s.log_cap_mb * 2**20), isolate=s.isolate)
+        self._checked = self._precheck(plan, spec) if s.checks else CheckResult()
+        if self._checked.failed is not None or self._checked.tampered:
+            return self._unrun(spec)
+        if s.checks:
+            spec.timeout_s = training_limit(s.timeout_s, self._checked.seconds)
         # The run's token, recorded before it starts: recovery finds its processes (and its
         # cgroup) by it after a kill -9, also those that left the session and the tree.
         spec.env[TOKEN_VAR] = secrets.token_hex(16)
@@ -204,7 +213,33 @@ class AttemptRunner:
                                       on_start=lambda pids: self.slot.state.update(child_pids=pids),
                                       on_job=lambda job: self.slot.state.update(job=job))
 
+    def _precheck(self, plan: AttemptPlan, spec: TrialSpec) -> CheckResult:
+        """Run the --check commands (precheck.py), then apply the integrity rules to what
+        they left: a result file at the trial's path or changed inputs invalidate the
+        attempt; files they wrote in the repository are put back before training."""
+        assert spec.result_path is not None
+        layout = self.night.layout
+        at = CheckContext(self.settings, self.slot.ws.root, self.slot.state, self.console, self.night.stop.event,
+                          plan.label)
+        checked = run_checks(at, spec.env, spec.result_path, spec.log_path)
+        if spec.result_path.exists():
+            spec.result_path.replace(spec.result_path.with_name(spec.result_path.name + ".by-check"))
+            checked.tampered.append(str(spec.result_path.relative_to(self.night.ws.root)))
+        checked.tampered.extend(self.check_inputs(plan).paths)
+        checked.wrote = self.slot.ws.undo_run_writes(layout.quarantine(plan.trial, plan.attempt) / "check")
+        if checked.wrote:
+            self.console.line(f"{plan.label}: a check wrote {', '.join(checked.wrote)} in the repository; put back")
+        return checked
+
+    def _unrun(self, spec: TrialSpec) -> TrialOutcome:
+        """The outcome of an attempt the checks ended before training: the failing check's
+        run (its output is the log, the evidence), never a metric of its own."""
+        ran = self._checked.outcome or TrialOutcome(exit_code=0, log_path=spec.log_path)
+        return ran.model_copy(update={"metric": None, "metric_error": None, "summary": {}, "result": None})
+
     def _verdict(self, outcome: TrialOutcome) -> Classification:
+        if self._checked.failed is not None:
+            return self._checked.failed
         verdict = classify(outcome)
         if outcome.killed_reason == "stopped" and self.night.stop.signal:
             verdict = verdict._replace(reason=f"interrupted ({self.night.stop.signal})")
@@ -227,6 +262,10 @@ class AttemptRunner:
                               f"(its versions in {where})")
         if outcome.log_cut_bytes:
             extra["log_cut_bytes"] = outcome.log_cut_bytes
+        if s.checks:
+            extra["checks"] = {"passed": self._checked.failed is None and not self._checked.tampered,
+                               "seconds": round(self._checked.seconds, 3), **({"wrote": self._checked.wrote}
+                                                                              if self._checked.wrote else {})}
         ok = verdict.kind == "ok"
         if ok and isinstance(result.get("audit_bpb"), (int, float)):
             # Held-out figure: recorded for the morning report, never decided on, never
@@ -245,7 +284,7 @@ class AttemptRunner:
             "exit_code": outcome.exit_code, "signal": outcome.signal, "diff_lines": diff_lines, "seed": plan.seed,
             "fingerprint": result.get("fingerprint") or self.night.fingerprint,
             "log_path": layout.log_rel(plan.trial, plan.attempt), "outside_changes": list(cand.outside_changes),
-            "extra": extra,
+            "extra": extra, "metrics": finite_metrics(summary),
         }
 
     def _facts(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification,
@@ -257,10 +296,12 @@ class AttemptRunner:
                       if crash is None and theirs and ours and theirs != ours else None)
         runs = (*plan.prior_runs, outcome.metric) if outcome.metric is not None else plan.prior_runs
         cand = plan.candidate
+        baseline = queries.baseline(self.night.arbiter.records())
         return Facts(kind=plan.kind, commit=commit, runs=tuple(runs) if crash is None else (), crash=crash,
-                     other_data=other_data, tampered=tuple(after.paths), start=(cand.base, cand.base_metric),
-                     noise=self.night.arbiter.noise(), noise_sample=plan.noise_sample, can_confirm=plan.can_confirm,
-                     replays=plan.replays)
+                     other_data=other_data, tampered=(*self._checked.tampered, *after.paths),
+                     start=(cand.base, cand.base_metric), noise=self.night.arbiter.noise(),
+                     noise_sample=plan.noise_sample, can_confirm=plan.can_confirm, replays=plan.replays,
+                     metrics=dict(outcome.summary), baseline_metrics=baseline.metrics if baseline else {})
 
     def _settle(self, plan: AttemptPlan, record: LedgerRecord, decision: Decision) -> None:
         """Git follows the record, then the state goes idle. A confirmation re-run follows at

@@ -116,7 +116,8 @@ def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records:
         metric_name=settings.metric, direction=settings.direction, best_metric=best[1], best_commit=best[0],
         trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=history[-LEDGER_TAIL_FOR_PROPOSER:], fix=fix,
         results_dir=layout.root, history=[LedgerRecord.model_validate(r) for r in history],
-        digest_bytes=int(settings.digest_kb * 1024), notes=person_notes.active_notes(layout.root))
+        digest_bytes=int(settings.digest_kb * 1024), notes=person_notes.active_notes(layout.root),
+        guards=list(settings.guards))
 
 
 def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[FixContext, str | None]:

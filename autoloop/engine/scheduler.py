@@ -39,7 +39,7 @@ from autoloop.engine.attempt import AttemptRunner, Candidate, Slot
 from autoloop.engine.candidate import Claimant, Claims
 from autoloop.engine.lookahead import Lookahead, Prepared
 from autoloop.engine.night import Night
-from autoloop.engine.trial import Run, Trial, measure_noise, run_baseline
+from autoloop.engine.trial import Run, Trial, check_guard_names, measure_noise, run_baseline
 from autoloop.execution.devices import slot_envs
 from autoloop.execution.executors import make_executor
 from autoloop.observe.console import Prefixed, plural, shorten
@@ -86,6 +86,7 @@ class Scheduler:
             # Before the baseline and before this run's state is written: an agent that cannot
             # run is one line now, not a failed call after minutes of baseline, five times over.
             run_preflight(s, night.ws.root, night.console.line)
+        check_guard_names(s, queries.baseline(night.arbiter.records()))   # a recorded baseline: before anything runs
         envs, devices = slot_envs(s, self.n)
         started = time.time()
         self.deadline = started + s.hours * 3600 if s.hours else None

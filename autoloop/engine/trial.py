@@ -29,7 +29,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autoloop.core.errors import NightError
+from autoloop.config.settings import Settings
+from autoloop.core.errors import ConfigError, NightError
+from autoloop.core.guards import missing_in_baseline, parse_guards
 from autoloop.core.keep import skipped
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
 from autoloop.engine.candidate import Claims, Skipped, fix_context, prepare, proposal_request
@@ -300,7 +302,22 @@ def run_baseline(night: Night, runner: AttemptRunner) -> LedgerRecord:
     if record.status != "keep" and not night.stop.is_set():   # a signal's stop is no failure of the baseline
         raise NightError(f"the baseline run of the unmodified {night.settings.target} failed "
                          f"({record.crash}: {record.reason}); see results/{record.log_path}")
+    if record.status == "keep":
+        check_guard_names(night.settings, record)
     return record
+
+
+def check_guard_names(settings: Settings, baseline: LedgerRecord | None) -> None:
+    """Refuse, in one line naming the flag, a --guard on a name the baseline does not print:
+    it could never hold. Called at start when the ledger has a baseline (before anything
+    runs), else as soon as the baseline's output is read (before any candidate)."""
+    if baseline is None or not settings.guards:
+        return
+    missing = missing_in_baseline(parse_guards(settings.guards), baseline.metrics)
+    if missing:
+        printed = ", ".join(sorted(baseline.metrics)) or "no NAME: value lines"
+        raise ConfigError(f"--guard: the baseline (results/{baseline.log_path}) does not print "
+                          f"{', '.join(repr(m) for m in missing)}; it prints: {printed}")
 
 
 def measure_noise(night: Night, runner: AttemptRunner) -> None:
@@ -353,6 +370,7 @@ def judge_edit(night: Night, runner: AttemptRunner, description: str) -> LedgerR
     reason = night.low_disk()
     if reason:
         raise NightError(reason)
+    check_guard_names(night.settings, queries.baseline(night.arbiter.records()))
     runner.slot.state.replace(RunState(tag=night.tag, pid=os.getpid(), run_started_at=time.time()))
     if queries.baseline(night.arbiter.records()) is None:
         edit = ws.target_path.read_text() if ws.target_changed() else None

@@ -303,13 +303,17 @@ class _ExitWatch:
 
 
 def _parse_summary(tail: str) -> dict[str, float]:
-    """The ``key: number`` lines after the last ``---`` line (other lines there are skipped)."""
+    """The ``key: number`` lines of the tail, the last of each name winning, so the block
+    after the last ``---`` line decides. Lines before it count too: a foreign command's
+    ``NAME: value`` lines need no block (guards and the morning's trade-offs read them)."""
     lines = tail.splitlines()
     starts = [i for i, line in enumerate(lines) if line.strip() == "---"]
-    if not starts:
-        return {}
     summary = {}
-    for line in lines[starts[-1] + 1:]:
+    for line in lines:
+        found = _SUMMARY_LINE_RE.match(line.strip())
+        if found:
+            summary[found.group(1)] = float(found.group(2))
+    for line in lines[starts[-1] + 1:] if starts else ():
         found = _SUMMARY_LINE_RE.match(line.strip())
         if found:
             summary[found.group(1)] = float(found.group(2))

@@ -119,7 +119,8 @@ def prompt_digest(request: ProposalRequest) -> str:
     """The research digest of the whole night (digest.py), bounded by --digest-kb."""
     in_flight = [InFlight(d.get("trial"), d.get("parent"), str(d.get("description") or "")) for d in request.in_flight]
     return research_digest(request.history, direction=request.direction, metric=request.metric_name,
-                           notes=request.notes, in_flight=in_flight, limit=request.digest_bytes)
+                           notes=request.notes, in_flight=in_flight, limit=request.digest_bytes,
+                           guards=request.guards)
 
 
 def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_file: Path | None = None) -> str:
@@ -140,6 +141,7 @@ def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_fi
         f"- File to edit: `{request.target}` (nothing else)",
         f"- Metric: `{request.metric_name}`, {better} is better",
         f"- Best so far: {best}",
+        *([f"- Guards (a keep must also meet each): {'; '.join(request.guards)}"] if request.guards else []),
         "",
         prompt_digest(request),
         "",

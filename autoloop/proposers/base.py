@@ -41,6 +41,7 @@ class ProposalRequest:
     history: list[LedgerRecord] = field(default_factory=list)
     digest_bytes: int = DEFAULT_BYTES
     notes: list[Note] = field(default_factory=list)   # the person's notes in force (person_notes.py)
+    guards: list[str] = field(default_factory=list)   # --guard: what a keep must also meet
     fix: FixContext | None = None   # set for a fix request
     results_dir: Path | None = None
     # For proposers that run a process (the agent): the loop's stop request (Ctrl-C, SIGTERM)

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
 from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
+from autoloop.review.tradeoffs import guards_section, tradeoffs_section
 from autoloop.store import person_notes, queries
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
 from autoloop.store.queries import best_before, is_noise_sample, tampered_attempts
 from autoloop.store.state import RunState, load_state
+from autoloop.store.tradeoffs import guard_lines
 
 if TYPE_CHECKING:
     from autoloop.core.contributions import Estimate
@@ -105,6 +107,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         "records_not_ours": integrity_lines(results_dir),
         **_notes_in_force(results_dir),   # what `autoloop note` tells every prompt now
         "agent_spend": _spend(records),
+        "guards": guard_lines(records),   # --guard: each guard in force and its breaches so far
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
                   "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
     }
@@ -303,6 +306,8 @@ def _aside_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"agent cost: {spend_line(data['agent_spend'])}")
     if data.get("notes_error"):
         lines.append(f"notes: {data['notes_error']}")
+    if data.get("guards"):
+        lines += ["guards:", *(f"  {line[2:]}" for line in data["guards"])]
     if data.get("tampered"):
         found = data["tampered"]
         shown = "; ".join(f"#{trial_label(t['trial'], t['attempt'])} {', '.join(t['paths'][:3])}"
@@ -428,6 +433,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += device_time_section(records, baseline)
     out += integrity_section(records)
     out += noise_section(records, baseline, metric)
+    out += guards_section(records) + tradeoffs_section(records, metric, direction)
     out += time_section(time_split(records, evals))
     return "\n".join(out)
 

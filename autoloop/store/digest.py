@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord, trial_label
+from autoloop.store.tradeoffs import guard_lines
 
 DEFAULT_BYTES = 8 * 1024
 BEGIN = "<<<autoloop-digest"
@@ -83,7 +84,7 @@ class InFlight:
 
 def research_digest(records: Sequence[LedgerRecord], *, direction: str = "min", metric: str = "val_bpb",
                     notes: Sequence[Note] = (), in_flight: Sequence[InFlight] = (),
-                    limit: int = DEFAULT_BYTES) -> str:
+                    limit: int = DEFAULT_BYTES, guards: Sequence[str] = ()) -> str:
     """The digest of ``records`` (ledger order), at most ``limit`` bytes of UTF-8."""
     sign = 1.0 if direction == "min" else -1.0     # a gain is a negative delta for min, positive for max
     records = list(records)
@@ -105,6 +106,7 @@ def research_digest(records: Sequence[LedgerRecord], *, direction: str = "min", 
     # share of the bound at most: descriptions are cut first), what is in flight.
     whole(_notes(notes))
     whole(_last_proposal(records))
+    whole(_guards(records, guards))
     whole(_kept(records, before, sigma, min(room, int(limit * KEPT_SHARE)), room))
     whole(_in_flight(in_flight))
     # Then as many items of each as the rest of the bound holds.
@@ -153,6 +155,14 @@ def _notes(notes: Sequence[Note]) -> list[str]:
     for note in notes:
         lines.append(f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(note.at))}: {quote(note.text, NOTE_WIDTH)}")
     return lines + [""]
+
+
+def _guards(records: list[LedgerRecord], guards: Sequence[str]) -> list[str]:
+    """The --guard conditions a keep must meet besides the metric, and their breaches so far."""
+    lines = guard_lines(records, guards)
+    if not lines:
+        return []
+    return ["## Guards (a keep must also meet each; a win that breaks one is discarded)", "", *lines, ""]
 
 
 def _last_proposal(records: list[LedgerRecord]) -> list[str]:

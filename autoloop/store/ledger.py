@@ -143,6 +143,9 @@ class LedgerRecord(BaseModel):
     next: Literal["confirm", "replay"] | None = None
     # The hash chain (chain.py): written as the line's last key, checked on every read.
     chain: str | None = Field(default=None, exclude=True)   # read from the line; never dumped
+    # Every `NAME: value` line the trial printed (finite numbers): the secondary metrics that
+    # --guard reads and the morning's trade-offs plot. Empty in ledgers written before it.
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from autoloop.review.report import status_data
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
 from autoloop.store.queries import best_before, infer_direction, is_noise_sample
 from autoloop.store.state import load_state, worker_state_name
+from autoloop.store.tradeoffs import front_data
 
 LOG_TAIL_BYTES = 64 * 1024
 LOG_TAIL_LINES = 200
@@ -103,6 +104,7 @@ class WorkspaceViews:
         records = self.records()
         data["direction"] = infer_direction(records)
         data["records"] = len(records)
+        data["front"] = front_data(records, data["direction"])   # the trade-offs panel (store/tradeoffs.py)
         data.pop("last", None)   # the table has every row
         return data
 

@@ -69,6 +69,7 @@ async function tick() {
     renderSummary(summary);
     renderLive(live);
     renderPlot();
+    renderTradeoffs(summary);
     renderTable();
     banner(null);
   } catch (err) {
@@ -376,3 +377,44 @@ document.addEventListener('DOMContentLoaded', () => {
   document.addEventListener('keydown', (e) => { if (e.key === 'Escape') closeDetail(); });
   tick();
 });
+
+// -- guards and trade-offs -----------------------------------------------------------------
+// The summary's `guards` (one line each, with their breaches) and `front`: per axis (peak
+// memory, tokens/s) the non-crash attempts, each marked kept and/or on the Pareto front.
+
+function renderTradeoffs(s) {
+  const guards = s.guards || [], axes = s.front || [];
+  document.getElementById('tradeoffs-panel').hidden = !guards.length && !axes.length;
+  document.getElementById('guards').replaceChildren(...guards.map((line) => el('li', { text: line.replace(/^- /, '') })));
+  document.getElementById('tradeoffs').replaceChildren(...axes.map((axis) => frontChart(axis, s.metric_name)));
+}
+
+function frontChart(axis, metric) {
+  const W = 460, H = 300, L = 64, R = 12, T = 12, B = 40;
+  const pts = axis.points;
+  const xs = pts.map((p) => p.x), ys = pts.map((p) => p.metric);
+  const span = (lo, hi) => (hi > lo ? [lo, hi] : [lo - 1, hi + 1]);
+  const [x0, x1] = span(Math.min(...xs), Math.max(...xs)), [y0, y1] = span(Math.min(...ys), Math.max(...ys));
+  const px = (x) => L + (W - L - R) * (x - x0) / (x1 - x0), py = (y) => T + (H - T - B) * (1 - (y - y0) / (y1 - y0));
+  const chart = svg('svg', { viewBox: `0 0 ${W} ${H}`, class: 'front', 'data-axis': axis.name, role: 'img',
+                             'aria-label': `${metric} against ${axis.label}` });
+  chart.append(svg('line', { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: COLOR.line }),
+               svg('line', { x1: L, y1: T, x2: L, y2: H - B, stroke: COLOR.line }));
+  const label = (x, y, text, anchor) => { const t = svg('text', { x, y, 'text-anchor': anchor, 'font-size': 11 }); t.textContent = text; return t; };
+  chart.append(label((L + W - R) / 2, H - 8, axis.label, 'middle'), label(4, T + 10, metric, 'start'),
+               label(L, H - B + 14, x0.toPrecision(4), 'start'), label(W - R, H - B + 14, x1.toPrecision(4), 'end'),
+               label(L - 4, H - B, y0.toPrecision(5), 'end'), label(L - 4, T + 10, y1.toPrecision(5), 'end'));
+  const kept = pts.filter((p) => p.kept).sort((a, b) => a.x - b.x);
+  if (kept.length > 1) {
+    chart.append(svg('polyline', { points: kept.map((p) => `${px(p.x)},${py(p.metric)}`).join(' '), fill: 'none',
+                                   stroke: COLOR.keep, 'stroke-dasharray': '4 3', class: 'kept-line' }));
+  }
+  for (const p of pts) {
+    chart.append(svg('circle', { cx: px(p.x), cy: py(p.metric), r: p.front ? 5 : 3.5,
+                                 fill: p.kept ? COLOR.keep : COLOR.discard, stroke: p.front ? '#222' : 'none',
+                                 class: `pt${p.kept ? ' kept' : ''}${p.front ? ' front' : ''}` },
+                     `${p.label}: ${metric} ${fmt(p.metric, 6)}, ${axis.label} ${Number(p.x).toPrecision(5)}`
+                     + (p.kept ? ' (kept)' : '') + (p.front ? ' (on the front)' : '')));
+  }
+  return chart;
+}
