@@ -29,6 +29,7 @@ from autoloop.core.errors import NightError
 from autoloop.core.keep import Decision, Facts, tampered_reason
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import Tampering, harness_path
+from autoloop.execution.ranks import launch_command, throughput
 from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
 from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
 from autoloop.repo.workspace import Workspace
@@ -170,7 +171,7 @@ class AttemptRunner:
         env = build_env(s.budget, plan.seed, result, self.night.data_dir, s.device, secrets.token_hex(8),
                         harness_path=harness_path(layout.root) if self.night.inputs is not None else None)
         spec = TrialSpec(
-            command=s.command_argv, cwd=self.slot.ws.root, env=env | self.slot.env,
+            command=launch_command(s.command_argv, s.gpus_per_trial), cwd=self.slot.ws.root, env=env | self.slot.env,
             log_path=layout.log(plan.trial, plan.attempt), result_path=result,
             budget_s=s.budget, timeout_s=s.timeout_s, metric=s.metric, max_rss_gb=s.max_rss_gb,
             # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
@@ -228,7 +229,7 @@ class AttemptRunner:
             "exit_code": outcome.exit_code, "signal": outcome.signal, "diff_lines": diff_lines, "seed": plan.seed,
             "fingerprint": result.get("fingerprint") or self.night.fingerprint,
             "log_path": layout.log_rel(plan.trial, plan.attempt), "outside_changes": list(cand.outside_changes),
-            "extra": extra,
+            "extra": extra, **throughput(summary, s.gpus_per_trial),
         }
 
     def _facts(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification,

@@ -139,6 +139,12 @@ class LedgerRecord(BaseModel):
     # the decision was final. A record of what was decided; read back only by the next start,
     # for a step decided and never run (queries.pending_next).
     next: Literal["confirm", "replay"] | None = None
+    # Throughput of the trial (train.py's summary): ranks it ran on (torch.distributed.run),
+    # tokens per second over all ranks, and MFU against the ranks' dense bf16 peak (None:
+    # not reported, or a device with no known peak).
+    world_size: int = 1
+    tokens_per_s: float | None = None
+    mfu_percent: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------
