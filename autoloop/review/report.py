@@ -21,6 +21,7 @@ from pathlib import Path
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
 from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
+from autoloop.review import throughput
 from autoloop.store import person_notes, queries
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
@@ -142,7 +143,10 @@ def status_data(results_dir: Path, now: float | None = None) -> dict:
         **_notes_in_force(results_dir),
         "agent_spend": _spend(records),
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
-                  "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
+                  "metric": r.metric, "description": r.description, "reason": r.reason,
+                  "world_size": r.world_size, "tokens_per_s": r.tokens_per_s, "mfu_percent": r.mfu_percent}
+                 for r in records[-5:]],
+        "throughput": throughput.status_lines(records),
     }
 
 
@@ -232,6 +236,7 @@ def status_text(data: dict) -> str:
         proposer = data.get("propose_s_per_trial")
         lines.append(f"device busy {data['device_busy']:.0%} of {whole_seconds(data['device_span_s'])} this run"
                      + (f"; proposer {proposer:.1f} s per trial" if proposer is not None else ""))
+    lines += data.get("throughput", [])
     if data["time_left_s"] is not None:
         lines.append(f"time left: {time_left(data['time_left_s'])}")
     if data.get("noise") is not None:
@@ -360,6 +365,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += attempts_section(records, baseline)
     out += crashes_section(records)
     out += device_time_section(records, baseline)
+    out += throughput.throughput_section(records)
     out += integrity_section(records)
     out += noise_section(records, baseline, metric)
     out += time_section(time_split(records, evals))
