@@ -574,7 +574,7 @@ def main():
                               seed=SEED if DATA_SEED is None else DATA_SEED)
     warmup_steps = 10 if cfg["compile"] else 1
 
-    training_time, step, tokens, timed_tokens, smooth_loss = 0.0, 0, 0, 0, None
+    training_time, warmup_time, step, tokens, timed_tokens, smooth_loss = 0.0, 0.0, 0, 0, 0, None
     first_loss, last_log = None, time.time()
     while (step < MAX_STEPS) if MAX_STEPS else (training_time < BUDGET_S):
         t0 = time.time()
@@ -597,6 +597,8 @@ def main():
         if step >= warmup_steps:
             training_time += dt
             timed_tokens += x.numel()
+        else:
+            warmup_time += dt
         loss_value, training_time = shared_clock(loss_value, training_time, device)
         if not math.isfinite(loss_value):
             fail(f"loss is {loss_value} at step {step}")
@@ -612,9 +614,12 @@ def main():
                 f"lrm: {lrm:.2f} | dt: {dt * 1000:.0f}ms | "
                 f"tok/sec: {x.numel() / max(dt, 1e-9):,.0f} | remaining: {max(0, BUDGET_S - training_time):.0f}s")
 
+    log(f"warm-up: {min(step, warmup_steps)} steps in {warmup_time:.1f} s (compilation included), not timed")
     if RANK != 0:   # rank 0 evaluates and reports; the others are done
         dist.destroy_process_group()
         return
+    if device.type == "cpu" and WORLD_SIZE > 1:   # the other ranks' cores are free now
+        torch.set_num_threads(torch.get_num_threads() * int(os.environ.get("LOCAL_WORLD_SIZE", WORLD_SIZE)))
     val_bpb = evaluate_bpb(model, batch_size=EVAL_BATCH * cfg["batch"] // BATCH_SIZE, dataset=dataset)
     if not math.isfinite(val_bpb):
         fail(f"val_bpb is {val_bpb}")
