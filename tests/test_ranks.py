@@ -38,6 +38,8 @@ import os, time
 import torch
 import torch.distributed as dist
 
+MATRIX_LR = 0.04   # nothing to train: a constant for the mutator to propose changes of
+
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 with open(f"results/rank{rank}.pid", "w") as f:
