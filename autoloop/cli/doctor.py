@@ -304,7 +304,8 @@ def nvlink_summary(topo: str) -> str:
     """One phrase from `nvidia-smi topo -m`: do the GPUs talk over NVLink (NV<n> cells) or
     through PCIe and the host (PIX, PXB, PHB, NODE, SYS)? Data parallelism all-reduces every
     gradient each step, so that link bounds a multi-GPU trial."""
-    rows = [line.split() for line in topo.splitlines() if re.match(r"^GPU\d+\s", line)]
+    # A GPU's row has its own "X" cell; the header (GPU0 GPU1 ..., its tab stripped) has none.
+    rows = [line.split() for line in topo.splitlines() if re.match(r"^GPU\d+\s", line) and "X" in line.split()]
     count = len(rows)
     if count < 2:
         return "one GPU: no links" if count else "topology unknown (nvidia-smi topo -m said nothing)"
