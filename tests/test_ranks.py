@@ -263,3 +263,19 @@ def test_ctrl_c_ends_both_ranks_and_exits_130(tmp_path, tiny_data_dir):
     assert not leftovers(repo)
     state = json.loads((repo / "results" / "state.json").read_text())
     assert state["stop_reason"] == "stopped by SIGINT"
+
+
+def test_status_and_report_show_tokens_per_second_and_mfu():
+    from autoloop.review.throughput import status_lines, throughput_section
+    from autoloop.store.ledger import LedgerRecord
+
+    base = dict(started_at=0.0, ended_at=1.0, proposer="mutate", description="x", status="keep")
+    records = [LedgerRecord(trial=0, **base, world_size=8, tokens_per_s=1.2e6, mfu_percent=43.21),
+               LedgerRecord(trial=1, **base, tokens_per_s=5000.0),
+               LedgerRecord(trial=2, **{**base, "status": "crash"})]   # a crash reports nothing
+    assert status_lines(records) == ["throughput: #0 1,200,000 tok/s, MFU 43.2 % on 8 ranks; "
+                                     "#1 5,000 tok/s, MFU unknown peak"]
+    assert throughput_section(records)[2:] == ["| attempt | ranks | tokens/s | MFU |", "|---|---|---|---|",
+                                               "| #0 | 8 | 1,200,000 | 43.2 % |",
+                                               "| #1 | 1 | 5,000 | unknown peak |", ""]
+    assert status_lines(records[2:]) == [] and throughput_section(records[2:]) == []
