@@ -83,7 +83,7 @@ if [ -n "${AUTORESEARCH_DIR:-}" ] && [ -f "$AUTORESEARCH_DIR/train.py" ] && [ "$
         && grep -E "^(val_bpb|mfu_percent|peak_vram_mb|num_steps):" "$work/autoresearch.log" \
         || echo "autoresearch's recipe failed (see its log, kept in $work until the end)"
 else
-    echo "skipped: no copy of autoresearch at hand (set AUTORESEARCH_DIR to one${DRY:+; never in --dry-run})"
+    echo "skipped: $([ "$DRY" = 1 ] && echo "a dry run" || echo "no copy of autoresearch at hand (set AUTORESEARCH_DIR to one)")"
 fi
 
 echo; echo "== 4. a trial over 2 ranks"

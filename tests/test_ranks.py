@@ -279,3 +279,18 @@ def test_status_and_report_show_tokens_per_second_and_mfu():
                                                "| #0 | 8 | 1,200,000 | 43.2 % |",
                                                "| #1 | 1 | 5,000 | unknown peak |", ""]
     assert status_lines(records[2:]) == [] and throughput_section(records[2:]) == []
+
+
+@pytest.mark.slow
+def test_the_hard_timeout_ends_every_rank(tmp_path, tiny_data_dir):
+    repo = rank_repo(tmp_path)
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir)}
+    args = run_cmd("--max-trials", "1", budget="120")
+    args[args.index("--timeout") + 1] = "30"
+    proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    record = read_ledger(repo)[0]
+    assert record["crash"] == "timeout" and record["reason"] == "hard timeout 30 s exceeded", proc.stdout
+    pids = [int((repo / "results" / f"rank{r}.pid").read_text()) for r in (0, 1)]
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not leftovers(repo)

@@ -20,9 +20,13 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoloop.core.checks import Check, fail, failures, ok, warn
 from autoloop.observe.console import plural
+
+if TYPE_CHECKING:
+    from autoloop.config.settings import Settings
 
 
 def run_doctor(root: Path, load: Callable[[], object], say: Callable[[str], None]) -> list[Check]:
@@ -282,7 +286,7 @@ def _isolation(settings) -> Check:
     return warn("isolate", f"--isolate would not work here ({why})")
 
 
-def _gpus(settings) -> Check:
+def _gpus(settings: Settings) -> Check:
     """The NVIDIA GPUs, their memory and how they are linked, from nvidia-smi (no torch: it
     also answers for a torch without CUDA), and whether --gpus-per-trial fits."""
     if shutil.which("nvidia-smi") is None:
