@@ -3,7 +3,7 @@
 This is the ONE file a proposer edits. Everything about the model, the optimizer and
 the training loop may change; the data, the evaluation and the harness may not (they
 live in the `autoloop` package). Read it top to bottom: constants, device profiles,
-model, optimizer, loop, evaluation, summary.
+model, optimizer, ranks, loop, evaluation, summary.
 
 Contract with the harness (see program.md):
   * the model answers ``model(x, y, reduction="none")`` with per-byte losses in nats and
@@ -13,11 +13,13 @@ Contract with the harness (see program.md):
   * the summary block below is printed last; on NaN or exploding loss it prints FAIL
     and exits non-zero.
 
-Runs by hand with nothing set: ``python train.py`` (5 minutes, stdlib corpus).
+Runs by hand with nothing set: ``python train.py`` (5 minutes, stdlib corpus). Over N GPUs
+(or N CPU processes): ``python -m torch.distributed.run --standalone --nproc-per-node N train.py``.
 """
 
 import math
 import os
+import re
 import resource
 import sys
 import time
@@ -29,8 +31,10 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from autoloop.data import load_data
 from autoloop.evaluate import EVAL_CONTEXT, evaluate_bpb
@@ -44,7 +48,7 @@ WIDTH = 128             # model dimension
 HEAD_DIM = 64           # attention head dimension (heads = WIDTH // HEAD_DIM)
 MLP_RATIO = 4           # hidden width of the MLP relative to WIDTH
 SEQ_LEN = 128           # training context in bytes; attention keeps to this window at evaluation too
-BATCH_SIZE = 16         # sequences per step: 2,048 bytes, small steps and many of them
+BATCH_SIZE = 16         # sequences per step over all ranks together: 2,048 bytes, small steps and many of them
 CONV_TAPS = 4           # each block first mixes every channel with its values 1..CONV_TAPS-1 bytes back (1: off)
 VALUE_EMBEDS = True     # value embeddings: a per-byte table added to the attention values of alternate layers
 BIGRAM_EMBED = True     # a learned vector per (previous byte, byte) pair added to the byte embedding
@@ -77,17 +81,19 @@ LOG_EVERY_S = 5.0       # seconds between progress lines
 # model in torch.compile, `sparse` gives the bigram table a sparse gradient (SparseAdam
 # then updates only the rows a step touched instead of all 65,536: on a CPU that is
 # what keeps the table cheap; a GPU does the dense update in parallel, and it keeps the
-# compiled graph simple). The profile of the detected device is used; AUTOLOOP_PROFILE
-# picks one by name (AUTOLOOP_PROFILE=cpu trains the CPU sizes anywhere).
+# compiled graph simple), `fused` asks AdamW for its fused kernel. The profile of the
+# detected device is used; AUTOLOOP_PROFILE picks one by name (AUTOLOOP_PROFILE=cpu trains the CPU sizes anywhere), and
+# AUTOLOOP_SIZES=width,depth,batch,seq replaces its sizes but keeps its switches (the tests
+# run the cuda profile's code paths, bf16 autocast and torch.compile, at CPU sizes).
 #   cuda: 768 wide, 12 deep, 128 x 512 bytes per step: ~85M parameters in the blocks,
 #         about GPT-2 small without its vocabulary (the bigram table adds 50M entries
 #         that cost a lookup each), for one H100/H200-class GPU over 5 minutes;
 #         GPUs with less memory get a proportionally smaller batch (see resolve_profile).
 #   mps:  256 wide, 6 deep, 32 x 512 per step in fp32 (bf16 autocast on MPS is young).
 PROFILES = {
-    "cpu": dict(width=1, depth=1, batch=1, seq=1, bf16=False, compile=False, sparse=True),
-    "cuda": dict(width=6, depth=4, batch=8, seq=4, bf16=True, compile=True, sparse=False),
-    "mps": dict(width=2, depth=2, batch=2, seq=4, bf16=False, compile=False, sparse=False),
+    "cpu": dict(width=1, depth=1, batch=1, seq=1, bf16=False, compile=False, sparse=True, fused=False),
+    "cuda": dict(width=6, depth=4, batch=8, seq=4, bf16=True, compile=True, sparse=False, fused=True),
+    "mps": dict(width=2, depth=2, batch=2, seq=4, bf16=False, compile=False, sparse=False, fused=False),
 }
 CUDA_FULL_BATCH_GIB = 70  # GPUs with less memory than this halve the batch per halving of memory
 
@@ -102,14 +108,23 @@ SEED = int(os.environ.get("AUTOLOOP_SEED", "42"))
 # order moved val_bpb three times as much as the initialisation did (sd over four seeds
 # 0.020 with the order following the seed, 0.006 with it fixed). None: follow SEED.
 DATA_SEED = 0
+# A fixed number of steps instead of the budget (0: the budget decides), the schedules then
+# following the step count: benchmarks/ddp_equivalence.py compares 1 and N ranks step for step.
+MAX_STEPS = int(os.environ.get("AUTOLOOP_MAX_STEPS", "0"))
+# Set by torch.distributed.run for each of its processes; a plain `python train.py` is rank 0 of 1.
+RANK = int(os.environ.get("RANK", "0"))
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def pick_device() -> torch.device:
     wanted = os.environ.get("AUTOLOOP_DEVICE")
     if wanted:
-        return torch.device(wanted)
+        device = torch.device(wanted)
+        # Each rank of a multi-GPU trial takes the GPU of its local rank.
+        return torch.device("cuda", LOCAL_RANK) if device.type == "cuda" and device.index is None else device
     if torch.cuda.is_available():
-        return torch.device("cuda")
+        return torch.device("cuda", LOCAL_RANK)
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
@@ -121,14 +136,19 @@ def resolve_profile(device_type, gpu_memory_gib=None, name=None):
     if name not in PROFILES:
         fail(f"AUTOLOOP_PROFILE={name} is not one of {', '.join(PROFILES)}")
     p = PROFILES[name]
-    batch = BATCH_SIZE * p["batch"]
+    width, depth, batch, seq_len = WIDTH * p["width"], DEPTH * p["depth"], BATCH_SIZE * p["batch"], SEQ_LEN * p["seq"]
     if name == "cuda" and gpu_memory_gib and gpu_memory_gib < CUDA_FULL_BATCH_GIB:
         shrink = 2 ** math.ceil(math.log2(CUDA_FULL_BATCH_GIB / gpu_memory_gib))
         batch = max(BATCH_SIZE, batch // shrink)
-    return dict(name=name, width=WIDTH * p["width"], depth=DEPTH * p["depth"], batch=batch,
-                seq_len=min(SEQ_LEN * p["seq"], EVAL_CONTEXT), lr_scale=p["width"] ** -0.5,
+    if os.environ.get("AUTOLOOP_SIZES"):
+        try:
+            width, depth, batch, seq_len = (int(v) for v in os.environ["AUTOLOOP_SIZES"].split(","))
+        except ValueError:
+            fail(f"AUTOLOOP_SIZES={os.environ['AUTOLOOP_SIZES']} is not width,depth,batch,seq (four integers)")
+    return dict(name=name, width=width, depth=depth, batch=batch,
+                seq_len=min(seq_len, EVAL_CONTEXT), lr_scale=p["width"] ** -0.5,
                 bf16=p["bf16"], compile=p["compile"] or (name == "cpu" and COMPILE_ON_CPU),
-                sparse_bigram=p["sparse"])
+                sparse_bigram=p["sparse"], fused=p["fused"])
 
 
 # ---------------------------------------------------------------------------------
@@ -364,7 +384,7 @@ def build_optimizers(model, cfg):
     sparse = [model.bigram.weight] if model.bigram is not None and model.bigram.sparse else []
     if model.bigram is not None and not sparse:
         tables.append(model.bigram.weight)
-    fused = dict(fused=True) if model.head.weight.is_cuda else {}
+    fused = dict(fused=True) if cfg["fused"] else {}   # CUDA, and the CPU since torch 2.4
     s = cfg["lr_scale"]
     adam = torch.optim.AdamW([
         dict(params=tables, lr=EMBED_LR * s),
@@ -410,6 +430,61 @@ def set_schedules(optimizers, progress):
 
 
 # ---------------------------------------------------------------------------------
+# Ranks: with WORLD_SIZE > 1 (torch.distributed.run) every rank holds the whole model and
+# trains on its own slice of the global batch; the gradients are averaged, so every rank
+# takes the same step and the model per step is the one a single rank would train. Muon's
+# orthogonalisation is replicated: each rank computes the same update from the same mean
+# gradient. Only rank 0 evaluates and prints.
+
+
+def init_ranks(device):
+    if WORLD_SIZE > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def rank_slice(x, y):
+    """This rank's rows of the global batch. Every rank draws the same global batch (one
+    seed), so the slices are disjoint and together they are what one rank would train on."""
+    rows = x.size(0) // WORLD_SIZE
+    return x[RANK * rows:(RANK + 1) * rows], y[RANK * rows:(RANK + 1) * rows]
+
+
+def average_gradients(model):
+    """The mean gradient over the ranks: the dense ones in one flat all-reduce, a sparse one
+    (the bigram table on the CPU profile; gloo only, NCCL has no sparse all-reduce) by itself."""
+    if WORLD_SIZE == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    dense = [g for g in grads if not g.is_sparse]
+    flat = torch.cat([g.reshape(-1) for g in dense])
+    dist.all_reduce(flat)
+    for g, mean in zip(dense, (flat / WORLD_SIZE).split([g.numel() for g in dense]), strict=True):
+        g.copy_(mean.view_as(g))
+    for g in grads:
+        if g.is_sparse:
+            dist.all_reduce(g)
+            g.div_(WORLD_SIZE)
+
+
+def shared_clock(loss_value, training_time, device):
+    """(the mean loss over the ranks, rank 0's training clock), in one all-reduce per step.
+    All ranks follow rank 0's clock, so all stop at the same step: ranks deciding on clocks
+    of their own could stop a step apart and leave the others waiting in a collective."""
+    if WORLD_SIZE == 1:
+        return loss_value, training_time
+    stats = torch.tensor([loss_value, training_time if RANK == 0 else 0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(stats)
+    return stats[0].item() / WORLD_SIZE, stats[1].item()
+
+
+def log(message):
+    if RANK == 0:
+        print(message, flush=True)
+
+
+# ---------------------------------------------------------------------------------
 # Accounting for the summary block.
 
 
@@ -421,15 +496,30 @@ def peak_memory_mb(device):
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
-# Dense bf16 tensor-core peaks from the vendors' datasheets (SXM parts unless named).
-PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12),
-                   ("H100", 989.4e12), ("H200", 989.4e12), ("GH200", 989.4e12), ("A100", 312e12))
+# Dense bf16 tensor-core peak per GPU (no sparsity: the datasheets' "with sparsity" figures
+# are twice these), from the vendors' datasheets, matched against torch's device name as
+# whole words, most specific first ("H100 PCIe" before "H100"; "A10" is not "A100" or "A10G").
+PEAK_BF16_FLOPS = (
+    ("H100 PCIe", 756e12),     # NVIDIA H100 datasheet: PCIe 1,513 TFLOPS with sparsity
+    ("H100 NVL", 835e12),      # NVIDIA H100 datasheet: NVL 1,671 with sparsity
+    ("H200 NVL", 835e12),      # NVIDIA H200 datasheet: NVL 1,671 with sparsity
+    ("H100", 989.4e12),        # NVIDIA H100 datasheet: SXM 1,979 with sparsity
+    ("H200", 989.4e12),        # NVIDIA H200 datasheet: SXM 1,979 with sparsity
+    ("GH200", 989.4e12),       # NVIDIA GH200 datasheet: 1,979 with sparsity
+    ("B200", 2250e12),         # NVIDIA HGX B200: 36 PFLOPS with sparsity over 8 GPUs
+    ("A100", 312e12),          # NVIDIA A100 datasheet: 40 and 80 GB, SXM and PCIe alike
+    ("L40S", 362.05e12),       # NVIDIA L40S datasheet: 733 with sparsity
+    ("A10", 125e12),           # NVIDIA A10 datasheet: 250 with sparsity
+    ("RTX 4090", 165.2e12),    # NVIDIA Ada whitepaper: FP32 accumulate, 330.4 with sparsity
+    ("RTX 5090", 209.5e12),    # NVIDIA Blackwell GeForce whitepaper: FP32 accumulate
+    ("MI300X", 1307.4e12),     # AMD Instinct MI300X datasheet: 2,614.9 with sparsity
+)
 
 
 def peak_flops(device_name):
-    """Dense bf16 peak of the accelerator, for MFU; None where no honest figure is known."""
+    """Dense bf16 peak of one GPU, for MFU; None where no honest figure is known."""
     for key, flops in PEAK_BF16_FLOPS:
-        if key in device_name:
+        if re.search(rf"(?<!\w){re.escape(key)}(?!\w)", device_name):
             return flops
     return None
 
@@ -443,7 +533,7 @@ def flops_per_token(model, seq_len):
 
 
 def fail(message):
-    print(f"FAIL: {message}", flush=True)
+    log(f"FAIL: {message}")
     sys.exit(1)
 
 
@@ -453,18 +543,25 @@ def fail(message):
 
 def main():
     t_start = time.time()
-    torch.manual_seed(SEED)
+    torch.manual_seed(SEED)   # the same on every rank: all ranks start from the same weights
     device = pick_device()
+    init_ranks(device)
     gpu_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
     cfg = resolve_profile(device.type, gpu_gib)
+    if cfg["batch"] % WORLD_SIZE:
+        fail(f"the batch of {cfg['batch']} sequences does not split over {WORLD_SIZE} ranks")
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for whatever stays in fp32
     dataset = load_data()
     model = GPT(cfg).to(device)
     num_params = sum(p.numel() for p in model.parameters())
-    print(f"device: {device}  profile: {cfg['name']} ({cfg['depth']} x {cfg['width']}, batch {cfg['batch']} x "
-          f"{cfg['seq_len']}{', bf16' if cfg['bf16'] else ''}{', compiled' if cfg['compile'] else ''})  "
-          f"params: {num_params / 1e6:.2f}M  budget: {BUDGET_S:.0f}s  data: {dataset.fingerprint}", flush=True)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    peak = peak_flops(device_name)
+    log(f"device: {device_name}{f' x {WORLD_SIZE} ranks' if WORLD_SIZE > 1 else ''}  profile: {cfg['name']} "
+        f"({cfg['depth']} x {cfg['width']}, batch {cfg['batch']} x {cfg['seq_len']}"
+        f"{', bf16' if cfg['bf16'] else ''}{', compiled' if cfg['compile'] else ''})  "
+        f"params: {num_params / 1e6:.2f}M  budget: {BUDGET_S:.0f}s  data: {dataset.fingerprint}  "
+        f"peak: {f'{peak / 1e12:g} TFLOPS bf16 per rank' if peak else 'unknown'}")
 
     optimizers = build_optimizers(model, cfg)
     # The bigram table is left out of clipping: its rows get few, Adam-normalised updates
@@ -472,20 +569,22 @@ def main():
     clipped = [p for p in model.parameters() if model.bigram is None or p is not model.bigram.weight]
     step_fn = torch.compile(model, dynamic=False) if cfg["compile"] else model
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"])
+    # Every rank draws the same global batch and trains on its own slice (rank_slice).
     batches = dataset.batches(cfg["batch"], cfg["seq_len"], device=device,
                               seed=SEED if DATA_SEED is None else DATA_SEED)
     warmup_steps = 10 if cfg["compile"] else 1
 
-    training_time, step, tokens, timed_tokens, smooth_loss = 0.0, 0, 0, 0, None
+    training_time, warmup_time, step, tokens, timed_tokens, smooth_loss = 0.0, 0.0, 0, 0, 0, None
     first_loss, last_log = None, time.time()
-    while training_time < BUDGET_S:
+    while (step < MAX_STEPS) if MAX_STEPS else (training_time < BUDGET_S):
         t0 = time.time()
-        progress = training_time / BUDGET_S if BUDGET_S > 0 else 1.0
+        progress = step / MAX_STEPS if MAX_STEPS else training_time / BUDGET_S if BUDGET_S > 0 else 1.0
         lrm = set_schedules(optimizers, progress)
         x, y = next(batches)
         with autocast:
-            loss = step_fn(x, y)
+            loss = step_fn(*rank_slice(x, y))
         loss.backward()
+        average_gradients(model)
         if GRAD_CLIP:
             torch.nn.utils.clip_grad_norm_(clipped, GRAD_CLIP)
         for opt in optimizers:
@@ -493,44 +592,58 @@ def main():
         model.zero_grad(set_to_none=True)
 
         loss_value = loss.item()  # also synchronises the device, so dt is real
-        if not math.isfinite(loss_value):
-            fail(f"loss is {loss_value} at step {step}")
-        first_loss = first_loss if first_loss is not None else loss_value
-        if step > 10 and loss_value > 3 * first_loss:
-            fail(f"loss exploded to {loss_value:.3f} at step {step} (started at {first_loss:.3f})")
         dt = time.time() - t0
         # The first steps pay for compilation and warm-up; they do not count against the budget.
         if step >= warmup_steps:
             training_time += dt
             timed_tokens += x.numel()
+        else:
+            warmup_time += dt
+        loss_value, training_time = shared_clock(loss_value, training_time, device)
+        if not math.isfinite(loss_value):
+            fail(f"loss is {loss_value} at step {step}")
+        first_loss = first_loss if first_loss is not None else loss_value
+        if step > 10 and loss_value > 3 * first_loss:
+            fail(f"loss exploded to {loss_value:.3f} at step {step} (started at {first_loss:.3f})")
         step += 1
-        tokens += x.numel()
+        tokens += x.numel()   # the global batch: all ranks together
         smooth_loss = loss_value if smooth_loss is None else 0.9 * smooth_loss + 0.1 * loss_value
         if time.time() - last_log >= LOG_EVERY_S:
             last_log = time.time()
-            print(f"step {step:05d} ({100 * min(progress, 1):.1f}%) | loss: {smooth_loss:.4f} | "
-                  f"lrm: {lrm:.2f} | dt: {dt * 1000:.0f}ms | "
-                  f"tok/sec: {x.numel() / max(dt, 1e-9):,.0f} | remaining: {max(0, BUDGET_S - training_time):.0f}s",
-                  flush=True)
+            log(f"step {step:05d} ({100 * min(progress, 1):.1f}%) | loss: {smooth_loss:.4f} | "
+                f"lrm: {lrm:.2f} | dt: {dt * 1000:.0f}ms | "
+                f"tok/sec: {x.numel() / max(dt, 1e-9):,.0f} | remaining: {max(0, BUDGET_S - training_time):.0f}s")
 
+    log(f"warm-up: {min(step, warmup_steps)} steps in {warmup_time:.1f} s (compilation included), not timed")
+    if RANK != 0:   # rank 0 evaluates and reports; the others are done
+        dist.destroy_process_group()
+        return
+    if device.type == "cpu" and WORLD_SIZE > 1:   # the other ranks' cores are free now
+        torch.set_num_threads(torch.get_num_threads() * int(os.environ.get("LOCAL_WORLD_SIZE", WORLD_SIZE)))
     val_bpb = evaluate_bpb(model, batch_size=EVAL_BATCH * cfg["batch"] // BATCH_SIZE, dataset=dataset)
     if not math.isfinite(val_bpb):
         fail(f"val_bpb is {val_bpb}")
 
-    flops = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    # Rank 0's clock is every rank's (shared_clock); tokens are the global batch's.
     tokens_per_s = timed_tokens / max(training_time, 1e-9)
-    mfu = 100 * flops_per_token(model, cfg["seq_len"]) * tokens_per_s / flops if flops else 0.0
+    mfu = 100 * flops_per_token(model, cfg["seq_len"]) * tokens_per_s / (peak * WORLD_SIZE) if peak else None
     print("---")
     print(f"val_bpb:          {val_bpb:.6f}")
     print(f"training_seconds: {training_time:.1f}")
     print(f"total_seconds:    {time.time() - t_start:.1f}")
     print(f"peak_vram_mb:     {peak_memory_mb(device):.1f}")
-    print(f"mfu_percent:      {mfu:.2f}")
+    print(f"mfu_percent:      {f'{mfu:.2f}' if mfu is not None else 'unknown peak'}")
     print(f"total_tokens_M:   {tokens / 1e6:.1f}")
     print(f"num_steps:        {step}")
     print(f"num_params_M:     {num_params / 1e6:.1f}")
-    print(f"depth:            {cfg['depth']}", flush=True)
+    print(f"depth:            {cfg['depth']}")
+    print(f"tokens_per_sec:   {tokens_per_s:.0f}")
+    print(f"world_size:       {WORLD_SIZE}", flush=True)
+    if WORLD_SIZE > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    # Under torch.distributed.run, record() writes a failing rank's traceback to the error file
+    # the launcher names in its report, so the harness sees that rank's own exception.
+    (record(main) if WORLD_SIZE > 1 else main)()

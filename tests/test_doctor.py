@@ -126,3 +126,47 @@ def test_an_interrupted_worker_is_a_warning_and_run_flags_are_taken(tmp_path, ti
     bad = doctor(repo, tmp_path, "--agent-stall-timeout", "-5", AUTOLOOP_DATA_DIR=str(tiny_data_dir))
     assert bad.returncode == 1
     assert lines(bad)["config"][0] == "fail" and "--agent-stall-timeout" in lines(bad)["config"][1]
+
+
+# `nvidia-smi topo -m` of an 8-GPU NVLink node and of a 2-GPU PCIe box (columns shortened).
+TOPO_NVLINK = "\t".join(["", *[f"GPU{j}" for j in range(8)], "CPU Affinity"]) + "\n" + "\n".join(
+    "\t".join([f"GPU{i}", *["X" if i == j else "NV18" for j in range(8)], "0-55"]) for i in range(8))
+TOPO_PCIE = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tSYS\t0-15\nGPU1\tSYS\t X \t0-15\n\nLegend:\n  X    = Self\n"
+FAKE_NVIDIA_SMI = f'''#!{sys.executable}
+import sys
+if sys.argv[1:3] == ["topo", "-m"]:
+    print({TOPO_PCIE!r})
+else:
+    print("0, NVIDIA L40S, 46068 MiB")
+    print("1, NVIDIA L40S, 46068 MiB")
+'''
+
+
+def test_nvlink_summary_reads_the_topology_matrix():
+    from autoloop.cli.commands.doctor import nvlink_summary
+
+    assert nvlink_summary(TOPO_NVLINK) == "NVLink between all 8 GPUs (NV18)"
+    assert nvlink_summary(TOPO_PCIE) == "no NVLink: the GPUs talk through SYS (PCIe/host)"
+    assert nvlink_summary(TOPO_PCIE.strip()) == nvlink_summary(TOPO_PCIE)   # the header's tab stripped
+    mixed = "\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV4\tSYS\nGPU1\tNV4\t X \tPHB\nGPU2\tSYS\tPHB\t X \n"
+    assert nvlink_summary(mixed) == "NVLink between 1 of 3 GPU pairs, the others through PHB, SYS"
+    assert nvlink_summary("\tGPU0\nGPU0\t X \n") == "one GPU: no links"
+    assert nvlink_summary("") == "topology unknown (nvidia-smi topo -m said nothing)"
+
+
+def test_doctor_shows_the_gpus_and_their_links_or_says_none(tmp_path, tiny_data_dir):
+    import os
+
+    repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+    bare = doctor(repo, tmp_path, AUTOLOOP_DATA_DIR=str(tiny_data_dir))   # its PATH has no nvidia-smi
+    assert lines(bare)["gpus"] == ("ok", "none: no nvidia-smi on this machine")
+    bin_dir = tmp_path / "gpu-bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{cli_env(tmp_path)['PATH']}"
+    found = lines(doctor(repo, tmp_path, AUTOLOOP_DATA_DIR=str(tiny_data_dir), PATH=path))
+    assert found["gpus"] == ("ok", "0: NVIDIA L40S, 46068 MiB; 1: NVIDIA L40S, 46068 MiB; "
+                                   "no NVLink: the GPUs talk through SYS (PCIe/host)")
+    too_many = lines(doctor(repo, tmp_path, "--gpus-per-trial", "4", AUTOLOOP_DATA_DIR=str(tiny_data_dir), PATH=path))
+    assert too_many["gpus"][0] == "fail" and too_many["gpus"][1].endswith("--gpus-per-trial 4 x --workers 1 needs 4")

@@ -12,8 +12,9 @@ import pytest
 import torch
 from helpers.git import TRAIN_PY
 
+# autoresearch's fields in its order, then the ranks' throughput.
 SUMMARY_FIELDS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
-                  "total_tokens_M", "num_steps", "num_params_M", "depth"]
+                  "total_tokens_M", "num_steps", "num_params_M", "depth", "tokens_per_sec", "world_size"]
 
 
 def run_train(script: Path, env: dict, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -24,10 +25,12 @@ def run_train(script: Path, env: dict, tmp_path: Path, timeout: float = 120) -> 
                           capture_output=True, text=True, timeout=timeout)
 
 
-def parse_summary(stdout: str) -> dict[str, float]:
+def parse_summary(stdout: str) -> dict[str, float | str]:
+    """The summary block; a value that is no number (MFU's "unknown peak") stays text."""
     lines = stdout.strip().splitlines()
     block = lines[len(lines) - 1 - lines[::-1].index("---") + 1:]
-    return {k: float(v) for k, v in (re.match(r"^(\w+):\s+(\S+)$", line).groups() for line in block)}
+    pairs = (re.match(r"^(\w+):\s+(\S.*)$", line).groups() for line in block)
+    return {k: float(v) if re.fullmatch(r"[-\d.]+", v) else v for k, v in pairs}
 
 
 def test_train_py_runs_within_budget_and_reports(trial_env, tmp_path):
@@ -45,6 +48,8 @@ def test_train_py_runs_within_budget_and_reports(trial_env, tmp_path):
     assert budget <= summary["training_seconds"] <= budget + 2 * step_time + 3.0
     assert summary["total_seconds"] >= summary["training_seconds"]
     assert summary["num_steps"] > 1 and summary["peak_vram_mb"] > 0
+    assert summary["mfu_percent"] == "unknown peak" and summary["world_size"] == 1   # a CPU has no bf16 peak
+    assert summary["tokens_per_sec"] > 0
 
 
 def test_nan_loss_fails_fast(trial_env, tmp_path):
@@ -119,6 +124,14 @@ def test_mfu_accounting(monkeypatch):
     assert train.peak_flops("NVIDIA H100 PCIe") == 756e12
     assert train.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
     assert train.peak_flops("NVIDIA GeForce GTX 1080") is None   # no honest figure: MFU is not printed
+    # The names torch gives the datasheets' parts, each to its own dense bf16 peak.
+    assert train.peak_flops("NVIDIA H100 NVL") == 835e12 and train.peak_flops("NVIDIA H200 NVL") == 835e12
+    assert train.peak_flops("NVIDIA B200") == 2250e12 and train.peak_flops("NVIDIA GH200 480GB") == 989.4e12
+    assert train.peak_flops("NVIDIA A100 80GB PCIe") == 312e12 and train.peak_flops("NVIDIA L40S") == 362.05e12
+    assert train.peak_flops("NVIDIA A10") == 125e12 and train.peak_flops("NVIDIA A10G") is None
+    assert train.peak_flops("NVIDIA GeForce RTX 4090") == 165.2e12
+    assert train.peak_flops("NVIDIA GeForce RTX 5090") == 209.5e12
+    assert train.peak_flops("AMD Instinct MI300X") == 1307.4e12
     cfg = train.resolve_profile("cuda", gpu_memory_gib=80)
     with torch.device("meta"):     # the H100 model's shapes without its memory
         model = train.GPT(cfg)
@@ -161,10 +174,33 @@ def test_scaled_profile_trains_for_real_on_cpu(trial_env, tmp_path):
     assert line, "PROFILES has no mps entry"
     seq = 512 // int(re.search(r"^SEQ_LEN = (\d+)", source, re.M).group(1))   # to the 512-byte context
     script = tmp_path / "train.py"
-    tiny = f'    "mps": dict(width=1, depth=1, batch=1, seq={seq}, bf16=False, compile=False, sparse=False),'
-    script.write_text(source.replace(line.group(0), tiny))
+    cut = f"width=1, depth=1, batch=1, seq={seq}, bf16=False, compile=False, sparse=False, fused=False"
+    script.write_text(source.replace(line.group(0), f'    "mps": dict({cut}),'))
     proc = run_train(script, {**trial_env, "AUTOLOOP_PROFILE": "mps", "AUTOLOOP_BUDGET_S": "2"}, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"profile: mps \(\d+ x \d+, batch \d+ x 512\)", proc.stdout), proc.stdout
     summary = parse_summary(proc.stdout)
     assert list(summary) == SUMMARY_FIELDS and 0 < summary["val_bpb"] < 8.5
+
+
+@pytest.mark.slow
+def test_cuda_profile_code_paths_run_on_the_cpu(trial_env, tmp_path):
+    """The cuda profile's switches (bf16 autocast, torch.compile, fused AdamW) for a few steps on
+    the CPU at sizes cut through AUTOLOOP_SIZES, so that a Python-level error in the GPU path
+    fails here, not on a user's first night. Compilation takes about a minute of CPU, cold."""
+    script = tmp_path / "train.py"
+    source = TRAIN_PY.read_text()
+    try:
+        torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True)
+    except RuntimeError:   # torch < 2.4 has no fused AdamW on the CPU: only that switch is skipped
+        import warnings
+
+        warnings.warn("this torch has no fused AdamW on the CPU: the cuda profile runs unfused here", stacklevel=1)
+        source = re.sub(r'^(    "cuda": dict\(.*)fused=True', r"\1fused=False", source, count=1, flags=re.M)
+    script.write_text(source)
+    env = {**trial_env, "AUTOLOOP_PROFILE": "cuda", "AUTOLOOP_SIZES": "64,1,4,64", "AUTOLOOP_MAX_STEPS": "12"}
+    proc = run_train(script, env, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "profile: cuda (1 x 64, batch 4 x 64, bf16, compiled)" in proc.stdout, proc.stdout
+    summary = parse_summary(proc.stdout)
+    assert summary["num_steps"] == 12 and 0 < summary["val_bpb"] < 8.5

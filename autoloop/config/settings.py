@@ -89,6 +89,16 @@ SECTIONS = {
 }
 
 
+_NOTED: set[str] = set()
+
+
+def _deprecated(note: str) -> None:
+    """One line on stderr, once per process: a deprecated setting still works."""
+    if note not in _NOTED:
+        _NOTED.add(note)
+        print(f"autoloop: {note}", file=sys.stderr)
+
+
 def agent_presets() -> list[str]:
     """The known coding agents (config/presets.py: their commands, flags and environment)."""
     return list(PRESETS)
@@ -314,6 +324,9 @@ class Settings(BaseModel):
     devices: list[int] | None = setting(
         None, "workers", "CUDA devices of the workers, one each: 0,1,2,3", metavar="LIST", run_only=True,
         default_text="one GPU per worker when there are enough, else all on CPU, sharing the cores")
+    gpus_per_trial: int = setting(
+        1, "workers", "GPUs per trial: above 1, train.py runs as N ranks through torch.distributed.run and "
+        "--workers W takes W groups of N GPUs; with --device cpu, N CPU ranks (gloo)", metavar="N", ge=0, le=64)
 
     # -- where trials run (docs/parallel.md) --------------------------------
     executor: Literal["local", "slurm"] = setting(
@@ -322,8 +335,8 @@ class Settings(BaseModel):
         "slurm", "slurm", "submitit cluster: slurm (sbatch), or local/debug to try it without a cluster")
     slurm_partition: str | None = setting(None, "slurm", "sbatch --partition", metavar="NAME")
     slurm_gpus_per_trial: int | None = setting(
-        None, "slurm", "GPUs per trial job", metavar="N", ge=0,
-        default_text="1 where the partition has GPUs (sinfo's GRES), else 0")
+        None, "slurm", "deprecated: the same as --gpus-per-trial", metavar="N", ge=0,
+        default_text="--gpus-per-trial when given, else 1 where the partition has GPUs (sinfo's GRES), else 0")
     nodes_per_trial: int = setting(
         1, "slurm", "nodes per trial job; above 1, torchrun on each node meets at the allocation's first node",
         metavar="M", ge=1)
@@ -350,6 +363,20 @@ class Settings(BaseModel):
         if v is None or (not isinstance(v, bool) and str(v).strip() in ("0", "0s", "0.0")):
             return None   # 0: no limit
         return cls._duration(v)
+
+    @model_validator(mode="after")
+    def _fold_slurm_gpus(self) -> Settings:
+        # slurm_gpus_per_trial was the Slurm executor's own setting; gpus_per_trial now says it
+        # for every executor. The old key still counts (with a note) when the new one is not set,
+        # and it mirrors the new one (outside validation) for readers of the old name when set.
+        if "slurm_gpus_per_trial" in self.model_fields_set and "gpus_per_trial" not in self.model_fields_set:
+            _deprecated("slurm_gpus_per_trial (--slurm-gpus-per-trial) is deprecated: use gpus_per_trial "
+                        "(--gpus-per-trial)")
+            self.__dict__["gpus_per_trial"] = self.slurm_gpus_per_trial
+        if self.model_fields_set & {"gpus_per_trial", "slurm_gpus_per_trial"}:
+            self.__dict__["slurm_gpus_per_trial"] = self.gpus_per_trial
+        # Neither given: a Slurm job asks for a GPU only where the partition has one (sinfo).
+        return self
 
     @model_validator(mode="after")
     def _slurm_limit_after_timeout(self) -> Settings:

@@ -18,6 +18,10 @@ Decisions the contracts leave open (docs/architecture.md, "Contracts"):
     as that signal.
   * Anything else is fundamental, "unclassified": retrying an unknown failure as if it were
     a typo would spend the night on fix attempts.
+  * A trial over several ranks that torch's launcher reports failed is judged on the first
+    failed rank's own evidence (autoloop.core.rank_failure): its exception and its signal,
+    not the launcher's ``ChildFailedError``; the reason starts with ``rank N:``. A collective
+    that timed out (NCCL's watchdog, gloo's wait) is named as such whatever the signal.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Literal, NamedTuple, Protocol
+
+from autoloop.core.rank_failure import rank_failure
 
 CrashClass = Literal["trivial", "fundamental", "timeout"]   # what a failed run was
 Kind = Literal["ok", "trivial", "fundamental", "timeout"]
@@ -68,6 +74,7 @@ class Evidence:
     exception: str   # the final Python exception: its line and message continuation, "" if none
     log: str         # the log tail
     fields: dict[str, str]  # values the reason templates may name
+    rank: int | None = None  # the first failed rank of a multi-rank trial, None otherwise
 
     @property
     def error(self) -> str:
@@ -108,6 +115,11 @@ def exception(pattern: str) -> Matcher:
 def error(pattern: str) -> Matcher:
     """Regex on the final exception, or on the whole tail when there is none."""
     return _search(lambda evidence: evidence.error, pattern)
+
+
+def logged(pattern: str) -> Matcher:
+    """Regex on the whole log tail (every rank's lines)."""
+    return _search(lambda evidence: evidence.log, pattern)
 
 
 def killed_by(pattern: str) -> Matcher:
@@ -167,6 +179,13 @@ RULES: list[Rule] = [
          "CUDA error: an illegal memory access was encountered{at}"),
     Rule(error(r"device-side assert triggered"), "fundamental", "CUDA error: device-side assert triggered{at}"),
     Rule(error(r"CUDA error: (.+)"), "fundamental", "CUDA error: {m[1]}{at}"),
+    # A rank stopped taking part in a collective and the others waited out the timeout.
+    Rule(logged(r"Watchdog caught collective operation timeout.*?OpType=(\w+)"), "fundamental",
+         "collective {m[1]} timed out (NCCL watchdog): a rank stopped taking part"),
+    Rule(logged(r"Watchdog caught collective operation timeout"), "fundamental",
+         "collective timed out (NCCL watchdog): a rank stopped taking part"),
+    Rule(logged(r"Timed out waiting \d+ms for (?:recv|send) operation"), "fundamental",
+         "collective timed out (gloo): a rank stopped taking part"),
     Rule(killed_by(r"^SIGKILL$"), "fundamental", "killed by SIGKILL (likely the host out-of-memory killer)"),
     Rule(killed_by(r"."), "fundamental", "killed by {signal}"),
     # It failed, and the edit is to blame: the traceback is what the proposer needs.
@@ -273,8 +292,12 @@ def _last_error(lines: list[str], exception_text: str, exit_code: int | None) ->
 def evidence_of(outcome: Outcome) -> Evidence:
     """Everything the rules read, from a TrialOutcome (or any object with its fields)."""
     lines = (outcome.log_tail or "").splitlines()
-    exception_text, location = _final_exception(lines)
+    state = _state(outcome)
+    failed_rank = rank_failure(outcome.log_tail or "") if state == "failed" else None
+    exception_text, location = _final_exception(failed_rank.lines if failed_rank else lines)
     signal_name, signal_shown = _signal_name(outcome)
+    if failed_rank is not None:
+        signal_name = signal_shown = failed_rank.signal
     timeout_s: float | None = getattr(outcome, "timeout_s", None)
     fields = {
         "timeout": f"{timeout_s:g} s" if timeout_s is not None else "",
@@ -288,9 +311,11 @@ def evidence_of(outcome: Outcome) -> Evidence:
         "exception": exception_text.splitlines()[0] if exception_text else "",
         "at": location,
         "signal": signal_shown,
-        "last_error": _last_error(lines, exception_text, outcome.exit_code),
+        "last_error": (_last_error(failed_rank.lines, exception_text, failed_rank.exit_code) if failed_rank
+                       else _last_error(lines, exception_text, outcome.exit_code)),
     }
-    return Evidence(_state(outcome), signal_name, exception_text, outcome.log_tail or "", fields)
+    return Evidence(state, signal_name, exception_text, outcome.log_tail or "", fields,
+                    failed_rank.rank if failed_rank else None)
 
 
 def _one_line(text: str) -> str:
@@ -303,4 +328,5 @@ def classify(outcome: Outcome) -> Classification:
     metric_error, metric_name, log_tail) to ok | trivial | fundamental | timeout."""
     evidence = evidence_of(outcome)
     rule, found = next((rule, found) for rule in RULES if (found := rule.match(evidence)))  # the last always matches
-    return Classification(rule.kind, _one_line(rule.reason.format(m=found, **evidence.fields)))
+    reason = rule.reason.format(m=found, **evidence.fields)
+    return Classification(rule.kind, _one_line(reason if evidence.rank is None else f"rank {evidence.rank}: {reason}"))

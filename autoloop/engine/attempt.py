@@ -34,6 +34,7 @@ from autoloop.engine.night import Night
 from autoloop.engine.precheck import CheckContext, CheckResult, run_checks, training_limit
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import Tampering, harness_path
+from autoloop.execution.ranks import launch_command, throughput
 from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
 from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
 from autoloop.repo.workspace import Workspace
@@ -191,7 +192,7 @@ class AttemptRunner:
         env = build_env(s.budget, plan.seed, result, self.night.data_dir, s.device, secrets.token_hex(8),
                         harness_path=harness_path(layout.root) if self.night.inputs is not None else None)
         spec = TrialSpec(
-            command=s.command_argv, cwd=self.slot.ws.root, env=env | self.slot.env,
+            command=launch_command(s.command_argv, s.gpus_per_trial), cwd=self.slot.ws.root, env=env | self.slot.env,
             log_path=layout.log(plan.trial, plan.attempt), result_path=result,
             budget_s=s.budget, timeout_s=s.timeout_s, metric=s.metric, max_rss_gb=s.max_rss_gb,
             # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
@@ -284,7 +285,7 @@ class AttemptRunner:
             "exit_code": outcome.exit_code, "signal": outcome.signal, "diff_lines": diff_lines, "seed": plan.seed,
             "fingerprint": result.get("fingerprint") or self.night.fingerprint,
             "log_path": layout.log_rel(plan.trial, plan.attempt), "outside_changes": list(cand.outside_changes),
-            "extra": extra, "metrics": finite_metrics(summary),
+            "extra": extra, "metrics": finite_metrics(summary), **throughput(summary, s.gpus_per_trial),
         }
 
     def _facts(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification,

@@ -4,6 +4,8 @@ One slot (the single loop) passes the settings' device through and leaves the GP
 are. N slots get one GPU each (``--devices``, or the first N visible), or, with fewer GPUs
 than slots, all run on the CPU and share its cores: each trial gets cores // N threads,
 since N trials each asking for every core would oversubscribe them and slow all of them.
+With ``--gpus-per-trial G`` above 1 each slot gets a group of G GPUs (its ranks' devices),
+or, with ``--device cpu``, G CPU ranks with cores // (N * G) threads each.
 """
 
 from __future__ import annotations
@@ -13,14 +15,48 @@ import subprocess
 
 from autoloop.config.settings import Settings
 from autoloop.core.errors import NightError
+from autoloop.execution.ranks import launch_command
 
 
 def slot_envs(settings: Settings, n: int) -> tuple[list[dict[str, str]], str | None]:
     """The environment each of n slots adds to its trials, and one line saying what was
     chosen (None for one slot: nothing is chosen, the settings apply as they are)."""
+    if settings.gpus_per_trial > 1:
+        return rank_group_envs(settings, n)
     if n == 1:
         return [{}], None
     return worker_envs(settings, n)
+
+
+def visible_gpu_ids(count: int) -> list[str]:
+    ids = (os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(count)))).split(",")
+    return [i.strip() for i in ids if i.strip() and i.strip() != "-1"]
+
+
+def rank_group_envs(settings: Settings, n: int, cuda_count: int | None = None) -> tuple[list[dict[str, str]], str]:
+    """n slots of --gpus-per-trial G ranks each: G CPU ranks per slot with --device cpu, else
+    G GPUs per slot (--devices, or the visible ones, in order); NightError when too few."""
+    g = settings.gpus_per_trial
+    launch_command(settings.command_argv, g)   # a command the launcher cannot run: one line now
+    if settings.device == "cpu":
+        cores = os.cpu_count() or 1
+        threads = str(max(1, cores // (n * g)))
+        env = {"AUTOLOOP_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads,
+               "MKL_NUM_THREADS": threads}
+        return [dict(env) for _ in range(n)], (f"devices: {g} CPU ranks per trial (gloo), {n} trial(s) at once, "
+                                               f"{threads} thread(s) per rank")
+    if settings.device is not None and settings.device != "cuda":
+        raise NightError(f"--gpus-per-trial {g} runs on --device cuda or cpu, not {settings.device}")
+    if settings.devices:
+        ids = [str(d) for d in settings.devices]
+    else:
+        ids = visible_gpu_ids(cuda_device_count() if cuda_count is None else cuda_count)
+    if n * g > len(ids):
+        raise NightError(f"--workers {n} x --gpus-per-trial {g} needs {n * g} GPUs, {len(ids)} visible; "
+                         f"pass fewer, or --device cpu for CPU ranks")
+    groups = [",".join(ids[k * g:(k + 1) * g]) for k in range(n)]
+    return ([{"CUDA_VISIBLE_DEVICES": group, "AUTOLOOP_DEVICE": "cuda"} for group in groups],
+            f"devices: {g} GPUs per trial ({'; '.join(groups)})")
 
 
 def cuda_device_count() -> int:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
 from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
+from autoloop.review import throughput
 from autoloop.review.tradeoffs import guards_section, tradeoffs_section
 from autoloop.store import person_notes, queries
 from autoloop.store.atomic import atomic_write
@@ -109,7 +110,10 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         "agent_spend": _spend(records),
         "guards": guard_lines(records),   # --guard: each guard in force and its breaches so far
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
-                  "metric": r.metric, "description": r.description, "reason": r.reason} for r in records[-5:]],
+                  "metric": r.metric, "description": r.description, "reason": r.reason,
+                  "world_size": r.world_size, "tokens_per_s": r.tokens_per_s, "mfu_percent": r.mfu_percent}
+                 for r in records[-5:]],
+        "throughput": throughput.status_lines(records),
     }
 
 
@@ -288,6 +292,7 @@ def _pipeline_lines(data: dict[str, Any]) -> list[str]:
         proposer = data.get("propose_s_per_trial")
         lines.append(f"device busy {data['device_busy']:.0%} of {whole_seconds(data['device_span_s'])} this run"
                      + (f"; proposer {proposer:.1f} s per trial" if proposer is not None else ""))
+    lines += data.get("throughput", [])
     if data["time_left_s"] is not None:
         lines.append(f"time left: {time_left(data['time_left_s'])}")
     return lines
@@ -431,6 +436,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += attempts_section(records, baseline)
     out += crashes_section(records)
     out += device_time_section(records, baseline)
+    out += throughput.throughput_section(records)
     out += integrity_section(records)
     out += noise_section(records, baseline, metric)
     out += guards_section(records) + tradeoffs_section(records, metric, direction)

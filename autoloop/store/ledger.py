@@ -146,6 +146,12 @@ class LedgerRecord(BaseModel):
     # Every `NAME: value` line the trial printed (finite numbers): the secondary metrics that
     # --guard reads and the morning's trade-offs plot. Empty in ledgers written before it.
     metrics: dict[str, float] = Field(default_factory=dict)
+    # Throughput of the trial (train.py's summary): ranks it ran on (torch.distributed.run),
+    # tokens per second over all ranks, and MFU against the ranks' dense bf16 peak (None:
+    # not reported, or a device with no known peak).
+    world_size: int = 1
+    tokens_per_s: float | None = None
+    mfu_percent: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import glob
 import importlib.metadata
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -77,6 +78,7 @@ def _steps(root: Path, settings: Settings) -> Iterator[Callable[[], Check | list
     yield lambda: _target(root, settings)
     yield lambda: _data(settings)
     yield lambda: _torch(settings)
+    yield lambda: _gpus(settings)
     yield lambda: _disk(root, settings)
     yield lambda: _agent(root, settings)
     yield lambda: _extras(settings)
@@ -291,6 +293,43 @@ def _isolation(settings: Settings) -> Check:
     if settings.isolate:
         return fail("isolate", f"--isolate is set, but network namespaces are not available ({why})")
     return warn("isolate", f"--isolate would not work here ({why})")
+
+
+def _gpus(settings: Settings) -> Check:
+    """The NVIDIA GPUs, their memory and how they are linked, from nvidia-smi (no torch: it
+    also answers for a torch without CUDA), and whether --gpus-per-trial fits."""
+    if shutil.which("nvidia-smi") is None:
+        return ok("gpus", "none: no nvidia-smi on this machine")
+    listing = _output(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"], Path.cwd())
+    gpus = [[cell.strip() for cell in line.split(",")] for line in listing.splitlines() if line.count(",") >= 2]
+    if not gpus:
+        return warn("gpus", "nvidia-smi lists no GPU (driver not loaded?)")
+    shown = "; ".join(f"{i}: {name}, {memory}" for i, name, memory, *_ in gpus)
+    links = nvlink_summary(_output(["nvidia-smi", "topo", "-m"], Path.cwd()))
+    wanted = settings.gpus_per_trial * max(1, settings.workers)
+    if settings.device != "cpu" and settings.gpus_per_trial > 1 and wanted > len(gpus):
+        return fail("gpus", f"{shown}; {links}; --gpus-per-trial {settings.gpus_per_trial} x --workers "
+                    f"{settings.workers} needs {wanted}")
+    return ok("gpus", f"{shown}; {links}")
+
+
+def nvlink_summary(topo: str) -> str:
+    """One phrase from `nvidia-smi topo -m`: do the GPUs talk over NVLink (NV<n> cells) or
+    through PCIe and the host (PIX, PXB, PHB, NODE, SYS)? Data parallelism all-reduces every
+    gradient each step, so that link bounds a multi-GPU trial."""
+    # A GPU's row has its own "X" cell; the header (GPU0 GPU1 ..., its tab stripped) has none.
+    rows = [line.split() for line in topo.splitlines() if re.match(r"^GPU\d+\s", line) and "X" in line.split()]
+    count = len(rows)
+    if count < 2:
+        return "one GPU: no links" if count else "topology unknown (nvidia-smi topo -m said nothing)"
+    pairs = [row[1 + j] for i, row in enumerate(rows) for j in range(i + 1, count) if len(row) > 1 + j]
+    nvlinks = [cell for cell in pairs if re.fullmatch(r"NV\d+", cell)]
+    if len(nvlinks) == len(pairs):
+        return f"NVLink between all {count} GPUs ({', '.join(sorted(set(nvlinks)))})"
+    others = ", ".join(sorted({cell for cell in pairs if cell not in nvlinks}))
+    if nvlinks:
+        return f"NVLink between {len(nvlinks)} of {len(pairs)} GPU pairs, the others through {others}"
+    return f"no NVLink: the GPUs talk through {others} (PCIe/host)"
 
 
 def _installed(module: str) -> str | None:
