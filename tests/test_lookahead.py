@@ -1,4 +1,4 @@
-"""Look-ahead (#16) end to end: the real CLI, a real git repository, a real (scripted) agent
+"""Look-ahead (--lookahead) end to end: the real CLI, a real git repository, a real (scripted) agent
 process proposing in the look-ahead worktree while a trial runs, real kill -9.
 
 The trial is a tiny train.py (a foreign --command, metric on stdout: A + B), so every
@@ -120,7 +120,7 @@ def test_a_prepared_change_that_no_longer_fits_goes_back_to_the_proposer(repo, t
     stale, fresh = ledger[2], ledger[3]
     if edit == "A=0.9" and stale["reason"].startswith("same change as #1"):
         # Trial 1 was recorded before the prepared proposal was screened: the duplicate
-        # gate (#17) refuses it at once, before the look-ahead's own check would.
+        # gate (core/duplicate_gate.py) refuses it at once, before the look-ahead's own check would.
         assert stale["extra"]["duplicate_of"] == "1"
     else:
         assert f"look-ahead: the change prepared on {ledger[0]['commit'][:7]} {why} the new best " \

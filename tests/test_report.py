@@ -233,7 +233,7 @@ def test_picture_of_a_night_with_only_a_baseline_and_crashes(tmp_path):
     assert size == (1200, 675) and len({tuple(p) for p in pixels}) > 20
 
 
-# ------------------------------------------------------------------------------ report --since-last (#20)
+# ------------------------------------------------------------------------------ report --since-last
 
 
 def test_report_since_last_lists_exactly_the_new_rows_with_the_kept_diffs(tmp_path):

@@ -1,4 +1,4 @@
-"""Settings of the optuna and portfolio proposers (#18): flags, config keys, one-line errors."""
+"""Settings of the optuna and portfolio proposers: flags, config keys, one-line errors."""
 
 from __future__ import annotations
 
