@@ -98,6 +98,28 @@ def test_ctrl_c_cancels_the_running_job(tmp_path, tiny_data_dir, cluster):
             orchestrator.kill()
     assert orchestrator.returncode == 130, out
     wait_for("squeue to drain", lambda: not cluster.queue(), 60)
+    hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
+    assert hung and hung[0]["reason"] == "interrupted (SIGINT)", hung   # our stop, not the scheduler's
+
+
+def test_sigterm_of_the_orchestrator_cancels_the_running_job(tmp_path, tiny_data_dir, cluster):
+    marker = tmp_path / "started"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
+    orchestrator = start_night(repo, tiny_data_dir)
+    try:
+        wait_for("the hanging trial to run", lambda: marker.exists() or orchestrator.poll() is not None)
+        job_id = json.loads((repo / "results" / "state.json").read_text())["job"]["job_id"]
+        assert marker.exists() and job_id in cluster.queue(), "the hanging job never ran"
+        os.kill(orchestrator.pid, signal.SIGTERM)   # the orchestrator alone, as `kill` or a scheduler sends it
+        out, _ = orchestrator.communicate(timeout=120)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    assert orchestrator.returncode == 143, out
+    wait_for("squeue to drain", lambda: not cluster.queue(), 60)
+    hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
+    assert hung and hung[0]["reason"] == "interrupted (SIGTERM)" and hung[0]["extra"]["job_id"] == job_id, hung
 
 
 def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None):

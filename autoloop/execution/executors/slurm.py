@@ -367,7 +367,12 @@ def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], sto
     node_signal = data.pop("node_signal", None)
     outcome = TrialOutcome.model_validate(data)
     update: dict[str, Any] = {"job": info}
-    if (outcome.killed_reason == "stopped" or outcome.signal is not None) and not stopped:
+    ended_by_signal = outcome.killed_reason == "stopped" or outcome.signal is not None
+    if ended_by_signal and stopped:
+        # Our scancel signals every process of the job, so the trial often dies of it before
+        # the job's handler marks the run stopped: still the stop this loop asked for.
+        update["killed_reason"] = "stopped"
+    elif ended_by_signal:
         update.update(_scheduler_ended(job, node_signal, outcome.killed_reason == "stopped"))
     return outcome.model_copy(update=update)
 
