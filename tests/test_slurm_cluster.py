@@ -122,7 +122,7 @@ def test_sigterm_of_the_orchestrator_cancels_the_running_job(tmp_path, tiny_data
     assert hung and hung[0]["reason"] == "interrupted (SIGTERM)" and hung[0]["extra"]["job_id"] == job_id, hung
 
 
-def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None):
+def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None, minutes: int = 5):
     """Run one trial job through SlurmExecutor in a thread; (thread, result holder, spec)."""
     from autoloop.execution.runner import TrialSpec
 
@@ -131,7 +131,7 @@ def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = 
     (work / "train.py").write_text(script)
     spec = TrialSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
                      budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
-    executor = SlurmExecutor("slurm", tmp_path / "slurm", {"time": 5, "gpus_per_node": 0}, poll_s=0.2,
+    executor = SlurmExecutor("slurm", tmp_path / "slurm", {"time": minutes, "gpus_per_node": 0}, poll_s=0.2,
                              pending_timeout_s=pending_timeout_s)
     jobs: list[dict] = []
     result: list = []
@@ -153,6 +153,85 @@ def test_a_job_cancelled_from_outside_is_classified_with_slurms_reason(tmp_path,
     verdict = classify(outcome)
     assert verdict.kind == "fundamental" and "CANCELLED" in verdict.reason, verdict
     assert not cluster.queue()
+
+
+def counting_train(runs: Path, hang_runs: int) -> str:
+    """Counts its runs in ``runs`` (one x each); the first ``hang_runs`` of them hang."""
+    return fake_train(0.8, f"import pathlib, time\np = pathlib.Path({str(runs)!r})\n"
+                           "n = len(p.read_text()) if p.exists() else 0\np.write_text('x' * (n + 1))\n"
+                           f"print('step 00001 (1.0%) | loss: 9.0', flush=True)\nif n < {hang_runs}: time.sleep(300)\n")
+
+
+def runs_of(runs: Path) -> int:
+    return len(runs.read_text()) if runs.exists() else 0
+
+
+def preempt(cluster) -> None:
+    """A job of the higher-priority partition that needs the whole node: Slurm preempts ours."""
+    cluster.run("sbatch", "-p", "urgent", "-c", "2", "-o", "/dev/null", "--wrap", "sleep 1")
+
+
+def test_a_preempted_trial_is_submitted_again_once(tmp_path, cluster):
+    runs = tmp_path / "runs.txt"
+    thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=1))
+    wait_for("the job to start", lambda: runs_of(runs) == 1)
+    preempt(cluster)
+    thread.join(180)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert runs_of(runs) == 2 and len(jobs) == 2 and jobs[0]["job_id"] != jobs[1]["job_id"], jobs
+    assert outcome.job_error is None and outcome.metric == 0.8, outcome   # the second run's result
+    assert outcome.job["job_id"] == jobs[1]["job_id"]
+    (said,) = outcome.job["preempted"]
+    assert said.startswith(f"job {jobs[0]['job_id']}: PREEMPTED"), said
+    kept = outcome.log_path.with_name(f"{outcome.log_path.stem}.preempted-{jobs[0]['job_id']}.log")
+    assert "was preempted; the trial is submitted again" in kept.read_text()
+
+
+def test_a_trial_preempted_twice_is_a_crash_with_slurms_reason(tmp_path, cluster):
+    runs = tmp_path / "runs.txt"
+    thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=2))
+    wait_for("the job to start", lambda: runs_of(runs) == 1)
+    preempt(cluster)
+    wait_for("the trial to be submitted again and start", lambda: runs_of(runs) == 2)
+    preempt(cluster)
+    thread.join(180)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert len(jobs) == 2 and outcome.job["job_id"] == jobs[1]["job_id"], jobs
+    assert outcome.job_error and "PREEMPTED" in outcome.job_error and jobs[1]["job_id"] in outcome.job_error
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental" and "PREEMPTED" in verdict.reason, verdict
+    assert len(outcome.job["preempted"]) == 1
+
+
+def test_a_job_whose_node_goes_down_is_classified_node_fail(tmp_path, cluster):
+    marker = tmp_path / "started"
+    thread, result, jobs = executor_run(tmp_path, hang_train(marker))
+    wait_for("the job to start", lambda: marker.exists())
+    try:
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=down", "reason=autoloop-test")
+        thread.join(120)
+    finally:
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert outcome.job_error and "NODE_FAIL" in outcome.job_error, outcome.job_error
+    assert outcome.job["job_state"].startswith("NODE_FAIL"), outcome.job
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental" and "NODE_FAIL" in verdict.reason, verdict
+
+
+def test_slurms_own_time_limit_is_a_timeout_with_its_reason(tmp_path, cluster):
+    marker = tmp_path / "started"
+    thread, result, jobs = executor_run(tmp_path, hang_train(marker), minutes=1)   # sbatch --time=1
+    wait_for("the job to start", lambda: marker.exists())
+    thread.join(240)   # Slurm looks at time limits every 30 s or so: 60-100 s
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert outcome.timed_out and outcome.job_error and "TIMEOUT" in outcome.job_error, outcome
+    verdict = classify(outcome)
+    assert verdict.kind == "timeout" and "TIMEOUT" in verdict.reason, verdict
 
 
 def test_a_job_pending_too_long_is_cancelled_and_recorded(tmp_path, cluster):
