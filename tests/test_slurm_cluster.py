@@ -271,6 +271,62 @@ def test_resume_after_kill_9_cancels_the_orphaned_job(tmp_path, tiny_data_dir, c
     assert hung and hung[0]["status"] == "crash" and hung[0]["reason"].startswith("interrupted"), ledger
 
 
+def releasable_train(value: float, marker: Path, release: Path) -> str:
+    """Starts (marker), waits for ``release``, then reports ``value`` as autoloop.evaluate does:
+    a result file with the trial's nonce, and the line on stdout."""
+    return fake_train(value, f"import json, os, pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\n"
+                             f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.2)\n"
+                             "pathlib.Path(os.environ['AUTOLOOP_RESULT']).write_text(json.dumps("
+                             "{'val_bpb': VALUE, 'nonce': os.environ['AUTOLOOP_NONCE']}))\n")
+
+
+def kill_9_while_running(repo: Path, data_dir: Path, marker: Path) -> dict:
+    """Start a night, kill -9 it once its trial's job runs; the job recorded in state.json."""
+    orchestrator = start_night(repo, data_dir)
+    try:
+        wait_for("the trial's job to run", lambda: marker.exists() or orchestrator.poll() is not None)
+        assert marker.exists(), orchestrator.communicate()[0] if orchestrator.poll() is not None else ""
+        job = json.loads((repo / "results" / "state.json").read_text())["job"]
+        os.kill(orchestrator.pid, signal.SIGKILL)
+        orchestrator.wait(30)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    return job
+
+
+def test_resume_takes_the_result_of_an_orphaned_job_that_finished(tmp_path, tiny_data_dir, cluster):
+    marker, release = tmp_path / "started", tmp_path / "release"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_better.py", releasable_train(0.9, marker, release), "better")
+    job = kill_9_while_running(repo, tiny_data_dir, marker)
+    release.write_text("go")   # the job finishes with nobody waiting for it
+    wait_for("the orphaned job to finish", lambda: job["job_id"] not in cluster.queue(), 60)
+    proc = autoloop(repo, *night("--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"its job {job['job_id']} finished meanwhile; its result taken (keep" in proc.stdout, proc.stdout
+    ledger = assert_invariants(repo)
+    better = [r for r in ledger if r["description"] == "better"]
+    assert len(better) == 1 and better[0]["status"] == "keep" and better[0]["metric"] == 0.9, better
+    assert better[0]["extra"]["collected"] and better[0]["extra"]["job_id"] == job["job_id"], better[0]
+
+
+def test_resume_does_not_trust_a_finished_orphan_whose_result_has_another_nonce(tmp_path, tiny_data_dir, cluster):
+    marker, release = tmp_path / "started", tmp_path / "release"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    forged = releasable_train(0.5, marker, release).replace("os.environ['AUTOLOOP_NONCE']", "'0' * 16")
+    queue_file(repo, "01_forged.py", forged, "forged")
+    job = kill_9_while_running(repo, tiny_data_dir, marker)
+    release.write_text("go")
+    wait_for("the orphaned job to finish", lambda: job["job_id"] not in cluster.queue(), 60)
+    proc = autoloop(repo, *night("--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "finished meanwhile" not in proc.stdout, proc.stdout
+    forged_records = [r for r in assert_invariants(repo) if r["description"] == "forged"]
+    assert forged_records and forged_records[0]["status"] == "crash", forged_records
+    assert forged_records[0]["reason"].startswith("interrupted"), forged_records
+
+
 def test_resume_says_when_the_orphaned_job_had_ended(tmp_path, cluster):
     from autoloop.execution.executors import cancel_job
 

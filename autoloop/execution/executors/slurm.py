@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
 import math
 import os
 import shutil
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 try:
     import submitit
-    from submitit.core.utils import FailedJobError
+    from submitit.core.utils import FailedJobError, pickle_load
 except ImportError:   # optional dependency: only `--executor slurm` needs it
     submitit = None  # type: ignore[assignment]  # mypy sees the module; every use checks for None
 
@@ -249,7 +250,7 @@ class SlurmExecutor:
                                      launch_error=f"job submission failed: {_said(exc)}")
         info: dict[str, Any] = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id),
                                 **_job_logs(job)}
-        self._announce(job, info, on_start, on_job)
+        self._announce(job, {**info, "nonce_sha256": nonce_digest(spec.env.get("AUTOLOOP_NONCE"))}, on_start, on_job)
         end = _JobEnd()
         self._wait(job, spec, t0, follower, stop_event, on_progress, end)
         follower.poll(on_progress)
@@ -304,7 +305,8 @@ class SlurmExecutor:
                 and not spec.log_path.exists())
 
     def _announce(self, job: Job[Any], info: dict[str, Any], on_start: OnStart | None, on_job: OnJob | None) -> None:
-        """Tell the orchestrator which job (and, on this machine, which process) runs the trial."""
+        """Tell the orchestrator which job (and, on this machine, which process) runs the trial;
+        with a digest of the trial's nonce, so that recovery can trust what the job left."""
         recorded = {**info, "folder": str(self.folder)}
         if self.cluster == "local":
             job._results_timeout_s = LOCAL_RESULT_WAIT_S   # same filesystem: no cache to wait for
@@ -490,6 +492,35 @@ def _scancel(job: dict[str, Any], job_id: str) -> str:
             return f"could not cancel slurm job {job_id} ({exc}); scancel it"
         return f"cancelled slurm job {job_id}"
     return f"slurm job {job_id} may still run: scancel not found here; scancel it"
+
+
+def nonce_digest(nonce: str | None) -> str | None:
+    """What state.json keeps of the trial's nonce: enough to check a result by, not to forge one."""
+    return hashlib.sha256(nonce.encode()).hexdigest() if nonce else None
+
+
+def collect_finished(job: dict[str, Any] | None) -> TrialOutcome | None:
+    """The outcome of a run's job that finished after a kill -9 of its orchestrator, when it
+    can be trusted: the cluster says the job ended, the job itself returned an outcome
+    (submitit's result file: run_trial on the node checked the result's nonce), that outcome
+    ended by itself with a metric, and its result carries the nonce recorded at submission.
+    None otherwise (the trial is then recorded as interrupted)."""
+    if submitit is None or not job or job.get("cluster") != "slurm" or not job.get("nonce_sha256"):
+        return None
+    info = read_job(str(job.get("job_id")))
+    if not info or base_state(info) in LIVE:
+        return None
+    try:
+        paths = submitit.SlurmJob(folder=job["folder"], job_id=str(job["job_id"])).paths
+        status, data = pickle_load(paths.result_pickle)
+        outcome = TrialOutcome.model_validate({k: v for k, v in data.items() if k != "node_signal"})
+    except Exception:  # no result file, a failed job's, or not an outcome: nothing to collect
+        return None
+    if (status != "success" or outcome.metric is None or outcome.killed_reason or outcome.signal is not None
+            or nonce_digest((outcome.result or {}).get("nonce")) != job["nonce_sha256"]):
+        return None
+    kept = {k: v for k, v in job.items() if k not in ("folder", "nonce_sha256", "pid", "create_time")}
+    return outcome.model_copy(update={"job": {**kept, "job_state": describe(info), "collected": True}})
 
 
 def settle_orphan(job_id: str, job: dict[str, Any]) -> str:
