@@ -327,6 +327,31 @@ def test_resume_does_not_trust_a_finished_orphan_whose_result_has_another_nonce(
     assert forged_records[0]["reason"].startswith("interrupted"), forged_records
 
 
+def together_train(value: float, mine: Path, other: Path, alone: Path) -> str:
+    """Marks its start, then waits (at most 90 s) for the other trial's: both jobs at once."""
+    return fake_train(value, f"import pathlib, time\npathlib.Path({str(mine)!r}).write_text('x')\n"
+                             "t = time.monotonic()\n"
+                             f"while not pathlib.Path({str(other)!r}).exists() and time.monotonic() - t < 90: "
+                             "time.sleep(0.2)\n"
+                             f"if not pathlib.Path({str(other)!r}).exists(): pathlib.Path({str(alone)!r}).write_text('x')\n")
+
+
+def test_two_workers_run_two_jobs_at_once_on_the_cluster(tmp_path, tiny_data_dir, cluster):
+    a, b, alone = tmp_path / "a", tmp_path / "b", tmp_path / "alone"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_a.py", together_train(0.9, a, b, alone), "a")
+    queue_file(repo, "02_b.py", together_train(0.95, b, a, alone), "b")
+    proc = autoloop(repo, *night("--workers", "2"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not alone.exists(), "the two trials' jobs did not run at the same time"
+    ledger = assert_invariants(repo)
+    tried = {r["description"]: r for r in ledger if r["description"] in ("a", "b")}
+    assert set(tried) == {"a", "b"} and all(r["status"] in ("keep", "discard") for r in tried.values()), ledger
+    assert tried["a"]["extra"]["job_id"] != tried["b"]["extra"]["job_id"]
+    assert {tried["a"]["worker"], tried["b"]["worker"]} == {0, 1}, tried
+    assert not cluster.queue()
+
+
 def test_resume_says_when_the_orphaned_job_had_ended(tmp_path, cluster):
     from autoloop.execution.executors import cancel_job
 
