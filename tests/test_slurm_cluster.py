@@ -111,6 +111,8 @@ def test_sigterm_of_the_orchestrator_cancels_the_running_job(tmp_path, tiny_data
         wait_for("the hanging trial to run", lambda: marker.exists() or orchestrator.poll() is not None)
         job_id = json.loads((repo / "results" / "state.json").read_text())["job"]["job_id"]
         assert marker.exists() and job_id in cluster.queue(), "the hanging job never ran"
+        status = autoloop(repo, "status", data_dir=tiny_data_dir).stdout   # the job's own output files, while it runs
+        assert f"job {job_id} (slurm) runs #1: stdout " in status and "_log.err" in status, status
         os.kill(orchestrator.pid, signal.SIGTERM)   # the orchestrator alone, as `kill` or a scheduler sends it
         out, _ = orchestrator.communicate(timeout=120)
     finally:
@@ -120,6 +122,8 @@ def test_sigterm_of_the_orchestrator_cancels_the_running_job(tmp_path, tiny_data
     wait_for("squeue to drain", lambda: not cluster.queue(), 60)
     hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
     assert hung and hung[0]["reason"] == "interrupted (SIGTERM)" and hung[0]["extra"]["job_id"] == job_id, hung
+    status = autoloop(repo, "status", data_dir=tiny_data_dir).stdout   # and those of the last crashed job, afterwards
+    assert f"last crashed job: {job_id} (#1: interrupted (SIGTERM)): stdout {hung[0]['extra']['job_stdout']}" in status
 
 
 def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None, minutes: int = 5):
@@ -333,7 +337,8 @@ def together_train(value: float, mine: Path, other: Path, alone: Path) -> str:
                              "t = time.monotonic()\n"
                              f"while not pathlib.Path({str(other)!r}).exists() and time.monotonic() - t < 90: "
                              "time.sleep(0.2)\n"
-                             f"if not pathlib.Path({str(other)!r}).exists(): pathlib.Path({str(alone)!r}).write_text('x')\n")
+                             f"if not pathlib.Path({str(other)!r}).exists():\n"
+                             f"    pathlib.Path({str(alone)!r}).write_text('x')\n")
 
 
 def test_two_workers_run_two_jobs_at_once_on_the_cluster(tmp_path, tiny_data_dir, cluster):
