@@ -98,9 +98,35 @@ def test_ctrl_c_cancels_the_running_job(tmp_path, tiny_data_dir, cluster):
             orchestrator.kill()
     assert orchestrator.returncode == 130, out
     wait_for("squeue to drain", lambda: not cluster.queue(), 60)
+    hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
+    assert hung and hung[0]["reason"] == "interrupted (SIGINT)", hung   # our stop, not the scheduler's
 
 
-def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None):
+def test_sigterm_of_the_orchestrator_cancels_the_running_job(tmp_path, tiny_data_dir, cluster):
+    marker = tmp_path / "started"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
+    orchestrator = start_night(repo, tiny_data_dir)
+    try:
+        wait_for("the hanging trial to run", lambda: marker.exists() or orchestrator.poll() is not None)
+        job_id = json.loads((repo / "results" / "state.json").read_text())["job"]["job_id"]
+        assert marker.exists() and job_id in cluster.queue(), "the hanging job never ran"
+        status = autoloop(repo, "status", data_dir=tiny_data_dir).stdout   # the job's own output files, while it runs
+        assert f"job {job_id} (slurm) runs #1: stdout " in status and "_log.err" in status, status
+        os.kill(orchestrator.pid, signal.SIGTERM)   # the orchestrator alone, as `kill` or a scheduler sends it
+        out, _ = orchestrator.communicate(timeout=120)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    assert orchestrator.returncode == 143, out
+    wait_for("squeue to drain", lambda: not cluster.queue(), 60)
+    hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
+    assert hung and hung[0]["reason"] == "interrupted (SIGTERM)" and hung[0]["extra"]["job_id"] == job_id, hung
+    status = autoloop(repo, "status", data_dir=tiny_data_dir).stdout   # and those of the last crashed job, afterwards
+    assert f"last crashed job: {job_id} (#1: interrupted (SIGTERM)): stdout {hung[0]['extra']['job_stdout']}" in status
+
+
+def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None, minutes: int = 5):
     """Run one trial job through SlurmExecutor in a thread; (thread, result holder, spec)."""
     from autoloop.execution.runner import TrialSpec
 
@@ -109,7 +135,7 @@ def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = 
     (work / "train.py").write_text(script)
     spec = TrialSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
                      budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
-    executor = SlurmExecutor("slurm", tmp_path / "slurm", {"time": 5, "gpus_per_node": 0}, poll_s=0.2,
+    executor = SlurmExecutor("slurm", tmp_path / "slurm", {"time": minutes, "gpus_per_node": 0}, poll_s=0.2,
                              pending_timeout_s=pending_timeout_s)
     jobs: list[dict] = []
     result: list = []
@@ -131,6 +157,85 @@ def test_a_job_cancelled_from_outside_is_classified_with_slurms_reason(tmp_path,
     verdict = classify(outcome)
     assert verdict.kind == "fundamental" and "CANCELLED" in verdict.reason, verdict
     assert not cluster.queue()
+
+
+def counting_train(runs: Path, hang_runs: int) -> str:
+    """Counts its runs in ``runs`` (one x each); the first ``hang_runs`` of them hang."""
+    return fake_train(0.8, f"import pathlib, time\np = pathlib.Path({str(runs)!r})\n"
+                           "n = len(p.read_text()) if p.exists() else 0\np.write_text('x' * (n + 1))\n"
+                           f"print('step 00001 (1.0%) | loss: 9.0', flush=True)\nif n < {hang_runs}: time.sleep(300)\n")
+
+
+def runs_of(runs: Path) -> int:
+    return len(runs.read_text()) if runs.exists() else 0
+
+
+def preempt(cluster) -> None:
+    """A job of the higher-priority partition that needs the whole node: Slurm preempts ours."""
+    cluster.run("sbatch", "-p", "urgent", "-c", "2", "-o", "/dev/null", "--wrap", "sleep 1")
+
+
+def test_a_preempted_trial_is_submitted_again_once(tmp_path, cluster):
+    runs = tmp_path / "runs.txt"
+    thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=1))
+    wait_for("the job to start", lambda: runs_of(runs) == 1)
+    preempt(cluster)
+    thread.join(180)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert runs_of(runs) == 2 and len(jobs) == 2 and jobs[0]["job_id"] != jobs[1]["job_id"], jobs
+    assert outcome.job_error is None and outcome.metric == 0.8, outcome   # the second run's result
+    assert outcome.job["job_id"] == jobs[1]["job_id"]
+    (said,) = outcome.job["preempted"]
+    assert said.startswith(f"job {jobs[0]['job_id']}: PREEMPTED"), said
+    kept = outcome.log_path.with_name(f"{outcome.log_path.stem}.preempted-{jobs[0]['job_id']}.log")
+    assert "was preempted; the trial is submitted again" in kept.read_text()
+
+
+def test_a_trial_preempted_twice_is_a_crash_with_slurms_reason(tmp_path, cluster):
+    runs = tmp_path / "runs.txt"
+    thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=2))
+    wait_for("the job to start", lambda: runs_of(runs) == 1)
+    preempt(cluster)
+    wait_for("the trial to be submitted again and start", lambda: runs_of(runs) == 2)
+    preempt(cluster)
+    thread.join(180)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert len(jobs) == 2 and outcome.job["job_id"] == jobs[1]["job_id"], jobs
+    assert outcome.job_error and "PREEMPTED" in outcome.job_error and jobs[1]["job_id"] in outcome.job_error
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental" and "PREEMPTED" in verdict.reason, verdict
+    assert len(outcome.job["preempted"]) == 1
+
+
+def test_a_job_whose_node_goes_down_is_classified_node_fail(tmp_path, cluster):
+    marker = tmp_path / "started"
+    thread, result, jobs = executor_run(tmp_path, hang_train(marker))
+    wait_for("the job to start", lambda: marker.exists())
+    try:
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=down", "reason=autoloop-test")
+        thread.join(120)
+    finally:
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert outcome.job_error and "NODE_FAIL" in outcome.job_error, outcome.job_error
+    assert outcome.job["job_state"].startswith("NODE_FAIL"), outcome.job
+    verdict = classify(outcome)
+    assert verdict.kind == "fundamental" and "NODE_FAIL" in verdict.reason, verdict
+
+
+def test_slurms_own_time_limit_is_a_timeout_with_its_reason(tmp_path, cluster):
+    marker = tmp_path / "started"
+    thread, result, jobs = executor_run(tmp_path, hang_train(marker), minutes=1)   # sbatch --time=1
+    wait_for("the job to start", lambda: marker.exists())
+    thread.join(240)   # Slurm looks at time limits every 30 s or so: 60-100 s
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert outcome.timed_out and outcome.job_error and "TIMEOUT" in outcome.job_error, outcome
+    verdict = classify(outcome)
+    assert verdict.kind == "timeout" and "TIMEOUT" in verdict.reason, verdict
 
 
 def test_a_job_pending_too_long_is_cancelled_and_recorded(tmp_path, cluster):
@@ -168,6 +273,88 @@ def test_resume_after_kill_9_cancels_the_orphaned_job(tmp_path, tiny_data_dir, c
     ledger = assert_invariants(repo)
     hung = [r for r in ledger if r["description"] == "hangs"]
     assert hung and hung[0]["status"] == "crash" and hung[0]["reason"].startswith("interrupted"), ledger
+
+
+def releasable_train(value: float, marker: Path, release: Path) -> str:
+    """Starts (marker), waits for ``release``, then reports ``value`` as autoloop.evaluate does:
+    a result file with the trial's nonce, and the line on stdout."""
+    return fake_train(value, f"import json, os, pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\n"
+                             f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.2)\n"
+                             "pathlib.Path(os.environ['AUTOLOOP_RESULT']).write_text(json.dumps("
+                             "{'val_bpb': VALUE, 'nonce': os.environ['AUTOLOOP_NONCE']}))\n")
+
+
+def kill_9_while_running(repo: Path, data_dir: Path, marker: Path) -> dict:
+    """Start a night, kill -9 it once its trial's job runs; the job recorded in state.json."""
+    orchestrator = start_night(repo, data_dir)
+    try:
+        wait_for("the trial's job to run", lambda: marker.exists() or orchestrator.poll() is not None)
+        assert marker.exists(), orchestrator.communicate()[0] if orchestrator.poll() is not None else ""
+        job = json.loads((repo / "results" / "state.json").read_text())["job"]
+        os.kill(orchestrator.pid, signal.SIGKILL)
+        orchestrator.wait(30)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    return job
+
+
+def test_resume_takes_the_result_of_an_orphaned_job_that_finished(tmp_path, tiny_data_dir, cluster):
+    marker, release = tmp_path / "started", tmp_path / "release"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_better.py", releasable_train(0.9, marker, release), "better")
+    job = kill_9_while_running(repo, tiny_data_dir, marker)
+    release.write_text("go")   # the job finishes with nobody waiting for it
+    wait_for("the orphaned job to finish", lambda: job["job_id"] not in cluster.queue(), 60)
+    proc = autoloop(repo, *night("--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"its job {job['job_id']} finished meanwhile; its result taken (keep" in proc.stdout, proc.stdout
+    ledger = assert_invariants(repo)
+    better = [r for r in ledger if r["description"] == "better"]
+    assert len(better) == 1 and better[0]["status"] == "keep" and better[0]["metric"] == 0.9, better
+    assert better[0]["extra"]["collected"] and better[0]["extra"]["job_id"] == job["job_id"], better[0]
+
+
+def test_resume_does_not_trust_a_finished_orphan_whose_result_has_another_nonce(tmp_path, tiny_data_dir, cluster):
+    marker, release = tmp_path / "started", tmp_path / "release"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    forged = releasable_train(0.5, marker, release).replace("os.environ['AUTOLOOP_NONCE']", "'0' * 16")
+    queue_file(repo, "01_forged.py", forged, "forged")
+    job = kill_9_while_running(repo, tiny_data_dir, marker)
+    release.write_text("go")
+    wait_for("the orphaned job to finish", lambda: job["job_id"] not in cluster.queue(), 60)
+    proc = autoloop(repo, *night("--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "finished meanwhile" not in proc.stdout, proc.stdout
+    forged_records = [r for r in assert_invariants(repo) if r["description"] == "forged"]
+    assert forged_records and forged_records[0]["status"] == "crash", forged_records
+    assert forged_records[0]["reason"].startswith("interrupted"), forged_records
+
+
+def together_train(value: float, mine: Path, other: Path, alone: Path) -> str:
+    """Marks its start, then waits (at most 90 s) for the other trial's: both jobs at once."""
+    return fake_train(value, f"import pathlib, time\npathlib.Path({str(mine)!r}).write_text('x')\n"
+                             "t = time.monotonic()\n"
+                             f"while not pathlib.Path({str(other)!r}).exists() and time.monotonic() - t < 90: "
+                             "time.sleep(0.2)\n"
+                             f"if not pathlib.Path({str(other)!r}).exists():\n"
+                             f"    pathlib.Path({str(alone)!r}).write_text('x')\n")
+
+
+def test_two_workers_run_two_jobs_at_once_on_the_cluster(tmp_path, tiny_data_dir, cluster):
+    a, b, alone = tmp_path / "a", tmp_path / "b", tmp_path / "alone"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_a.py", together_train(0.9, a, b, alone), "a")
+    queue_file(repo, "02_b.py", together_train(0.95, b, a, alone), "b")
+    proc = autoloop(repo, *night("--workers", "2"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not alone.exists(), "the two trials' jobs did not run at the same time"
+    ledger = assert_invariants(repo)
+    tried = {r["description"]: r for r in ledger if r["description"] in ("a", "b")}
+    assert set(tried) == {"a", "b"} and all(r["status"] in ("keep", "discard") for r in tried.values()), ledger
+    assert tried["a"]["extra"]["job_id"] != tried["b"]["extra"]["job_id"]
+    assert {tried["a"]["worker"], tried["b"]["worker"]} == {0, 1}, tried
+    assert not cluster.queue()
 
 
 def test_resume_says_when_the_orphaned_job_had_ended(tmp_path, cluster):

@@ -29,6 +29,7 @@ from autoloop.core.errors import NightError
 from autoloop.core.keep import Facts, decide, tampered_reason
 from autoloop.core.layout import Layout
 from autoloop.engine.night import Night
+from autoloop.engine.orphan import record_finished_job
 from autoloop.execution.executors import cancel_job
 from autoloop.execution.integrity import Tampering, recover_inputs
 from autoloop.execution.procs import end_leftovers
@@ -110,7 +111,8 @@ def finish_attempt(night: Night, ws: Workspace, state_file: StateFile, worker: i
         night.console.line(f"recovery: trial {state.trial}.{state.attempt} was recorded ({existing[-1].status}); "
                            f"restoring the branch to {best[:7]}")
     else:
-        best = _record_interrupted(night, ws, state, tampered, worker) or state.best or ws.head()
+        best = (record_finished_job(night, state, tampered, worker)
+                or _record_interrupted(night, ws, state, tampered, worker) or state.best or ws.head())
     _set_aside_untracked(night, ws, state)
     ws.reset_to(best)
     state_file.enter("idle", candidate=None, child_pids=[], job=None, progress=None)

@@ -24,6 +24,7 @@ from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
 from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
 from autoloop.review import throughput
+from autoloop.review.jobs import job_data, job_lines
 from autoloop.review.tradeoffs import guards_section, tradeoffs_section
 from autoloop.store import person_notes, queries
 from autoloop.store.atomic import atomic_write
@@ -86,6 +87,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         "phase": state.phase,
         "current": _current(state, now, alive),
         "workers": _workers(results_dir, state, now),
+        "jobs": job_data(results_dir, state, records),   # executor slurm: where each job's output is
         **_look_ahead(results_dir, now),
         "best": _best(records, best_commit, best_metric),
         "noise": next((r.noise for r in reversed(records) if r.noise is not None), None),
@@ -214,7 +216,8 @@ def _notes_in_force(results_dir: Path) -> dict[str, Any]:
 
 
 def status_text(data: dict[str, Any]) -> str:
-    return "\n".join(_doing_lines(data) + _result_lines(data) + _pipeline_lines(data) + _aside_lines(data))
+    return "\n".join(_doing_lines(data) + job_lines(data) + _result_lines(data) + _pipeline_lines(data)
+                     + _aside_lines(data))
 
 
 def _label(trial: int, attempt: int | None) -> str:

@@ -68,3 +68,12 @@ def cancel_job(job: dict[str, Any] | None) -> str | None:
     from autoloop.execution.executors.slurm import cancel_recorded_job
 
     return cancel_recorded_job(job)
+
+
+def collect_finished_job(job: dict[str, Any] | None) -> TrialOutcome | None:
+    """The trustworthy outcome of an interrupted run's job that finished meanwhile, or None."""
+    if not job or job.get("executor") != "slurm":
+        return None
+    from autoloop.execution.executors.slurm import collect_finished
+
+    return collect_finished(job)

@@ -16,15 +16,16 @@ Clusters (``slurm_cluster``): ``slurm`` (sbatch), ``local`` (submitit's LocalExe
 real subprocess per job on this machine, for tests and for trying a config) and ``debug``
 (submitit's DebugExecutor: the job function runs in this process).
 
-On the node, SIGTERM (scancel, the time limit), SIGINT and submitit's timeout/preemption
-signal (SIGUSR2) end the trial through run_trial's stop event, so its process tree is
-ended, not orphaned, and the outcome still comes back.
+On the node, SIGTERM (scancel, the time limit, preemption) and SIGINT end the trial through
+run_trial's stop event, so its process tree is ended, not orphaned, and the outcome still
+comes back. A preempted job is submitted again once (Slurm's own requeue is off).
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
 import math
 import os
 import shutil
@@ -54,12 +55,13 @@ if TYPE_CHECKING:
 
 try:
     import submitit
-    from submitit.core.utils import FailedJobError
+    from submitit.core.utils import FailedJobError, pickle_load
 except ImportError:   # optional dependency: only `--executor slurm` needs it
     submitit = None  # type: ignore[assignment]  # mypy sees the module; every use checks for None
 
 T = TypeVar("T")
 
+REQUEUES = 1           # a preempted trial is submitted again once; preempted twice, it is a crash
 TIME_MARGIN_S = 300     # scheduler limit = trial timeout + this: job start-up, imports, the tree kill
 POLL_S = 1.0            # how often the orchestrator looks at the job and its log
 LOCAL_RESULT_WAIT_S = 2  # submitit waits this long for a result pickle (15 s: for network filesystems)
@@ -105,6 +107,12 @@ def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
     previous: dict[signal.Signals, Any] = {}
     if stop_event is None and threading.current_thread() is threading.main_thread():
         def handler(signum: int, frame: FrameType | None) -> None:
+            if signum == signal.SIGUSR2:
+                # submitit's --signal=USR2@90: the time limit is 90 s away, a warning for jobs
+                # that checkpoint. A trial does not, so it runs on to the limit itself, where
+                # Slurm's SIGTERM ends it and the job's state says TIMEOUT (stopping here left
+                # a job COMPLETED, with no word of the limit, and cut the trial short).
+                return
             caught.append(signal.Signals(signum).name)
             stop.set()
 
@@ -178,7 +186,14 @@ class SlurmExecutor:
                 submitit.SlurmJob.watcher = QuietWatcher(delay_s=60)
             try:
                 self.submitit = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0)
-                self.submitit.update_parameters(**parameters)
+                # --no-requeue: a job Slurm requeued would run again under the same id after its
+                # first run's result file was written, and submitit would read that one; so a
+                # preempted job ends PREEMPTED and this loop submits the trial again (run()).
+                # signal_delay_s=0: no USR2 warning before the time limit (submitit's default
+                # sends it 90 s ahead, for checkpointing, to every process of the step: the
+                # trial died of it, and the job ended COMPLETED, not TIMEOUT).
+                extra = {"no_requeue": True, **parameters.get("additional_parameters", {})}
+                self.submitit.update_parameters(**{"signal_delay_s": 0, **parameters, "additional_parameters": extra})
             except (RuntimeError, ValueError) as exc:   # submitit's own checks
                 raise ExecutorError(f"--executor slurm: {_said(exc)}") from None
         elif cluster == "local":
@@ -203,6 +218,23 @@ class SlurmExecutor:
     def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
             on_job: OnJob | None = None) -> TrialOutcome:
+        """The trial as a job; a job the cluster preempted is submitted again, ``REQUEUES`` times
+        (sbatch --no-requeue: this loop requeues, not Slurm, see :func:`sbatch_parameters`)."""
+        preempted: list[str] = []
+        while True:
+            outcome = self._run_job(spec, on_progress, stop_event, on_start, on_job)
+            stopped = stop_event is not None and stop_event.is_set()
+            if (outcome.job.get("job_state", "").split(" ")[0] != "PREEMPTED" or stopped
+                    or len(preempted) >= REQUEUES):
+                break
+            preempted.append(f"job {outcome.job['job_id']}: {outcome.job['job_state']}")
+            _set_aside_log(spec.log_path, outcome.job["job_id"])
+        if preempted:
+            outcome = outcome.model_copy(update={"job": {**outcome.job, "preempted": preempted}})
+        return outcome
+
+    def _run_job(self, spec: TrialSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
+                 on_start: OnStart | None, on_job: OnJob | None) -> TrialOutcome:
         spec, token = _for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         started_at, t0 = time.time(), time.monotonic()
@@ -218,7 +250,7 @@ class SlurmExecutor:
                                      launch_error=f"job submission failed: {_said(exc)}")
         info: dict[str, Any] = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id),
                                 **_job_logs(job)}
-        self._announce(job, info, on_start, on_job)
+        self._announce(job, {**info, "nonce_sha256": nonce_digest(spec.env.get("AUTOLOOP_NONCE"))}, on_start, on_job)
         end = _JobEnd()
         self._wait(job, spec, t0, follower, stop_event, on_progress, end)
         follower.poll(on_progress)
@@ -231,7 +263,7 @@ class SlurmExecutor:
             # scheduler ends everything in the job's cgroup).
             _end_strays(job, token, spec.log_path)
         if end.failure is not None or not isinstance(end.data, dict):
-            error, timed_out = _no_outcome_error(job, end.failure, end.data)
+            error, timed_out, info["job_state"] = _no_outcome_error(job, end.failure, end.data)
             return self._outcome(spec, started_at, t0, follower, info, job_error=None if end.stopped else error,
                                  stopped=end.stopped, timed_out=timed_out and not end.stopped, note=error)
         return _node_outcome(job, end.data, info, end.stopped)
@@ -273,7 +305,8 @@ class SlurmExecutor:
                 and not spec.log_path.exists())
 
     def _announce(self, job: Job[Any], info: dict[str, Any], on_start: OnStart | None, on_job: OnJob | None) -> None:
-        """Tell the orchestrator which job (and, on this machine, which process) runs the trial."""
+        """Tell the orchestrator which job (and, on this machine, which process) runs the trial;
+        with a digest of the trial's nonce, so that recovery can trust what the job left."""
         recorded = {**info, "folder": str(self.folder)}
         if self.cluster == "local":
             job._results_timeout_s = LOCAL_RESULT_WAIT_S   # same filesystem: no cache to wait for
@@ -351,15 +384,15 @@ def _end_strays(job: Job[Any], token: str, log_path: Path) -> None:
             f.write(f"\n[autoloop] ended {strays} trial process(es) left by job {job.job_id}\n")
 
 
-def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object) -> tuple[str, bool]:
-    """Why a job gave no trial outcome, and whether the scheduler's time limit ended it."""
+def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object) -> tuple[str, bool, str]:
+    """Why a job gave no trial outcome, whether the scheduler's time limit ended it, and its state."""
     state = _job_state(job, ended=True)
     what = _said(failure) if failure is not None else f"returned {type(data).__name__}, not an outcome"
     error = f"job {job.job_id} ended without a trial outcome (state {state}): {what}"
     timed_out = state.upper().startswith("TIMEOUT")
     if timed_out:
         error = f"job {job.job_id} hit the scheduler's time limit (state {state}): {what}"
-    return error, timed_out
+    return error, timed_out, state
 
 
 def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], stopped: bool) -> TrialOutcome:
@@ -367,12 +400,17 @@ def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], sto
     node_signal = data.pop("node_signal", None)
     outcome = TrialOutcome.model_validate(data)
     update: dict[str, Any] = {"job": info}
-    if (outcome.killed_reason == "stopped" or outcome.signal is not None) and not stopped:
-        update.update(_scheduler_ended(job, node_signal, outcome.killed_reason == "stopped"))
+    ended_by_signal = outcome.killed_reason == "stopped" or outcome.signal is not None
+    if ended_by_signal and stopped:
+        # Our scancel signals every process of the job, so the trial often dies of it before
+        # the job's handler marks the run stopped: still the stop this loop asked for.
+        update["killed_reason"] = "stopped"
+    elif ended_by_signal:
+        update.update(_scheduler_ended(job, node_signal, outcome.killed_reason == "stopped", info))
     return outcome.model_copy(update=update)
 
 
-def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool) -> dict[str, Any]:
+def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool, info: dict[str, Any]) -> dict[str, Any]:
     """The outcome's update when the scheduler, not this loop, may have ended the job: its
     signal reached the node (``caught``), or the trial died of a signal that could be the
     scheduler's (scancel signals every process of the job, so the trial can die before the
@@ -385,7 +423,16 @@ def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool) -> di
     how = {"TIMEOUT": "time limit", "PREEMPTED": "preemption", "NODE_FAIL": "its node failed",
            "CANCELLED": "cancelled", "REQUEUED": "requeued", "PENDING": "requeued"}.get(word, "preemption or scancel")
     return {"job_error": f"job {job.job_id} was ended by the scheduler ({how}; {node_signal or 'a signal'} on its "
-                         f"node; state {state})", "timed_out": timed_out}
+                         f"node; state {state})", "timed_out": timed_out, "job": {**info, "job_state": state}}
+
+
+def _set_aside_log(log_path: Path, job_id: str) -> None:
+    """The preempted job's log, kept beside the one its resubmission writes (which must not
+    exist before the new job starts: its absence is how a pending job is told apart)."""
+    with contextlib.suppress(OSError):
+        with open(log_path, "a") as f:
+            f.write(f"[autoloop] job {job_id} was preempted; the trial is submitted again\n")
+        log_path.replace(log_path.with_name(f"{log_path.stem}.preempted-{job_id}{log_path.suffix}"))
 
 
 def _job_logs(job: Job[Any]) -> dict[str, str]:
@@ -445,6 +492,35 @@ def _scancel(job: dict[str, Any], job_id: str) -> str:
             return f"could not cancel slurm job {job_id} ({exc}); scancel it"
         return f"cancelled slurm job {job_id}"
     return f"slurm job {job_id} may still run: scancel not found here; scancel it"
+
+
+def nonce_digest(nonce: str | None) -> str | None:
+    """What state.json keeps of the trial's nonce: enough to check a result by, not to forge one."""
+    return hashlib.sha256(nonce.encode()).hexdigest() if nonce else None
+
+
+def collect_finished(job: dict[str, Any] | None) -> TrialOutcome | None:
+    """The outcome of a run's job that finished after a kill -9 of its orchestrator, when it
+    can be trusted: the cluster says the job ended, the job itself returned an outcome
+    (submitit's result file: run_trial on the node checked the result's nonce), that outcome
+    ended by itself with a metric, and its result carries the nonce recorded at submission.
+    None otherwise (the trial is then recorded as interrupted)."""
+    if submitit is None or not job or job.get("cluster") != "slurm" or not job.get("nonce_sha256"):
+        return None
+    info = read_job(str(job.get("job_id")))
+    if not info or base_state(info) in LIVE:
+        return None
+    try:
+        paths = submitit.SlurmJob(folder=job["folder"], job_id=str(job["job_id"])).paths
+        status, data = pickle_load(paths.result_pickle)
+        outcome = TrialOutcome.model_validate({k: v for k, v in data.items() if k != "node_signal"})
+    except Exception:  # no result file, a failed job's, or not an outcome: nothing to collect
+        return None
+    if (status != "success" or outcome.metric is None or outcome.killed_reason or outcome.signal is not None
+            or nonce_digest((outcome.result or {}).get("nonce")) != job["nonce_sha256"]):
+        return None
+    kept = {k: v for k, v in job.items() if k not in ("folder", "nonce_sha256", "pid", "create_time")}
+    return outcome.model_copy(update={"job": {**kept, "job_state": describe(info), "collected": True}})
 
 
 def settle_orphan(job_id: str, job: dict[str, Any]) -> str:

@@ -1,0 +1,58 @@
+"""Taking the result of a trial whose job finished while its orchestrator was dead.
+
+With ``--executor slurm`` the trial is a job: a ``kill -9`` of the orchestrator leaves it
+running, and it may finish before ``autoloop run --resume``. Its outcome is then recorded as
+the attempt's, instead of ``interrupted``, when it can be trusted
+(:func:`autoloop.execution.executors.collect_finished_job`: the job's own result, the
+result's nonce the one recorded at submission) and the inputs were not changed meanwhile;
+decided like any run, without a confirmation re-run (the loop that would run it is gone).
+"""
+
+from __future__ import annotations
+
+import time
+
+from autoloop.core.classify import classify
+from autoloop.core.keep import Facts, decide
+from autoloop.engine.night import Night
+from autoloop.execution.executors import collect_finished_job
+from autoloop.execution.integrity import Tampering
+from autoloop.store.state import RunState
+
+# Kinds whose decision rests on this run alone (a confirmation's also on earlier runs).
+COLLECTABLE = ("baseline", "candidate", "fix")
+
+
+def record_finished_job(night: Night, state: RunState, tampered: Tampering, worker: int | None) -> str | None:
+    """Record the finished job's outcome as the attempt's; the best after the record, or
+    None when there is nothing trustworthy to take (the caller records it interrupted)."""
+    kind = state.kind or "candidate"
+    if tampered or state.phase != "running" or not state.candidate or kind not in COLLECTABLE:
+        return None
+    outcome = collect_finished_job(state.job)
+    if outcome is None or outcome.metric is None or classify(outcome).kind != "ok":
+        return None
+    theirs = (outcome.result or {}).get("fingerprint")
+    if theirs and night.fingerprint and theirs != night.fingerprint:
+        return None
+    decision = decide(Facts(kind=kind, commit=state.candidate, runs=(outcome.metric,),
+                            start=(state.best, state.best_metric), current=night.arbiter.best(),
+                            noise=night.arbiter.noise(), can_confirm=False))
+    if decision.action not in ("keep", "discard"):
+        return None   # a replay onto a best that moved meanwhile needs the loop: interrupted
+    summary = outcome.summary or {}
+    record = night.arbiter.record({
+        "trial": state.trial, "attempt": state.attempt or 1, "kind": kind,
+        "started_at": state.attempt_started_at or outcome.started_at, "ended_at": time.time(),
+        "proposer": state.proposer or "-", "parent": state.best, "commit": state.candidate,
+        "description": state.description or "-", "metric_name": night.settings.metric, "metric": outcome.metric,
+        "memory_gb": (summary.get("peak_vram_mb") or outcome.peak_rss_mb or 0) / 1024,
+        "training_seconds": summary.get("training_seconds"), "total_seconds": summary.get("total_seconds"),
+        "wall_seconds": outcome.wall_seconds, "exit_code": outcome.exit_code, "seed": night.settings.seed,
+        "fingerprint": theirs or night.fingerprint,
+        "log_path": night.layout.log_rel(state.trial or 0, state.attempt or 1), "extra": dict(outcome.job),
+    }, decision, worker)
+    night.console.line(f"recovery: trial {state.trial}.{state.attempt}: its job {outcome.job.get('job_id')} "
+                       f"finished meanwhile; its result taken ({record.status}, {night.settings.metric} "
+                       f"{outcome.metric:.6f})")
+    return record.best
