@@ -43,7 +43,7 @@ from autoloop.execution.diskspace import low_disk_reason
 from autoloop.execution.executors import Executor, make_executor
 from autoloop.execution.integrity import InputsSnapshot, open_snapshot
 from autoloop.execution.isolate import isolation_available
-from autoloop.execution.procs import containment
+from autoloop.execution.procs import containment, sweep_empty_groups
 from autoloop.observe.console import Console
 from autoloop.observe.observers import open_observers
 from autoloop.repo.workspace import Workspace
@@ -116,6 +116,9 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             if report:
                 console.line(f"ledger: {report}")
             console.line(f"containment: {containment()[1]}")
+            swept = sweep_empty_groups()   # left by kills this workspace's recovery never saw
+            if swept:
+                console.line(f"containment: removed {swept} empty cgroup(s) left by earlier kills")
             arbiter = Arbiter(ledger, ws, Rules.of(settings))
             night = Night(settings, console, ws, layout, ledger, arbiter, tag, stop, executor)
             if settings.workers > 1 or layout.worker_states():

@@ -61,8 +61,8 @@ def _uses_agent(proposer: Proposer) -> bool:
 class Claims:
     """What each slot is trying right now, for the proposer's memory (the mutator then never
     draws the same move twice at once); and one proposal at a time for the proposers that
-    are quick and read one shared memory (the queue, the mutator). Agents work in parallel:
-    that is the point."""
+    are quick and read one shared memory (the queue, the mutator, a portfolio of those).
+    Agents work in parallel, alone or in a portfolio: that is the point."""
 
     def __init__(self, one_at_a_time: bool):
         self._lock = threading.Lock()
@@ -89,7 +89,10 @@ class Scheduler:
     def __init__(self, night: Night, proposer: Proposer):
         self.night, self.proposer = night, proposer
         self.n = night.settings.workers
-        self.claims = Claims(one_at_a_time=proposer.name != "agent")
+        # One at a time only where every proposal is quick: a portfolio with an agent member
+        # held the lock through each agent call, so its workers proposed in turn (minutes
+        # each; benchmarks/portfolio_claims.py measures it).
+        self.claims = Claims(one_at_a_time=not _uses_agent(proposer))
         self.reserved: dict[int | None, int] = {}   # slot -> trial in flight
         self.started = 0                           # trials started by this run (failed proposals included)
         self.failures = 0                          # failed proposals in a row, all slots together
