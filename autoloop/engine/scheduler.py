@@ -316,8 +316,11 @@ class Scheduler:
     def _pending_next(self):
         """A confirmation or replay decided but never run (a kill or a stop came between), not
         taken by another slot: run before any new trial (callers hold the arbiter's lock)."""
-        taken = set(self.reserved.values())
-        return next((r for r in queries.pending_next(self.night.arbiter.records()) if r.trial not in taken), None)
+        taken, records = set(self.reserved.values()), self.night.arbiter.records()
+        pending = queries.pending_next(records)
+        if self.night.settings.rerun_interrupted:   # an attempt a kill cut off while training
+            pending += queries.pending_reruns(records)
+        return next((r for r in pending if r.trial not in taken), None)
 
     def _release(self, worker: int | str | None, outcome: str, counted: bool = True) -> None:
         with self.night.arbiter.lock:
