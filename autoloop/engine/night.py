@@ -239,6 +239,7 @@ def _tag(settings: Settings, layout: Layout, ws: Workspace, purpose: Purpose) ->
 def _recover(night: Night, purpose: Purpose) -> None:
     from autoloop.engine import recovery
 
+    recovery.remove_stale_index_lock(night.ws, night.console)
     if purpose == "trial" or night.settings.resume:
         recovery.recover_night(night)
     elif any(state.tag == night.tag for _, state in [*recovery.interrupted(night.layout),

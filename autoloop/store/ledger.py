@@ -81,7 +81,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
-from autoloop.store.atomic import atomic_write, fsync_dir
+from autoloop.store.atomic import atomic_write, fault_write, fsync_dir
 
 Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
 CrashClass = Literal["trivial", "fundamental", "timeout"]
@@ -442,6 +442,7 @@ class Ledger:
         return True
 
     def _write_all(self, data: bytes) -> None:
+        fault_write(self.path)   # off unless AUTOLOOP_FAULT_WRITE names this file (benchmarks/chaos.py)
         created = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
