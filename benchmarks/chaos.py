@@ -140,7 +140,7 @@ class Chaos:
         if fault in ("enospc_ledger", "eio_ledger", "enospc_tsv", "eio_tsv"):
             code, what = fault.split("_")
             env["AUTOLOOP_FAULT_WRITE"] = (f"{code.upper()}:{'ledger.jsonl' if what == 'ledger' else 'results.tsv'}"
-                                           f":{self.rng.randint(1, 3)}")
+                                           f":{self.rng.randint(2, 12)}")
         clock = self.work / "faketime"
         if fault == "clock_jump":
             clock.write_text("+0\n")
