@@ -23,6 +23,7 @@ tried is lost; the branch always ends at the best commit.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -163,10 +164,11 @@ def remove_stale_index_lock(ws: Workspace, console) -> None:
     index_lock = Path(ws.repo.git_dir) / "index.lock"
     if not index_lock.exists():
         return
-    root = str(ws.root.resolve())
-    for proc in psutil.process_iter(["name"]):
+    root, me = str(ws.root.resolve()), os.getpid()
+    for proc in psutil.process_iter(["name", "ppid"]):
         with contextlib.suppress(psutil.Error):
-            if proc.info["name"] == "git" and proc.cwd().startswith(root):
+            # Our own GitPython helpers (git cat-file, children of this process) take no lock.
+            if proc.info["name"] == "git" and proc.info["ppid"] != me and proc.cwd().startswith(root):
                 return
     index_lock.unlink(missing_ok=True)
     console.line("recovery: removed a stale .git/index.lock (no git process holds it)")
