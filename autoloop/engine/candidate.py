@@ -109,7 +109,7 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
     if broken is not None:   # after the state says so: a kill now is recovered like any proposal
         ws.target_path.write_text(broken)
     failed_extra: dict = {}
-    asked = time.time()
+    asked = time.monotonic()   # a stepped wall clock must not skew the proposer's time
     try:
         proposal, failure = proposer.propose(request), None
     except ProposalFailed as e:
@@ -117,7 +117,7 @@ def prepare(night, slot: Slot, proposer: Proposer, request: ProposalRequest,
     else:
         fault_point("proposed", request.trial)
     # The proposer's time, a fact of its record: `autoloop status` sums it per trial (#16).
-    timing = {"propose_seconds": round(time.time() - asked, 3)}
+    timing = {"propose_seconds": round(time.monotonic() - asked, 3)}
     # Git first: a proposer that committed, switched branch or reset must not have the
     # scope check (or a reset) act on some other branch than the loop's.
     outcome = reconcile.reconcile(ws, night.tag, base, request.trial, request.attempt, before)

@@ -102,6 +102,7 @@ class Scheduler:
         self.reason: str | None = None
         self.error: BaseException | None = None
         self.deadline: float | None = None
+        self.mono_deadline: float | None = None
         self.main: StateFile | None = None
         # #16: propose the next trial while this one trains; by default where proposing is
         # slow (an agent), not where it takes milliseconds (the mutator, the queue).
@@ -119,6 +120,9 @@ class Scheduler:
         envs, devices = slot_envs(s, self.n)
         started = time.time()
         self.deadline = started + s.hours * 3600 if s.hours else None
+        # Judged on the monotonic clock: a wall clock stepped back or forward (NTP, a suspended
+        # laptop's resync) neither stretches nor cuts --hours; the wall deadline is for display.
+        self.mono_deadline = time.monotonic() + s.hours * 3600 if s.hours else None
         self.main = StateFile(night.layout.root, state=RunState(
             tag=night.tag, pid=os.getpid(), run_started_at=started, deadline=self.deadline,
             workers=self.n if self.n > 1 else None))
@@ -152,7 +156,7 @@ class Scheduler:
             return reason
         runner = AttemptRunner(night, self._main_slot())
         if queries.baseline(night.arbiter.records()) is None:
-            if self.deadline is not None and time.time() + self._expected() > self.deadline:
+            if self.mono_deadline is not None and time.monotonic() + self._expected() > self.mono_deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
             run_baseline(night, runner)
             self._noise_runs(runner)
@@ -378,8 +382,8 @@ class Scheduler:
 
     def _past_deadline(self, trials: int) -> str | None:
         """The deadline for ``trials`` more trials (and --verify-at-end's runs after them)."""
-        if self.deadline is not None and (time.time() + self._expected() * trials + self._kept_for_verification()
-                                          > self.deadline):
+        if self.mono_deadline is not None and (time.monotonic() + self._expected() * trials
+                                               + self._kept_for_verification() > self.mono_deadline):
             if self.night.settings.verify_at_end:
                 return "time is up: the rest of --hours is kept for the verification (--verify-at-end)"
             return "time is up: the next trial could not finish before the --hours deadline"
