@@ -366,7 +366,9 @@ def test_fault(fault: Fault, night_templates, tiny_data_dir, tmp_path):
     proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120, own_group=True)
     if fault.orchestrator_killed:
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
-        proc = autoloop(repo, *args, data_dir=tiny_data_dir, timeout=120)
+        # Its subject is the recovery: a re-run of that train.py would kill the orchestrator
+        # again (tests/test_leftovers.py has the re-runs).
+        proc = autoloop(repo, *args, "--no-rerun-interrupted", data_dir=tiny_data_dir, timeout=120)
     assert proc.returncode == fault.exit_status, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and "internal error" not in proc.stderr
 
@@ -474,7 +476,7 @@ def test_recovery_ends_every_process_of_the_orphaned_trial(night_templates, tiny
     pids = start_and_kill_mid_trial(repo, tiny_data_dir, forget_pids)
     try:
         resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--proposer", "queue",
-                           data_dir=tiny_data_dir, timeout=120)
+                           "--no-rerun-interrupted", data_dir=tiny_data_dir, timeout=120)   # its subject: recovery
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         assert "recovery: ended 3 process(es)" in resumed.stdout
         assert all(map(pid_dead, pids)), [p for p in pids if not pid_dead(p)]

@@ -168,8 +168,9 @@ def test_kill_9_with_one_candidate_prepared_and_another_training_then_resume(rep
     prepared = json.loads((repo / "results" / "prepared" / "2.json").read_text())
     assert prepared["commit"] == git(repo, "rev-parse", "refs/autoloop/t/prepared/2")
 
-    resumed = night(repo, tiny_data_dir, "1:A=0.9", "2:B=0.8", "3:A=0.8", flags=("--max-trials", "2"),
-                    resume=True)
+    # Its subject is the prepared candidate: trial 1 is not run again (tests/test_leftovers.py).
+    resumed = night(repo, tiny_data_dir, "1:A=0.9", "2:B=0.8", "3:A=0.8",
+                    flags=("--max-trials", "2", "--no-rerun-interrupted"), resume=True)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     ledger = assert_invariants(repo)   # ledger and TSV agree, nothing twice, no process left
     assert trials(ledger) == [(0, 1, "baseline", "keep", None), (1, 1, "candidate", "crash", "fundamental"),
@@ -183,7 +184,7 @@ def test_kill_9_with_one_candidate_prepared_and_another_training_then_resume(rep
     assert not (repo / "worktrees" / "ahead").exists()
 
     # A resume after that finds nothing more to run twice.
-    again = night(repo, tiny_data_dir, "4:A=0.7", flags=("--max-trials", "1"), resume=True)
+    again = night(repo, tiny_data_dir, "4:A=0.7", flags=("--max-trials", "1", "--no-rerun-interrupted"), resume=True)
     assert again.returncode == 0, again.stdout + again.stderr
     assert [r["trial"] for r in assert_invariants(repo)] == [0, 1, 2, 3, 4]
 
@@ -255,7 +256,8 @@ def test_kill_9_during_the_look_ahead_call_records_it_as_an_interrupted_proposal
     refused = night(repo, tiny_data_dir, "3:A=0.8")
     assert refused.returncode != 0 and "pass --resume" in refused.stderr
 
-    resumed = night(repo, tiny_data_dir, "3:A=0.8", flags=("--max-trials", "1"), resume=True)
+    resumed = night(repo, tiny_data_dir, "3:A=0.8", flags=("--max-trials", "1", "--no-rerun-interrupted"),
+                    resume=True)   # its subject is the look-ahead call: trial 1 is not run again
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     ledger = assert_invariants(repo)
     assert trials(ledger) == [(0, 1, "baseline", "keep", None), (1, 1, "candidate", "crash", "fundamental"),

@@ -139,6 +139,9 @@ class Settings(BaseModel):
         None, "night", "work on branch autoloop/TAG", metavar="TAG", default_text="today, e.g. nov29")
     resume: bool = setting(
         False, "night", "continue the existing branch, recovering an interrupted trial first", run_only=True)
+    rerun_interrupted: bool = setting(
+        True, "night", "with --resume, run again (once) an attempt a kill of the orchestrator interrupted while it "
+        "trained or was judged, as a new attempt of its trial; the interrupted record stays", run_only=True)
     hours: float | None = setting(
         None, "night", "start no trial that could not finish within H hours", metavar="H", run_only=True, gt=0)
     max_trials: int | None = setting(

@@ -50,8 +50,8 @@ Claimant = int | str | None
 class Claims:
     """What each slot is trying right now, for the proposer's memory (the mutator then never
     draws the same move twice at once); and one proposal at a time for the proposers that
-    are quick and read one shared memory (the queue, the mutator). Agents work in parallel:
-    that is the point."""
+    are quick and read one shared memory (the queue, the mutator, a portfolio of those).
+    Agents work in parallel, alone or in a portfolio: that is the point."""
 
     def __init__(self, one_at_a_time: bool):
         self._lock = threading.Lock()
@@ -139,10 +139,10 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
     ws = slot.ws
     base = ws.head()
     before = _start_proposing(night, slot, proposer, request, broken)
-    asked = time.time()
+    asked = time.monotonic()   # a stepped wall clock must not skew the proposer's time
     proposal, failure, failed_extra = _ask(proposer, request)
     # The proposer's time, a fact of its record: `autoloop status` sums it per trial.
-    timing = {"propose_seconds": round(time.time() - asked, 3)}
+    timing = {"propose_seconds": round(time.monotonic() - asked, 3)}
     outcome, outside, git_changed, linked = _put_back(night, slot, request, base, before)
     timing.update(git_changed)
     if linked and proposal is not None:   # the edit, if any, went through the link: refused

@@ -44,7 +44,7 @@ from autoloop.engine.night import Night, Stop
 from autoloop.execution.executors import make_executor
 from autoloop.execution.integrity import open_snapshot
 from autoloop.execution.isolate import isolation_available
-from autoloop.execution.procs import containment
+from autoloop.execution.procs import containment, sweep_empty_groups
 from autoloop.observe.console import Console
 from autoloop.observe.observers import open_observers
 from autoloop.repo.workspace import Workspace
@@ -81,6 +81,9 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             for line in ledger.integrity_lines():
                 console.line(f"ledger: {line}")
             console.line(f"containment: {containment()[1]}")
+            swept = sweep_empty_groups()   # left by kills this workspace's recovery never saw
+            if swept:
+                console.line(f"containment: removed {swept} empty cgroup(s) left by earlier kills")
             if executor.plan:
                 console.line(executor.plan)   # what each trial's job asks the cluster for, and why
             arbiter = Arbiter(ledger, ws, Rules.of(settings))
@@ -201,6 +204,7 @@ def _tag(settings: Settings, layout: Layout, ws: Workspace, purpose: Purpose) ->
 
 
 def _recover(night: Night, purpose: Purpose) -> None:
+    recovery.remove_stale_index_lock(night.ws, night.console)
     if purpose == "trial" or night.settings.resume:
         recovery.recover_night(night)
     elif any(state.tag == night.tag for _, state in [*recovery.interrupted(night.layout),

@@ -22,8 +22,12 @@ tried is lost; the branch always ends at the best commit.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
+
+import psutil
 
 from autoloop.core.errors import NightError
 from autoloop.core.keep import Facts, decide, tampered_reason
@@ -33,6 +37,7 @@ from autoloop.engine.orphan import record_finished_job
 from autoloop.execution.executors import cancel_job
 from autoloop.execution.integrity import Tampering, recover_inputs
 from autoloop.execution.procs import end_leftovers
+from autoloop.observe.console import Console
 from autoloop.repo import reconcile
 from autoloop.repo.workspace import Workspace
 from autoloop.repo.worktrees import ahead_workspace, ensure_ahead_worktree, ensure_worktree, worker_workspace
@@ -161,6 +166,25 @@ def _set_aside_untracked(night: Night, ws: Workspace, state: RunState) -> None:
         shown = ", ".join(moved[:5]) + (f" and {len(moved) - 5} more" if len(moved) > 5 else "")
         where = dest.relative_to(night.ws.root) if dest.is_relative_to(night.ws.root) else dest
         night.console.line(f"recovery: untracked {shown} set aside in {where}/ (not deleted)")
+
+
+def remove_stale_index_lock(ws: Workspace, console: Console) -> None:
+    """A git ``index.lock`` in the main checkout that no running git holds: left by a git
+    killed with an earlier orchestrator when no attempt was in flight (a branch move at a
+    stop), it made every later start fail ("cannot check out": benchmarks/chaos.py found
+    it). git holds no lock on the file, so "no git process runs in this repository" is the
+    test; one that does (the person's own) keeps its lock."""
+    index_lock = Path(ws.repo.git_dir) / "index.lock"
+    if not index_lock.exists():
+        return
+    root, me = str(ws.root.resolve()), os.getpid()
+    for proc in psutil.process_iter(["name", "ppid"]):
+        with contextlib.suppress(psutil.Error):
+            # Our own GitPython helpers (git cat-file, children of this process) take no lock.
+            if proc.info["name"] == "git" and proc.info["ppid"] != me and proc.cwd().startswith(root):
+                return
+    index_lock.unlink(missing_ok=True)
+    console.line("recovery: removed a stale .git/index.lock (no git process holds it)")
 
 
 def _remove_index_lock(ws: Workspace) -> None:

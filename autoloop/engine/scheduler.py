@@ -62,7 +62,10 @@ class Scheduler:
     def __init__(self, night: Night, proposer: Proposer):
         self.night, self.proposer = night, proposer
         self.n = night.settings.workers
-        self.claims = Claims(one_at_a_time=proposer.name != "agent")
+        # One at a time only where every proposal is quick: a portfolio with an agent member
+        # held the lock through each agent call, so its workers proposed in turn (minutes
+        # each; benchmarks/portfolio_claims.py measures it).
+        self.claims = Claims(one_at_a_time=not _uses_agent(proposer))
         self.reserved: dict[Claimant, int] = {}   # slot, look-ahead or prepared file -> trial in flight
         self.started = 0                           # trials started by this run (failed proposals included)
         self.failures = 0                          # failed proposals in a row, all slots together
@@ -72,6 +75,7 @@ class Scheduler:
         self.reason: str | None = None
         self.error: BaseException | None = None
         self.deadline: float | None = None
+        self.mono_deadline: float | None = None
         self._main: StateFile | None = None   # state.json, made when the run starts
         # Look-ahead (lookahead.py): propose the next trial while this one trains; by default
         # where proposing is slow (an agent), not where it takes milliseconds (the mutator, the queue).
@@ -90,6 +94,9 @@ class Scheduler:
         envs, devices = slot_envs(s, self.n)
         started = time.time()
         self.deadline = started + s.hours * 3600 if s.hours else None
+        # Judged on the monotonic clock: a wall clock stepped back or forward (NTP, a suspended
+        # laptop's resync) neither stretches nor cuts --hours; the wall deadline is for display.
+        self.mono_deadline = time.monotonic() + s.hours * 3600 if s.hours else None
         self._main = StateFile(night.layout.root, state=RunState(
             tag=night.tag, pid=os.getpid(), run_started_at=started, deadline=self.deadline,
             workers=self.n if self.n > 1 else None))
@@ -129,7 +136,7 @@ class Scheduler:
             return reason
         runner = AttemptRunner(night, self._main_slot())
         if queries.baseline(night.arbiter.records()) is None:
-            if self.deadline is not None and time.time() + self._expected() > self.deadline:
+            if self.mono_deadline is not None and time.monotonic() + self._expected() > self.mono_deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
             run_baseline(night, runner)
             self._noise_runs(runner)
@@ -295,8 +302,11 @@ class Scheduler:
     def _pending_next(self) -> LedgerRecord | None:
         """A confirmation or replay decided but never run (a kill or a stop came between), not
         taken by another slot: run before any new trial (callers hold the arbiter's lock)."""
-        taken = set(self.reserved.values())
-        return next((r for r in queries.pending_next(self.night.arbiter.records()) if r.trial not in taken), None)
+        taken, records = set(self.reserved.values()), self.night.arbiter.records()
+        pending = queries.pending_next(records)
+        if self.night.settings.rerun_interrupted:   # an attempt a kill cut off while training
+            pending += queries.pending_reruns(records)
+        return next((r for r in pending if r.trial not in taken), None)
 
     def _release(self, worker: Claimant, outcome: str, counted: bool = True) -> None:
         with self.night.arbiter.lock:
@@ -354,8 +364,8 @@ class Scheduler:
 
     def _past_deadline(self, trials: int) -> str | None:
         """The deadline for ``trials`` more trials (and --verify-at-end's runs after them)."""
-        if self.deadline is not None and (time.time() + self._expected() * trials + self._kept_for_verification()
-                                          > self.deadline):
+        if self.mono_deadline is not None and (time.monotonic() + self._expected() * trials
+                                               + self._kept_for_verification() > self.mono_deadline):
             if self.night.settings.verify_at_end:
                 return "time is up: the rest of --hours is kept for the verification (--verify-at-end)"
             return "time is up: the next trial could not finish before the --hours deadline"

@@ -184,8 +184,31 @@ class Trial:
         return self.plan("confirm", moved, attempt, replays=replays)
 
     def resume(self, record: LedgerRecord) -> str:
-        """The step a decision asked for and the night never took (``queries.pending_next``)."""
+        """The step a decision asked for and the night never took (``queries.pending_next``),
+        or an attempt a kill cut off while training (``queries.pending_reruns``)."""
+        if queries.interrupted_in_training(record):
+            return self.resume_interrupted(record)
         return self.resume_confirmation(record) if record.next == "confirm" else self.resume_replay(record)
+
+    def resume_interrupted(self, record: LedgerRecord) -> str:
+        """Run again, as the trial's next attempt, the attempt a kill interrupted while it
+        trained (its record, crash "interrupted (...)", stays): the same commit, kind and
+        seed, judged against the best it was built on. A confirmation is taken up again from
+        the decision that asked for it, as after a stop."""
+        records = self.night.arbiter.records()
+        (self.slot.console or self.night.console).line(
+            f"#{record.trial}: running attempt {record.trial}.{record.attempt} again: a kill interrupted it "
+            "while training (once; --no-rerun-interrupted: never)")
+        if record.kind == "confirm":
+            asked = next((r for r in reversed(records) if r.trial == record.trial and r.next in ("confirm", "replay")
+                          and r.attempt < record.attempt), None)
+            return self.resume(asked) if asked is not None else "ran"
+        base_metric = next((r.best_metric for r in reversed(records) if r.best == record.parent), None)
+        self.start = (record.parent, base_metric)
+        again = Candidate(record.commit, record.parent, base_metric, record.description, record.proposer,
+                          record.extra.get("source"), extra={**carried(record.extra), "rerun_of": record.attempt})
+        attempt = queries.next_attempt(records, self.number)
+        return self.finish(Run(self.plan(record.kind, again, attempt)))
 
     def resume_confirmation(self, record: LedgerRecord) -> str:
         """A within-noise gain whose confirmation a stop or a kill cut off after the decision

@@ -640,3 +640,34 @@ def group_of_token(token: str) -> tuple[Path, str] | None:
         return None
     path = where.parent / f"{GROUP_PREFIX}{token}"
     return (path, where.kind) if path.is_dir() else None
+
+
+def sweep_empty_groups(min_age_s: float = 60.0) -> int:
+    """Remove every empty ``autoloop-*`` cgroup older than ``min_age_s``; how many went.
+
+    A run ends its own group, and ``--resume`` ends the one state.json names; what neither
+    reaches stays forever (kept in the kernel, listed under the parent): the group of a run
+    whose orchestrator was killed and never resumed (another tag, results/ removed), found
+    on this machine after the test suite's kills. Removing one is safe whoever made it:
+    rmdir refuses a group that has a member, and a live run's group is empty only in the
+    milliseconds between its mkdir and its child joining it (the age rule), or after its
+    last process exited, when the run's own ``kill_group`` finds it gone and returns 0.
+    """
+    where = containment()[0]
+    if where is None:
+        return 0
+    removed, now = 0, time.time()
+    try:
+        groups = [p for p in where.parent.iterdir() if p.name.startswith(GROUP_PREFIX) and p.is_dir()]
+    except OSError:
+        return 0
+    for group in groups:
+        try:
+            if pids_in_group(group) or now - group.stat().st_mtime < min_age_s:
+                continue
+            group.rmdir()
+            removed += 1
+        except OSError:   # busy (a member joined meanwhile), or already gone
+            continue
+    return removed
+

@@ -9,9 +9,29 @@ and it stays free of the harness's other modules.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
+
+_write_faults: dict[str, int] = {}
+
+
+def fault_write(path: Path) -> None:
+    """Fault injection for benchmarks/chaos.py and its test (off unless set):
+    AUTOLOOP_FAULT_WRITE=<ENOSPC|EIO>:<file name>[:<n>] makes the n-th write (default 1st)
+    of that file in this process fail with that error, as a full or failing disk would."""
+    wanted = os.environ.get("AUTOLOOP_FAULT_WRITE")
+    if not wanted:
+        return
+    code, _, rest = wanted.partition(":")
+    name, _, nth = rest.partition(":")
+    if Path(path).name != name or code not in ("ENOSPC", "EIO"):
+        return
+    _write_faults[name] = _write_faults.get(name, 0) + 1
+    if _write_faults[name] == int(nth or 1):
+        number = getattr(errno, code)
+        raise OSError(number, os.strerror(number), str(path))
 
 
 def atomic_write(path: Path, data: bytes | str, *, fsync: bool = True, sync_dir: bool = True,
@@ -21,6 +41,7 @@ def atomic_write(path: Path, data: bytes | str, *, fsync: bool = True, sync_dir:
     the data but not the rename, for a file rewritten many times a minute whose older
     version is as good after a power loss (the state file: the ledger is the truth)."""
     path = Path(path)
+    fault_write(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -83,7 +83,7 @@ from autoloop.core.classify import CrashClass
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
 from autoloop.store import chain
-from autoloop.store.atomic import atomic_write, fsync_dir
+from autoloop.store.atomic import atomic_write, fault_write, fsync_dir
 
 Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
 # What an attempt was: the unmodified baseline, a new idea, a fix of a trivial crash,
@@ -554,6 +554,7 @@ class Ledger:
         return True
 
     def _write_all(self, data: bytes) -> None:
+        fault_write(self.path)   # off unless AUTOLOOP_FAULT_WRITE names this file (benchmarks/chaos.py)
         created = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:

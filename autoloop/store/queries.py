@@ -148,6 +148,30 @@ def pending_next(records: list[LedgerRecord]) -> list[LedgerRecord]:
     return [r for r in last.values() if r.next in ("confirm", "replay")]
 
 
+# Recovery's reason for an attempt a kill cut off (engine/recovery.py); in these phases the
+# device time was spent and nothing judged, so --resume runs it again (rerun_interrupted).
+RERUN_PHASES = ("running", "judging")
+
+
+def interrupted_in_training(record: LedgerRecord) -> bool:
+    return record.status == "crash" and (record.reason or "").startswith(
+        tuple(f"interrupted (orchestrator stopped during {phase})" for phase in RERUN_PHASES))
+
+
+def pending_reruns(records: list[LedgerRecord]) -> list[LedgerRecord]:
+    """The last records of their trials that say a kill interrupted them while training,
+    where that happened once in the trial (so a re-run is made once: a re-run interrupted
+    too stays as it is) and there is a commit to run again. Trials of candidates, fixes and
+    confirmations; not the baseline (the start runs a missing baseline anyway) nor verify."""
+    last: dict[int, LedgerRecord] = {}
+    count: dict[int, int] = {}
+    for r in records:
+        last[r.trial] = r
+        count[r.trial] = count.get(r.trial, 0) + interrupted_in_training(r)
+    return [r for r in last.values() if interrupted_in_training(r) and count[r.trial] == 1 and r.commit
+            and r.kind in ("candidate", "fix", "confirm")]
+
+
 def replays_of(records: list[LedgerRecord], trial: int) -> int:
     """How often the change of a trial was sent to be replayed on a new best."""
     return sum(1 for r in records if r.trial == trial and r.next == "replay")
