@@ -424,7 +424,7 @@ def test_a_kill_between_the_trial_and_the_restore_is_recovered(tmp_path, data_co
     assert killed.returncode == -9, killed.stdout + killed.stderr
     assert data_copy.joinpath("val.bin").read_bytes() != pristine_val      # killed before the restore
 
-    resumed = autoloop(repo, *night_args("--resume"), data_dir=data_copy)
+    resumed = autoloop(repo, *night_args("--resume", "--no-rerun-interrupted"), data_dir=data_copy)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"recovery: tampered: {DATA_LABEL}/val.bin (by the interrupted attempt); restored" in resumed.stdout
     assert data_copy.joinpath("val.bin").read_bytes() == pristine_val

@@ -95,7 +95,7 @@ def killed_within_noise(tmp_path, tiny_data_dir, point: str) -> tuple:
 def test_kill_during_a_confirmation_is_recovered(tmp_path, tiny_data_dir):
     repo, args = killed_within_noise(tmp_path, tiny_data_dir, "running:1.2")
     # killed with the candidate checked out for its re-run
-    resumed = autoloop(repo, *args, "--resume", data_dir=tiny_data_dir)
+    resumed = autoloop(repo, *args, "--resume", "--no-rerun-interrupted", data_dir=tiny_data_dir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     ledger = assert_invariants(repo)
     assert [(r["trial"], r["attempt"], r["kind"], r["status"]) for r in ledger] == [

@@ -116,7 +116,7 @@ def test_a_crashing_suggestion_is_told_failed_and_the_night_goes_on(bowl_repo, t
 def test_an_interrupted_suggestion_is_run_again_after_resume(bowl_repo, tiny_data_dir):
     killed = run(bowl_repo, tiny_data_dir, "--max-trials", "5", env={"AUTOLOOP_FAULT_KILL_AT": "running:2"})
     assert killed.returncode == -9, killed.stdout + killed.stderr
-    proc = run(bowl_repo, tiny_data_dir, "--max-trials", "2", "--resume")
+    proc = run(bowl_repo, tiny_data_dir, "--max-trials", "2", "--resume", "--no-rerun-interrupted")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ledger = assert_invariants(bowl_repo)
     interrupted = next(r for r in ledger if r["trial"] == 2)

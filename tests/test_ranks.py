@@ -44,7 +44,8 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 with open(f"results/rank{rank}.pid", "w") as f:
     f.write(str(os.getpid()))
-budget, t0 = float(os.environ["AUTOLOOP_BUDGET_S"]), time.time()
+# RANK_HANG: train past any budget, so that only the hard timeout ends the ranks.
+budget, t0 = float(os.environ["AUTOLOOP_BUDGET_S"]) * (1000 if os.environ.get("RANK_HANG") else 1), time.time()
 stop = torch.zeros(1)
 while True:
     stop[0] = float(rank == 0 and time.time() - t0 >= budget)
@@ -287,10 +288,11 @@ def test_status_and_report_show_tokens_per_second_and_mfu():
 @pytest.mark.slow
 def test_the_hard_timeout_ends_every_rank(tmp_path, tiny_data_dir):
     repo = rank_repo(tmp_path)
-    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir)}
-    args = run_cmd("--max-trials", "1", budget="120")
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "RANK_HANG": "1"}
+    args = run_cmd("--max-trials", "1", budget="20")
     args[args.index("--timeout") + 1] = "30"
     proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert (repo / "results" / "ledger.jsonl").exists(), proc.stdout + proc.stderr
     record = read_ledger(repo)[0]
     assert record["crash"] == "timeout" and record["reason"] == "hard timeout 30 s exceeded", proc.stdout
     pids = [int((repo / "results" / f"rank{r}.pid").read_text()) for r in (0, 1)]
