@@ -2,8 +2,9 @@
 
 Debian's slurmctld/slurmd/munge packages, started as root with a config and a munge key of
 their own under a temporary folder (nothing in /etc is read or written; clients find the
-cluster through ``SLURM_CONF``): one partition ``debug`` with one node of 2 CPUs and no
-GPUs, accounting off (so job states come from ``scontrol``, as on clusters without
+cluster through ``SLURM_CONF``): partition ``debug`` with one node of 2 CPUs and no GPUs
+(``urgent`` on the same node preempts it; ``multi`` adds a second node, another slurmd on
+this host, for trials that span two nodes), accounting off (so job states come from ``scontrol``, as on clusters without
 slurmdbd). Ports are picked free, so two test runs on one machine do not meet.
 
 ``python tests/slurm_cluster.py`` starts one and prints the ``SLURM_CONF`` to export, for
@@ -86,9 +87,11 @@ OverTimeLimit=0
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 JobRequeue=1
-NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_port} CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName={node2} NodeHostname={host} NodeAddr=127.0.0.1 Port={node2_port} CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
 PartitionName=urgent Nodes={node} Default=NO MaxTime=INFINITE State=UP PriorityTier=10
+PartitionName=multi Nodes={node},{node2} Default=NO MaxTime=INFINITE State=UP PriorityTier=1
 """
 
 
@@ -98,12 +101,15 @@ class SlurmCluster:
     def __init__(self, root: Path | None = None):
         self.dir = Path(root or tempfile.mkdtemp(prefix="autoloop-slurm-"))
         self.node = f"al{os.getpid()}"   # unique per run: slurmd's shared memory is keyed by node name
+        # A second slurmd on this host (Debian's Slurm runs several, each on a port of its own),
+        # only in partition "multi": for trials that span two nodes; the others never land there.
+        self.node2 = f"{self.node}b"
         self.conf = self.dir / "slurm.conf"
         self.env = {"SLURM_CONF": str(self.conf)}
         self.procs: list[subprocess.Popen] = []
 
     def _write(self) -> None:
-        for sub in ("munge", "state", f"spool/{self.node}"):
+        for sub in ("munge", "state", f"spool/{self.node}", f"spool/{self.node2}"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         # munged refuses a key others can read, and clients must be able to reach its socket.
         self.dir.chmod(0o755)
@@ -111,9 +117,10 @@ class SlurmCluster:
         key = self.dir / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        ctld_port, slurmd_port = _free_ports(2)
-        self.conf.write_text(CONF.format(host=socket.gethostname(), dir=self.dir, node=self.node,
-                                         ctld_port=ctld_port, slurmd_port=slurmd_port))
+        ctld_port, slurmd_port, node_port, node2_port = _free_ports(4)
+        self.conf.write_text(CONF.format(host=socket.gethostname(), dir=self.dir, node=self.node, node2=self.node2,
+                                         ctld_port=ctld_port, slurmd_port=slurmd_port, node_port=node_port,
+                                         node2_port=node2_port))
 
     def _spawn(self, *argv: str) -> None:
         log = open(self.dir / f"{Path(argv[0]).name}.out", "ab")   # the daemon keeps it open
@@ -130,6 +137,7 @@ class SlurmCluster:
         # -i: ignore any state left (there is none: the folder is new).
         self._spawn(_tool("slurmctld"), "-D", "-i", "-f", str(self.conf))
         self._spawn(_tool("slurmd"), "-D", "-N", self.node, "-f", str(self.conf))
+        self._spawn(_tool("slurmd"), "-D", "-N", self.node2, "-f", str(self.conf))
         _wait(lambda: self.node_state() == "idle", timeout, "the node to become idle", self.dir)
         return self
 

@@ -47,12 +47,27 @@ def test_multi_gpu_multi_node_trial_maps_to_sbatch_and_torchrun(tmp_path):
     text = executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
     for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=1"):
         assert line in text, text
-    rdzv = slurm_gpus.rendezvous_env("gpu[07-08]", 2, 4, "123")
-    assert rdzv["MASTER_ADDR"] in ("gpu07", "gpu[07-08]") or rdzv["MASTER_ADDR"].startswith("gpu07")
     assert slurm_gpus.first_node("gpu[07-08],cpu01") in ("gpu07",)
-    launcher = slurm_gpus.torchrun_prefix(2, 4, rdzv)
-    assert launcher[:3] == ["torchrun", "--nnodes=2", "--nproc-per-node=4"]
-    assert f"--rdzv-endpoint={rdzv['MASTER_ADDR']}:29500" in launcher and "--rdzv-id=autoloop-123" in launcher
+
+
+def test_each_node_of_a_multi_node_trial_gets_its_share(tmp_path):
+    from autoloop.execution.ranks import launch_command
+    from autoloop.execution.runner import TrialSpec
+
+    spec = TrialSpec(command=launch_command(["python", "train.py"], 4), cwd=tmp_path, log_path=tmp_path / "3-1.log",
+                     result_path=tmp_path / "result.json")
+    env = {"SLURM_NODEID": "1", "SLURM_JOB_ID": "4123", "SLURM_JOB_NODELIST": "nohost-does-not-resolve"}
+    second = slurm_gpus.this_node(spec, 2, env)
+    port = slurm_gpus.rendezvous_port("4123")
+    assert second.command == ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4",
+                              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"nohost-does-not-resolve:{port}",
+                              "--rdzv-id", "autoloop-4123", "--rdzv-conf", "is_host=0", "--max-restarts", "0",
+                              "--monitor-interval", "0.5", "train.py"]
+    assert "--standalone" not in second.command   # each node's launcher meets the others', not its own
+    assert second.log_path.name == "3-1.node1.log" and second.result_path.name == "result.node1.json"
+    first = slurm_gpus.this_node(spec, 2, {**env, "SLURM_NODEID": "0"})
+    assert "is_host=1" in first.command and first.log_path == spec.log_path and first.result_path == spec.result_path
+    assert slurm_gpus.rendezvous_port("4124") != port and 20000 <= port < 30000
 
 
 def test_gpu_plan_says_what_it_asks_and_why(monkeypatch):

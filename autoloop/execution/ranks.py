@@ -30,16 +30,49 @@ def launch_command(argv: list[str], ranks: int) -> list[str]:
     ... train.py``; ``uv run train.py`` -> ``uv run python -m torch.distributed.run ... train.py``)."""
     if ranks <= 1:
         return list(argv)
+    return _launched(argv, [*LAUNCHER, "--nproc-per-node", str(ranks), *_NO_RESTARTS], ranks)
+
+
+def node_command(argv: list[str], nodes: int, node_rank: int, endpoint: str, run_id: str) -> list[str]:
+    """One node's share of a trial spread over ``nodes`` nodes: the trial command (as
+    :func:`launch_command` made it, launcher or not) with the launcher meeting the other
+    nodes' at ``endpoint`` (host:port) instead of a rendezvous of its own. The first node
+    hosts the rendezvous store; saying so instead of letting each node guess from its host
+    name keeps two nodes on one host (and hosts with several names) from both trying to."""
+    plain, ranks = _without_launcher(argv)
+    options = ["-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(ranks),
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+               "--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}", *_NO_RESTARTS]
+    return _launched(plain, options, ranks)
+
+
+# A failed rank ends the trial (no restarts); the launcher looks at its ranks this often.
+_NO_RESTARTS = ["--max-restarts", "0", "--monitor-interval", str(MONITOR_INTERVAL_S)]
+
+
+def _launched(argv: list[str], options: list[str], ranks: int) -> list[str]:
     scripts = [i for i, arg in enumerate(argv) if arg.endswith(".py")]
     if not scripts:
         raise ConfigError(f"--gpus-per-trial {ranks} needs a command that runs a .py script "
                           f"(torch.distributed.run launches it), got {' '.join(argv)!r}")
     at = scripts[0]
-    options = [*LAUNCHER, "--nproc-per-node", str(ranks), "--max-restarts", "0",
-               "--monitor-interval", str(MONITOR_INTERVAL_S)]
-    if _is_python(argv[0]):   # python [options] train.py
+    if any(_is_python(arg) for arg in argv[:at]):   # [uv run] python [options] train.py
         return [*argv[:at], *options, *argv[at:]]
     return [*argv[:at], "python", *options, *argv[at:]]
+
+
+def _without_launcher(argv: list[str]) -> tuple[list[str], int]:
+    """The command as it was before :func:`launch_command` put the launcher in, and its ranks."""
+    if "torch.distributed.run" not in argv:
+        return list(argv), 1
+    start = argv.index("torch.distributed.run") - 1          # "-m"
+    script = next(i for i in range(start, len(argv)) if argv[i].endswith(".py"))
+    options = argv[start:script]
+    ranks = int(options[options.index("--nproc-per-node") + 1]) if "--nproc-per-node" in options else 1
+    before = argv[:start]
+    if before and before[-1] == "python" and not any(_is_python(arg) for arg in before[:-1]):
+        before = before[:-1]   # put there by _launched
+    return [*before, *argv[script:]], ranks
 
 
 def throughput(summary: dict[str, float], gpus_per_trial: int) -> dict[str, float | int | None]:

@@ -18,7 +18,8 @@ real subprocess per job on this machine, for tests and for trying a config) and 
 
 On the node, SIGTERM (scancel, the time limit, preemption) and SIGINT end the trial through
 run_trial's stop event, so its process tree is ended, not orphaned, and the outcome still
-comes back. A preempted job is submitted again once (Slurm's own requeue is off).
+comes back. A job preempted or whose node failed is submitted again once (Slurm's own
+requeue is off): neither says anything of the trial.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import psutil
 
 from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
-from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters
+from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters, this_node
 from autoloop.execution.executors.slurm_state import LIVE, QuietWatcher, base_state, describe, read_job, settled
 from autoloop.execution.procs import TOKEN_VAR, end_token_holders
 from autoloop.execution.runner import _PROGRESS_RE, TrialOutcome, TrialSpec, default_timeout, run_trial
@@ -61,7 +62,9 @@ except ImportError:   # optional dependency: only `--executor slurm` needs it
 
 T = TypeVar("T")
 
-REQUEUES = 1           # a preempted trial is submitted again once; preempted twice, it is a crash
+REQUEUES = 1           # a trial the cluster ended (RESUBMIT) is submitted again once; twice, it is a crash
+# Ends that say nothing of the candidate: the trial is submitted again (REQUEUES times), not blamed.
+RESUBMIT = {"PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL)"}
 TIME_MARGIN_S = 300     # scheduler limit = trial timeout + this: job start-up, imports, the tree kill
 POLL_S = 1.0            # how often the orchestrator looks at the job and its log
 LOCAL_RESULT_WAIT_S = 2  # submitit waits this long for a result pickle (15 s: for network filesystems)
@@ -98,10 +101,14 @@ def sbatch_parameters(settings: Settings, gpus: int | None = None) -> dict[str, 
 
 
 def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
-                on_progress: OnProgress | None = None, on_start: OnStart | None = None) -> dict[str, Any]:
-    """The job: run the trial here and return its TrialOutcome as a dict (with ``node_signal``
-    when a signal from the scheduler ended it)."""
+                on_progress: OnProgress | None = None, on_start: OnStart | None = None,
+                nodes: int = 1) -> dict[str, Any]:
+    """The job (one task per node): run the trial here, or this node's share of it when it
+    spans ``nodes`` nodes, and return its TrialOutcome as a dict (with ``node_signal`` when a
+    signal from the scheduler ended it). submitit's result is the first node's."""
     spec = TrialSpec.model_validate_json(spec_json)
+    if nodes > 1:
+        spec = this_node(spec, nodes, os.environ)
     stop = stop_event or threading.Event()
     caught: list[str] = []
     previous: dict[signal.Signals, Any] = {}
@@ -179,6 +186,8 @@ class SlurmExecutor:
         self.pending_timeout_s = pending_timeout_s
         self.submitit: submitit.Executor
         self.plan: str | None = None   # what the job asks for and why, said once at start
+        # One task per node, each a share of the trial (submitit's local executor runs one task).
+        self.nodes = int(parameters.get("nodes", 1)) if cluster == "slurm" else 1
         if cluster == "slurm":
             # max_num_timeout=0: a trial is not checkpointable, a timed-out job is not requeued.
             # Job states from scontrol (sacct where accounting runs), without a warning per poll.
@@ -218,19 +227,20 @@ class SlurmExecutor:
     def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
             on_job: OnJob | None = None) -> TrialOutcome:
-        """The trial as a job; a job the cluster preempted is submitted again, ``REQUEUES`` times
-        (sbatch --no-requeue: this loop requeues, not Slurm, see :func:`sbatch_parameters`)."""
-        preempted: list[str] = []
+        """The trial as a job; a job the cluster preempted, or whose node failed, is submitted
+        again, ``REQUEUES`` times (sbatch --no-requeue: this loop requeues, not Slurm, see
+        :func:`sbatch_parameters`)."""
+        resubmitted: list[str] = []
         while True:
             outcome = self._run_job(spec, on_progress, stop_event, on_start, on_job)
             stopped = stop_event is not None and stop_event.is_set()
-            if (outcome.job.get("job_state", "").split(" ")[0] != "PREEMPTED" or stopped
-                    or len(preempted) >= REQUEUES):
+            why = RESUBMIT.get(outcome.job.get("job_state", "").split(" ")[0])
+            if why is None or stopped or len(resubmitted) >= REQUEUES:
                 break
-            preempted.append(f"job {outcome.job['job_id']}: {outcome.job['job_state']}")
-            _set_aside_log(spec.log_path, outcome.job["job_id"])
-        if preempted:
-            outcome = outcome.model_copy(update={"job": {**outcome.job, "preempted": preempted}})
+            resubmitted.append(f"job {outcome.job['job_id']}: {outcome.job['job_state']}")
+            _set_aside_log(spec.log_path, outcome.job["job_id"], why)
+        if resubmitted:
+            outcome = outcome.model_copy(update={"job": {**outcome.job, "resubmitted": resubmitted}})
         return outcome
 
     def _run_job(self, spec: TrialSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
@@ -244,7 +254,7 @@ class SlurmExecutor:
             job = self.submitit.submit(run_on_node, spec.model_dump_json(), stop_event, on_progress, on_start)
         else:
             try:
-                job = self.submitit.submit(run_on_node, spec.model_dump_json())
+                job = self.submitit.submit(run_on_node, spec.model_dump_json(), nodes=self.nodes)
             except Exception as exc:  # sbatch refused it: recorded like a launch failure
                 return self._outcome(spec, started_at, t0, follower, {"executor": self.name, "cluster": self.cluster},
                                      launch_error=f"job submission failed: {_said(exc)}")
@@ -281,7 +291,7 @@ class SlurmExecutor:
                     follower.poll(on_progress)
                     time.sleep(self.poll_s)
             if end.failure is None and end.pending_expired is None:
-                end.data = job.result()
+                end.data = job.results()[0]   # a job over several nodes: the first node's is the trial's
         except Exception as exc:  # a failed job, or an unreadable result pickle: the job gave no outcome
             end.failure = exc
         end.stopped = end.stopped or (stop_event is not None and stop_event.is_set())
@@ -426,13 +436,13 @@ def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool, info:
                          f"node; state {state})", "timed_out": timed_out, "job": {**info, "job_state": state}}
 
 
-def _set_aside_log(log_path: Path, job_id: str) -> None:
-    """The preempted job's log, kept beside the one its resubmission writes (which must not
+def _set_aside_log(log_path: Path, job_id: str, why: str) -> None:
+    """The ended job's log, kept beside the one its resubmission writes (which must not
     exist before the new job starts: its absence is how a pending job is told apart)."""
     with contextlib.suppress(OSError):
         with open(log_path, "a") as f:
-            f.write(f"[autoloop] job {job_id} was preempted; the trial is submitted again\n")
-        log_path.replace(log_path.with_name(f"{log_path.stem}.preempted-{job_id}{log_path.suffix}"))
+            f.write(f"[autoloop] job {job_id} {why}; the trial is submitted again\n")
+        log_path.replace(log_path.with_name(f"{log_path.stem}.job-{job_id}{log_path.suffix}"))
 
 
 def _job_logs(job: Job[Any]) -> dict[str, str]:

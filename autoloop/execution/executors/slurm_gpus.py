@@ -6,9 +6,9 @@ without any gets none, instead of sbatch refusing every job with ``Invalid gener
 (gres) specification``. What was asked and why is said once at start (:func:`gpu_plan`).
 
 N GPUs per trial on M nodes (``nodes_per_trial``) map to ``--nodes=M --gpus-per-node=N
---ntasks-per-node=1``: one task per node, which starts torch's launcher (torchrun) with
-``--nproc-per-node N``; with M > 1 the ranks meet at the first node of the allocation
-(:func:`rendezvous_env`).
+--ntasks-per-node=1``: one task per node, each running the trial's command, which for N > 1
+already starts torch's launcher with ``--nproc-per-node N``; with M > 1 each node's launcher
+meets the others' at the first node of the allocation instead (:func:`this_node`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,16 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-RENDEZVOUS_PORT = 29500   # torchrun's default
+from autoloop.execution.ranks import node_command
+from autoloop.execution.runner import TrialSpec
+
+# Rendezvous ports are this plus the job id modulo 10000: clear of torchrun's default 29500,
+# which a user's own torchrun may hold, and below the usual ephemeral range (32768+).
+RENDEZVOUS_BASE_PORT = 20000
 _GPU_RE = re.compile(r"\bgpu(?::[^:,()\s]+)*?:(\d+)")
 
 
@@ -58,6 +65,8 @@ def gpu_plan(settings: Any, cluster: str) -> tuple[int, str]:
     """(GPUs per node to ask, one line saying why)."""
     asked = gpus_asked(settings)
     where = f"partition {settings.slurm_partition}" if settings.slurm_partition else "the default partition"
+    if asked is not None and settings.device == "cpu":
+        return 0, f"slurm: no GPU asked for: --device cpu runs the trial's {asked} rank(s) per node on its CPUs"
     if asked is not None:
         return asked, f"slurm: {asked} GPU(s) per trial job (slurm_gpus_per_trial)"
     has = partition_gpus(settings.slurm_partition) if cluster == "slurm" else 0
@@ -76,33 +85,53 @@ def multi_parameters(gpus: int, nodes: int) -> dict[str, int]:
     return params
 
 
-def rendezvous_env(nodelist: str, nodes: int, gpus: int, job_id: str) -> dict[str, str]:
-    """Environment for torchrun on each node of a multi-node trial: rendezvous at the first node.
-
-    ``nodelist`` is SLURM_JOB_NODELIST (``gpu[01-04]``), expanded by ``scontrol show hostnames``.
-    """
-    first = first_node(nodelist)
-    return {"MASTER_ADDR": first, "MASTER_PORT": str(RENDEZVOUS_PORT), "AUTOLOOP_NNODES": str(nodes),
-            "AUTOLOOP_NPROC_PER_NODE": str(max(1, gpus)), "AUTOLOOP_RDZV_ID": f"autoloop-{job_id}",
-            "AUTOLOOP_RDZV_ENDPOINT": f"{first}:{RENDEZVOUS_PORT}"}
+def rendezvous_port(job_id: str) -> int:
+    """The port the job's rendezvous listens on, the same on every node without a word between
+    them; two multi-node trials whose first node is one host (``--workers 2``) get two."""
+    digits = re.sub(r"\D", "", job_id) or "0"
+    return RENDEZVOUS_BASE_PORT + int(digits) % 10000
 
 
-def torchrun_prefix(nodes: int, gpus: int, rdzv: dict[str, str]) -> list[str]:
-    """The launcher in front of train.py: one torchrun per node, ``gpus`` processes each."""
-    return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={max(1, gpus)}", "--rdzv-backend=c10d",
-            f"--rdzv-id={rdzv['AUTOLOOP_RDZV_ID']}", f"--rdzv-endpoint={rdzv['AUTOLOOP_RDZV_ENDPOINT']}"]
+def this_node(spec: TrialSpec, nodes: int, environ: Mapping[str, str]) -> TrialSpec:
+    """This node's share of a trial whose job spans ``nodes`` nodes (one task per node): the
+    launcher meets the others' at the allocation's first node (``SLURM_JOB_NODELIST``). The
+    first node's share is the trial (its log, its result file); the others' logs and result
+    files get a ``.node<k>`` name of their own, since the runner starts each run by removing
+    the result file it will read."""
+    rank = int(environ.get("SLURM_NODEID", "0"))
+    job_id = environ.get("SLURM_JOB_ID", "0")
+    endpoint = f"{node_address(first_node(environ.get('SLURM_JOB_NODELIST', '')))}:{rendezvous_port(job_id)}"
+    update: dict[str, Any] = {"command": node_command(spec.command, nodes, rank, endpoint, f"autoloop-{job_id}")}
+    if rank:
+        log = Path(spec.log_path)
+        update["log_path"] = log.with_name(f"{log.stem}.node{rank}{log.suffix}")
+        if spec.result_path is not None:
+            result = Path(spec.result_path)
+            update["result_path"] = result.with_name(f"{result.stem}.node{rank}{result.suffix}")
+    return spec.model_copy(update=update)
+
+
+def node_address(node: str) -> str:
+    """Where a node is reached (scontrol's NodeAddr: a node's name need not resolve), else its name."""
+    out = _scontrol("show", "node", "-o", node)
+    m = re.search(r"\bNodeAddr=(\S+)", out or "")
+    return m.group(1) if m else node
+
+
+def _scontrol(*argv: str) -> str | None:
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        return subprocess.run(["scontrol", *argv], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def first_node(nodelist: str) -> str:
     """The first host of a Slurm node list: ``scontrol show hostnames`` where it runs, else parsed."""
-    if shutil.which("scontrol"):
-        try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                                 timeout=20).stdout.split()
-            if out:
-                return out[0]
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    out = (_scontrol("show", "hostnames", nodelist) or "").split()
+    if out:
+        return out[0]
     m = re.match(r"([^\[,]+)(?:\[(\d+))?", nodelist)
     if not m:
         return nodelist
