@@ -59,14 +59,14 @@ def test_each_node_of_a_multi_node_trial_gets_its_share(tmp_path):
     env = {"SLURM_NODEID": "1", "SLURM_JOB_ID": "4123", "SLURM_JOB_NODELIST": "nohost-does-not-resolve"}
     second = slurm_gpus.this_node(spec, 2, env)
     port = slurm_gpus.rendezvous_port("4123")
-    assert second.command == ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4",
-                              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"nohost-does-not-resolve:{port}",
-                              "--rdzv-id", "autoloop-4123", "--rdzv-conf", "is_host=0", "--max-restarts", "0",
-                              "--monitor-interval", "0.5", "train.py"]
+    assert second.command == ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1",
+                              "--nproc-per-node", "4", "--master-addr", "nohost-does-not-resolve",
+                              "--master-port", str(port), "--max-restarts", "0", "--monitor-interval", "0.5",
+                              "train.py"]
     assert "--standalone" not in second.command   # each node's launcher meets the others', not its own
     assert second.log_path.name == "3-1.node1.log" and second.result_path.name == "result.node1.json"
     first = slurm_gpus.this_node(spec, 2, {**env, "SLURM_NODEID": "0"})
-    assert "is_host=1" in first.command and first.log_path == spec.log_path and first.result_path == spec.result_path
+    assert first.command[first.command.index("--node-rank") + 1] == "0" and first.log_path == spec.log_path and first.result_path == spec.result_path
     assert slurm_gpus.rendezvous_port("4124") != port and 20000 <= port < 30000
 
 

@@ -33,16 +33,17 @@ def launch_command(argv: list[str], ranks: int) -> list[str]:
     return _launched(argv, [*LAUNCHER, "--nproc-per-node", str(ranks), *_NO_RESTARTS], ranks)
 
 
-def node_command(argv: list[str], nodes: int, node_rank: int, endpoint: str, run_id: str) -> list[str]:
-    """One node's share of a trial spread over ``nodes`` nodes: the trial command (as
+def node_command(argv: list[str], nodes: int, node_rank: int, address: str, port: int) -> list[str]:
+    """Node ``node_rank``'s share of a trial spread over ``nodes`` nodes: the trial command (as
     :func:`launch_command` made it, launcher or not) with the launcher meeting the other
-    nodes' at ``endpoint`` (host:port) instead of a rendezvous of its own. The first node
-    hosts the rendezvous store; saying so instead of letting each node guess from its host
-    name keeps two nodes on one host (and hosts with several names) from both trying to."""
+    nodes' at ``address:port``, the first node, instead of a rendezvous of its own.
+
+    A static rendezvous (the node's rank given) rather than c10d's: c10d numbers the nodes in
+    the order they join, so rank 0, the one that evaluates and writes the result, landed on
+    the second node in one of two runs, whose log is not the trial's."""
     plain, ranks = _without_launcher(argv)
-    options = ["-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(ranks),
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
-               "--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}", *_NO_RESTARTS]
+    options = ["-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(node_rank),
+               "--nproc-per-node", str(ranks), "--master-addr", address, "--master-port", str(port), *_NO_RESTARTS]
     return _launched(plain, options, ranks)
 
 

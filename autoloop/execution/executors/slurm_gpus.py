@@ -100,8 +100,8 @@ def this_node(spec: TrialSpec, nodes: int, environ: Mapping[str, str]) -> TrialS
     the result file it will read."""
     rank = int(environ.get("SLURM_NODEID", "0"))
     job_id = environ.get("SLURM_JOB_ID", "0")
-    endpoint = f"{node_address(first_node(environ.get('SLURM_JOB_NODELIST', '')))}:{rendezvous_port(job_id)}"
-    update: dict[str, Any] = {"command": node_command(spec.command, nodes, rank, endpoint, f"autoloop-{job_id}")}
+    address = node_address(first_node(environ.get("SLURM_JOB_NODELIST", "")))
+    update: dict[str, Any] = {"command": node_command(spec.command, nodes, rank, address, rendezvous_port(job_id))}
     if rank:
         log = Path(spec.log_path)
         update["log_path"] = log.with_name(f"{log.stem}.node{rank}{log.suffix}")
