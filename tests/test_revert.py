@@ -40,16 +40,18 @@ def test_only_the_same_lines_conflict():
 
 
 def test_constants_come_apart_by_name_where_lines_cannot():
-    """Two constants on one line: the line merge would conflict; by constant they come
-    apart (a value over several lines, a non-ASCII one before another on its line too). A
-    text that does not parse uses the lines."""
+    """Two constants on one line: the lines conflict; by constant they come apart (a value
+    over several lines, a non-ASCII one before another on its line too). A text that does
+    not parse has the lines alone."""
     base = "A = 1; B = 2\nBETAS = (0.8,\n         0.95)\nC = 'é'; D = 3\n"
     a = edit(base, "A = 1", "A = 5")
     ab = edit(a, "B = 2", "B = 7")
     assert merge3(a, ab, base) == edit(base, "B = 2", "B = 7")
     betas = edit(base, "0.95)", "0.99)")
     assert merge3(betas, edit(betas, "C = 'é'", "C = 'è'"), base) == edit(base, "C = 'é'", "C = 'è'")
-    assert merge3(betas, edit(betas, "(0.8,", "(0.9,"), base) is None   # the same constant, rewritten
+    # Different lines of one value come apart as lines; the same line set twice does not.
+    assert merge3(betas, edit(betas, "(0.8,", "(0.9,"), base) == edit(base, "(0.8,", "(0.9,")
+    assert merge3(betas, edit(betas, "0.99)", "0.9)"), base) is None
     d = edit(base, "D = 3", "D = 4")
     assert merge3(d, edit(d, "C = 'é'", "C = 'è'"), base) == edit(base, "C = 'é'", "C = 'è'")
     assert merge3(a, edit(a, "A = 5", "A = 6"), base) is None

@@ -5,9 +5,9 @@ out of the best is that edit run backwards onto the best; replaying it onto anot
 (finalize, when an earlier change was left out) is the edit run forwards. Both are a
 three-way merge (:func:`merge3`) that conflicts only where the two sides change the *same*
 lines: no context lines, so two constants on consecutive lines (train.py keeps one per
-line) come out one at a time. Where all three texts differ only in the values of their
-UPPER_CASE constants (``module_constants``), the merge is by constant instead: two
-constants set on one line, or one set over several lines, still come apart.
+line) come out one at a time. Where the lines do conflict but all three texts differ only
+in the values of their UPPER_CASE constants (``module_constants``), the merge is by
+constant instead: two constants set on one line still come apart.
 
 :func:`plan_takeouts` says how each of a night's kept changes comes out of the best: alone,
 together with the later changes that truly rewrote its lines (found edit by edit, not the
@@ -17,6 +17,7 @@ whole run after it), or not at all.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from dataclasses import dataclass
 
@@ -49,8 +50,10 @@ class Takeout:
 def merge3(base: str, ours: str, theirs: str) -> str | None:
     """``ours`` with the edit from ``base`` to ``theirs`` applied; None on a conflict (both
     sides change the same lines, or the same constant, differently)."""
-    applies, merged = _merge_constants(base, ours, theirs)
-    return merged if applies else _merge_lines(base, ours, theirs)
+    merged = _merge_lines(base, ours, theirs)
+    if merged is not None:
+        return merged   # where the lines come apart, the constants do too, alike
+    return _merge_constants(base, ours, theirs)
 
 
 def _merge_lines(base: str, ours: str, theirs: str) -> str | None:
@@ -74,13 +77,21 @@ def _merge_lines(base: str, ours: str, theirs: str) -> str | None:
 def _hunks(old: list[str], new: list[str]) -> list[Hunk]:
     """The edit from old to new; a block of lines replaced by as many is one hunk per line
     (two constants set on consecutive lines are two edits, each its own)."""
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    # The common head and tail are left out of the matcher: a kept change touches a few
+    # lines of a long file, and this runs many times per verification.
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    a, b = old[head:len(old) - tail], new[head:len(new) - tail]
     hunks: list[Hunk] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag == "replace" and i2 - i1 == j2 - j1:
-            hunks += [(i, i + 1, (new[j1 + i - i1],)) for i in range(i1, i2)]
+            hunks += [(head + i, head + i + 1, (b[j1 + i - i1],)) for i in range(i1, i2)]
         elif tag != "equal":
-            hunks.append((i1, i2, tuple(new[j1:j2])))
+            hunks.append((head + i1, head + i2, tuple(b[j1:j2])))
     return hunks
 
 
@@ -101,28 +112,29 @@ def _clash(a: Hunk, b: Hunk) -> bool:
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
-def _merge_constants(base: str, ours: str, theirs: str) -> tuple[bool, str | None]:
-    """The merge by constant: (False, None) when it does not apply (a text that does not
-    parse, no constants, a difference outside the constants' values), else (True, the
-    merged text or None on a conflict)."""
+def _merge_constants(base: str, ours: str, theirs: str) -> str | None:
+    """The merge by constant; None when it does not apply (a text that does not parse, no
+    constants, a difference outside the constants' values) or conflicts (a constant set
+    differently on both sides)."""
     cut_base, cut_ours, cut_theirs = (_constant_values(text) for text in (base, ours, theirs))
     if cut_base is None or cut_ours is None or cut_theirs is None:
-        return False, None
+        return None
     frame, b = cut_base
     if not b or cut_ours[0] != frame or cut_theirs[0] != frame:
-        return False, None
+        return None
     values = []
     for vb, vo, vt in zip(b, cut_ours[1], cut_theirs[1], strict=True):
         if vo != vb and vt != vb and vo != vt:
-            return True, None
+            return None
         values.append(vt if vo == vb else vo)
     out = [frame[0]]
     for value, after in zip(values, frame[1:], strict=True):
         out += [value, after]
-    return True, "".join(out)
+    return "".join(out)
 
 
-def _constant_values(text: str) -> tuple[list[str], list[str]] | None:
+@functools.lru_cache(maxsize=64)
+def _constant_values(text: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The text cut around each constant's value: the pieces between the values (one more
     than the values) and the values' source; None when it does not parse."""
     tree = module_constants.parse(text)
@@ -144,7 +156,7 @@ def _constant_values(text: str) -> tuple[list[str], list[str]] | None:
         values.append(text[begin:end])
         at = end
     frame.append(text[at:])
-    return frame, values
+    return tuple(frame), tuple(values)
 
 
 # ------------------------------------------------------------------------------ taking changes out
