@@ -5,9 +5,9 @@ only rode along with a lucky seed. Verification measures them again, with new se
 
 1. **Ablation.** R repeats (``--repeats``, default 3) of the best, of the baseline, and of
    the best with each kept change taken out: the change's diff reverted on top of the best
-   by a 3-way merge of the target without context lines, by constant where the texts
-   differ only in their constants' values (``core/revert.py``, which finalize replays
-   with too), so changes on neighbouring lines come out one by one. A change whose lines a
+   by a 3-way merge of the target without context lines (by constant where lines clash
+   but the texts differ only in their constants' values: ``core/revert.py``, which
+   finalize replays with too), so changes on neighbouring lines come out one by one. A change whose lines a
    later kept change rewrote is grouped with just those later changes; one that does not
    revert even so is reported as such and not run. Each change (or group) gets its
    contribution with a 95 % interval (``contributions.py`` says how, exactly).
