@@ -212,3 +212,44 @@ def test_finalize_ends_with_the_results_commit_and_notes_the_final_commits(night
     proc = cli(repo, "finalize", "--branch", "code-only", "--no-results")
     assert proc.returncode == 0, proc.stderr
     assert git(repo, "rev-parse", "code-only^{tree}") == git(repo, "rev-parse", f"{night.best}^{{tree}}")
+
+
+def test_finalize_replays_a_change_next_to_one_it_lacks_without_context_lines(tmp_path):
+    """Three kept changes all built on the baseline, on neighbouring lines (DEPTH, the comment
+    above it, WIDTH three lines below: inside git's three lines of context, so `git apply`
+    refused the later ones): each applies on top of the others (core.revert.merge3, as
+    --drop-unproven needs when it leaves out the change next to a kept one). A change of the
+    same line as an earlier one still stops finalize, naming it."""
+    from autoloop.store.ledger import Ledger, LedgerRecord
+
+    n = build_night(tmp_path, [])
+    repo = n.repo
+    source = (repo / "train.py").read_text()
+    edits = [set_values(source, DEPTH="6"), source.replace("# depth: what it does", "# depth: layers"),
+             set_values(source, WIDTH="160"), set_values(source, DEPTH="8")]
+    commits = []
+    for i, text in enumerate(edits, 1):
+        (repo / "train.py").write_text(text)
+        git(repo, "commit", "-qam", f"change {i}")
+        commits.append(git(repo, "rev-parse", "HEAD"))
+        git(repo, "reset", "-q", "--hard", n.baseline)
+    ledger = Ledger(n.results, fsync=False)
+
+    def keep(i: int) -> None:
+        ledger.append(LedgerRecord(trial=i, started_at=i, ended_at=i + 1, proposer="worker", parent=n.baseline,
+                                   commit=commits[i - 1], description=f"change {i}", status="keep",
+                                   metric=1.02 - i / 100, best=commits[i - 1], best_metric=1.02 - i / 100))
+
+    for i in (1, 2, 3):
+        keep(i)
+    proc = cli(repo, "finalize", "--no-results")
+    assert proc.returncode == 0, proc.stderr
+    want = set_values(source, DEPTH="6", WIDTH="160").replace("# depth: what it does", "# depth: layers")
+    assert git(repo, "show", "autoloop/t-final:train.py") == want.rstrip("\n")
+    assert len(git(repo, "rev-list", f"{n.baseline}..autoloop/t-final").split()) == 3
+
+    keep(4)
+    proc = cli(repo, "finalize", "--no-results", "--branch", "other")
+    assert proc.returncode == 1
+    assert proc.stderr == ("autoloop: the kept change of trial 4 (change 4) does not apply on top of the earlier "
+                           "kept changes: it rewrites lines of train.py they changed\n")

@@ -59,14 +59,23 @@ def patch(description: str, old: str, new: str) -> str:
     return f"{description}\n" + "".join(diff)
 
 
-def night(tmp_path: Path, data_dir: Path) -> Path:
+def adjacent(source: str) -> str:
+    """The stand-in with WARMUP on the line right after LR, as train.py keeps its constants."""
+    lines = source.splitlines(keepends=True)
+    warmup = next(line for line in lines if line.startswith("WARMUP = "))
+    lines.remove(warmup)
+    at = next(i for i, line in enumerate(lines) if line.startswith("LR = "))
+    return "".join(lines[:at + 1] + [warmup] + lines[at + 1:])
+
+
+def night(tmp_path: Path, data_dir: Path, source: str = SOURCE) -> Path:
     """A night with a real change (#1) and a rider (#2), both kept: one run each, the strict rule."""
-    repo = init_repo(tmp_path / "repo", {"train.py": SOURCE})
-    real = with_constants(SOURCE, LR="0.02")
+    repo = init_repo(tmp_path / "repo", {"train.py": source})
+    real = with_constants(source, LR="0.02")
     rider = with_constants(real, WARMUP=str(lucky_warmup()))
     queue = repo / "results" / "queue"
     queue.mkdir(parents=True)
-    (queue / "01.patch").write_text(patch("LR 0.01 -> 0.02", SOURCE, real))
+    (queue / "01.patch").write_text(patch("LR 0.01 -> 0.02", source, real))
     (queue / "02.patch").write_text(patch(f"WARMUP 10 -> {lucky_warmup()}", real, rider))
     proc = autoloop(repo, "run", "--budget", "1", "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t",
                     "--keep-rule", "strict", data_dir=data_dir)
@@ -180,7 +189,61 @@ def test_a_change_that_no_longer_reverts_alone_is_grouped_with_the_one_built_on_
     ws.close()
 
 
+def test_only_changes_that_rewrote_the_same_lines_are_grouped(tmp_path):
+    """On neighbouring lines: #1 sets LR, #2 WARMUP (the next line), #3 LR again. #1 comes
+    out with #3 alone (which rewrote its line), #2 by itself, though all three touch
+    neighbouring lines."""
+    source = adjacent(SOURCE)
+    repo = init_repo(tmp_path / "repo", {"train.py": source})
+    ws = Workspace(repo)
+    text, commits = source, [git(repo, "rev-parse", "HEAD")]
+    for values in ({"LR": "0.02"}, {"WARMUP": "20"}, {"LR": "0.03"}):
+        text = with_constants(text, **values)
+        (repo / "train.py").write_text(text)
+        commits.append(ws.commit_candidate(str(values)))
+
+    class Kept:
+        def __init__(self, trial, parent, commit):
+            self.trial, self.parent, self.commit, self.description = trial, parent, commit, f"change {trial}"
+
+    notes, groups = revert_groups(ws, commits[-1], [Kept(k + 1, commits[k], commits[k + 1]) for k in range(3)])
+    assert [(n.trial, n.revert, n.group) for n in notes] == [(1, "grouped", [1, 3]), (2, "alone", [2]),
+                                                           (3, "grouped", [1, 3])]
+    assert [trials for trials, _ in groups] == [[1, 3], [2]]
+    assert groups[0][1] == with_constants(source, WARMUP="20")
+    assert groups[1][1] == with_constants(source, LR="0.03")
+    ws.close()
+
+
 # ------------------------------------------------------------------------------ end to end
+
+
+def test_a_rider_on_the_line_next_to_a_real_change_is_taken_out_alone_and_dropped(tmp_path, tiny_data_dir):
+    """The issue's case: LR (a real gain) and the lucky WARMUP rider on consecutive lines.
+    Each is taken out alone (not "#1+#2 grouped"), the rider is flagged, and
+    finalize --drop-unproven leaves it out."""
+    source = adjacent(SOURCE)
+    repo = night(tmp_path, tiny_data_dir, source)
+    proc = verify(repo, "--repeats", "2", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "grouped" not in out and "#1+#2" not in out
+    line_real = next(line for line in out.splitlines() if "  #1 LR" in line)
+    line_rider = next(line for line in out.splitlines() if "  #2 WARMUP" in line)
+    assert "  #1 LR 0.01 -> 0.02: contribution 0.1" in line_real and line_real.endswith(", confirmed")
+    assert line_rider.endswith("within noise (unproven)")
+    runs = verify_records(repo)
+    assert {r["extra"]["verify"]["variant"] for r in runs} == {"best", "baseline", "without #1", "without #2"}
+    texts = {r["extra"]["verify"]["variant"]: git(repo, "show", f"{r['commit']}:train.py") for r in runs}
+    assert texts["without #1"] == with_constants(source, WARMUP=str(lucky_warmup())).rstrip("\n")
+    assert texts["without #2"] == with_constants(source, LR="0.02").rstrip("\n")
+
+    proc = autoloop(repo, "finalize", "--drop-unproven", "--no-results", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert f"left out: trial 2 WARMUP 10 -> {lucky_warmup()} (within noise in autoloop verify)" in proc.stdout
+    assert git(repo, "log", "--format=%s", "-1", "autoloop/t-final") == "LR 0.01 -> 0.02"
+    assert git(repo, "show", "autoloop/t-final:train.py") == with_constants(source, LR="0.02").rstrip("\n")
+
 
 
 def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_at_scale(night_repo, tiny_data_dir):

@@ -2,5 +2,5 @@
 
 Errors, durations, the names of every path and ref, crash classification, the metric
 rules and the keep decision, the statistics of a contribution, a source's constants and
-the duplicate gate. Imports nothing of autoloop outside this layer.
+the duplicate gate, a kept change taken out of a text. Imports nothing of autoloop outside this layer.
 """

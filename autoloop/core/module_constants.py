@@ -2,9 +2,10 @@
 
 One definition for everything that reads train.py's knobs by name: the mutator and the
 search space (which move them), the duplicate gate (which names the constants a skipped
-change set) and the agent proposer (which describes a change by them). Each reads the
-value in its own way (the literal's bytes, ``ast.unparse``, the source segment); what
-counts as a constant is decided here only, so the four never disagree about a name.
+change set), the agent proposer (which describes a change by them) and ``revert`` (which
+takes a kept change out by constant). Each reads the value in its own way (the literal's
+bytes, ``ast.unparse``, the source segment); what counts as a constant is decided here
+only, so they never disagree about a name.
 """
 
 from __future__ import annotations

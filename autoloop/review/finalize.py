@@ -33,7 +33,9 @@ How: git plumbing only, on a temporary index file (``GIT_INDEX_FILE``): for each
 change, the diff from its parent (the best commit it was built on) to its commit is
 applied to the new branch's tree (each changed path's blob is taken from the kept
 commit when the path there still equals the parent's, which is always the case when
-the kept changes form the usual chain; otherwise the change's patch is applied), a
+the kept changes form the usual chain; otherwise the change is replayed onto the path's
+text there by ``core.revert.merge3``, the merge verify takes changes out with, without
+context lines: a change next to one --drop-unproven left out still applies), a
 tree is written, ``git commit-tree`` makes the commit, and ``git update-ref`` creates
 the branch only if it does not exist yet. HEAD, the index, the work tree and the
 original branch are never touched, so it is safe to run while a loop runs (it
@@ -53,6 +55,7 @@ from git.exc import GitCommandError
 
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, final_branch_name, tag_of_branch
+from autoloop.core.revert import merge3
 from autoloop.observe.console import metric_digits
 from autoloop.repo.workspace import FALLBACK_EMAIL, FALLBACK_NAME, Repository
 from autoloop.store.ledger import Ledger, LedgerRecord
@@ -218,6 +221,15 @@ class _Git:
             old_mode, new_mode, old_blob, new_blob, status = meta[1:].split()
             entries.append((old_mode, new_mode, old_blob, new_blob, status[0], path))
         return entries
+
+    def blob_text(self, blob: str) -> str | None:
+        """A blob (or rev:path) as text; None when it is not UTF-8 text."""
+        data = self.repo.git.cat_file("blob", blob, stdout_as_string=False, strip_newline_in_stdout=False)
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        return None if "\0" in text else text
 
     def text(self, rev: str, path: str) -> str:
         try:
@@ -462,6 +474,8 @@ def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:
                 g("update-index", "--add", "--cacheinfo", f"{new_mode},{new_blob},{path}")
         elif now is not None and status != "D" and now[1] == new_blob:
             continue   # already there
+        elif now is not None and status == "M" and _replay(g, change, path, now, tmp):
+            continue
         else:
             # The path moved on since this change's parent: apply the change as a patch.
             patch = tmp / "change.patch"
@@ -472,3 +486,23 @@ def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:
             except FinalizeError as e:
                 raise FinalizeError(f"the kept change of trial {_label(rec)} ({rec.description.splitlines()[0]}) "
                                     f"does not apply on top of the earlier kept changes: {e}") from None
+
+
+def _replay(g: _Git, change: KeptChange, path: str, now: tuple[str, str], tmp: Path) -> bool:
+    """A text file's change replayed onto the index's version (``core.revert.merge3``: no
+    context lines, by constant where it can, as verify takes changes out), written to the
+    index; False when the texts are not text, and a conflict stops finalize."""
+    parent, commit = g.blob_text(f"{change.parent}:{path}"), g.blob_text(f"{change.commit}:{path}")
+    current = g.blob_text(now[1])
+    if parent is None or commit is None or current is None:
+        return False   # not text: git apply decides
+    merged = merge3(parent, current, commit)
+    if merged is None:
+        rec = change.record
+        raise FinalizeError(f"the kept change of trial {_label(rec)} ({rec.description.splitlines()[0]}) does not "
+                            f"apply on top of the earlier kept changes: it rewrites lines of {path} they changed")
+    blob_file = tmp / "replayed"
+    blob_file.write_bytes(merged.encode("utf-8"))
+    blob = g("hash-object", "-w", "--", str(blob_file))
+    g("update-index", "--add", "--cacheinfo", f"{now[0]},{blob},{path}")
+    return True

@@ -5,10 +5,11 @@ only rode along with a lucky seed. Verification measures them again, with new se
 
 1. **Ablation.** R repeats (``--repeats``, default 3) of the best, of the baseline, and of
    the best with each kept change taken out: the change's diff reverted on top of the best
-   by a 3-way merge of the target (``Workspace.merge_change``, the engine's replay merge,
-   run backwards). A change that no longer reverts cleanly (a later change built on its
-   lines) is grouped with the kept changes after it until the group reverts; one that does
-   not revert even so is reported as such and not run. Each change (or group) gets its
+   by a 3-way merge of the target without context lines (by constant where lines clash
+   but the texts differ only in their constants' values: ``core/revert.py``, which
+   finalize replays with too), so changes on neighbouring lines come out one by one. A change whose lines a
+   later kept change rewrote is grouped with just those later changes; one that does not
+   revert even so is reported as such and not run. Each change (or group) gets its
    contribution with a 95 % interval (``contributions.py`` says how, exactly).
 2. **Transfer** (``--scale KEY=VALUE ...``, ``--scale-budget DURATION``): the baseline, the
    best and the best without each *confirmed* change again, with those constants rewritten
@@ -39,6 +40,7 @@ import time
 
 from autoloop.config.settings import Settings
 from autoloop.core.durations import format_duration
+from autoloop.core.revert import Edit, plan_takeouts
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
 from autoloop.engine.night import Night
 from autoloop.proposers.mutate import apply_move, find_constants, make_move
@@ -92,35 +94,26 @@ def _note(record: LedgerRecord) -> ChangeNote:
 
 def revert_groups(ws: Workspace, best: str,
                   changes: list[LedgerRecord]) -> tuple[list[ChangeNote], list[tuple[list[int], str]]]:
-    """How each kept change comes out of the best: alone when its diff reverts cleanly on
-    the best, else together with the kept changes after it (the first run of them that
-    reverts), else not at all. Returns the notes, and each group's trials with the target's
-    text without them."""
+    """How each kept change comes out of the best (``core.revert.plan_takeouts``): alone,
+    with only the later changes that rewrote its lines, or not at all. Returns the notes,
+    and each group's trials with the target's text without them."""
     notes = [_note(r) for r in changes]
-    best_text = ws.file_at(best, ws.target)
+    best_text = _target_at(ws, best)
+    edits = [Edit(_target_at(ws, n.parent), _target_at(ws, n.commit)) for n in notes]
     groups: list[tuple[list[int], str]] = []
-    i = 0
-    while i < len(changes):
-        for j in range(i, len(changes)):
-            # The diff from the group's last commit back to its first parent, onto the best.
-            text = ws.merge_change(notes[j].commit, best, notes[i].parent)
-            if text is not None:
-                break
-        else:
-            notes[i].revert = "conflict"
-            i += 1
-            continue
-        members = list(range(i, j + 1))
-        trials = [notes[k].trial for k in members]
-        if text == best_text:
-            for k in members:
-                notes[k].revert = "absent"
-        else:
-            for k in members:
-                notes[k].revert = "alone" if len(members) == 1 else "grouped"
-                notes[k].group = trials
-            groups.append((trials, text))
-        i = j + 1
+    for takeout in plan_takeouts(best_text, edits):
+        members = [notes[k] for k in takeout.members]
+        trials = [n.trial for n in members]
+        for note in members:
+            if takeout.text is None:
+                note.revert = "conflict"
+            elif takeout.text == best_text:
+                note.revert = "absent"
+            else:
+                note.revert = "alone" if len(members) == 1 else "grouped"
+                note.group = trials
+        if takeout.text is not None and takeout.text != best_text:
+            groups.append((trials, takeout.text))
     return notes, groups
 
 

@@ -43,7 +43,7 @@ class ChangeNote(BaseModel):
     description: str
     commit: str
     parent: str
-    revert: Revert = "alone"     # alone | grouped (with later changes) | conflict (cannot) | absent (not in the best)
+    revert: Revert = "alone"     # alone | grouped (with the later changes on its lines) | conflict | absent
     group: list[int] = Field(default_factory=list)   # the trials taken out together with it
 
 
@@ -208,7 +208,7 @@ def change_line(c: ChangeVerdict) -> str:
         return f"{who} {c.description}: does not revert cleanly on the best; not measured"
     if c.revert == "absent":
         return f"{who} {c.description}: no longer in the best (a later change undid it); not measured"
-    grouped = " (grouped: its diff reverts only together with the next)" if c.revert == "grouped" else ""
+    grouped = " (grouped: their edits overlap, taken out together)" if c.revert == "grouped" else ""
     est = c.estimate
     line = f"{who} {c.description}{grouped}: contribution {est.text() if est else '-'}, " \
            f"{_VERDICT_WORDS[est.verdict] if est else 'not run'}"
