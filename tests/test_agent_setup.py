@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jsonschema
 import pytest
@@ -112,6 +113,14 @@ def test_init_commits_the_client_files(tmp_path):
         set(git(repo, "ls-files").split())
     cli = autoloop_in_process(repo, "mcp", "--install", "gemini", data_dir=tmp_path)
     assert cli.returncode == 0 and "wrote .gemini/settings.json" in cli.stdout
+
+
+def test_mcp_without_the_sdk_says_how_to_install_it(tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "mcp" or m.startswith("mcp.")] + ["mcp"]:
+        monkeypatch.setitem(sys.modules, name, None)   # as though it were not installed
+    proc = autoloop_in_process(tmp_path, "mcp", data_dir=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "autoloop: autoloop mcp needs the MCP SDK: pip install 'autoloop[mcp]'"
 
 
 @pytest.fixture(scope="module")

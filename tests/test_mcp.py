@@ -76,6 +76,8 @@ def test_read_tools_answer_what_the_ledger_says(night):
             _, crashes = await call(s, "attempts", status=["crash"], crash=["fundamental"], since=5)
             assert crashes["rows"] and all(r["status"] == "crash" and r["crash"] == "fundamental" and r["trial"] > 5
                                            for r in crashes["rows"])
+            _, skips = await call(s, "attempts", status="skip")   # one status alone, not a list
+            assert [r["status"] for r in skips["rows"]] == ["skip"]
             _, last = await call(s, "attempts", kept=True, limit=2)
             assert [r["label"] for r in last["rows"]] == [t["trial"] for t in tsv if t["status"] == "keep"][-2:]
 

@@ -30,6 +30,14 @@ INSTRUCTIONS = (
 )
 
 
+Status = Literal["keep", "discard", "crash", "skip"]
+Crash = Literal["trivial", "fundamental", "timeout"]
+
+
+def _listed(value: str | list[Any] | None) -> list[str] | None:
+    return [value] if isinstance(value, str) else value
+
+
 class McpUnavailable(AutoloopError):
     """The MCP SDK is not installed (one line with the fix)."""
 
@@ -80,12 +88,12 @@ def _read_tools(view: AgentView) -> list[Callable[..., Any]]:
         (what `autoloop status --json` prints)."""
         return view.status()
 
-    def attempts(status: list[Literal["keep", "discard", "crash", "skip"]] | None = None,
-                 crash: list[Literal["trivial", "fundamental", "timeout"]] | None = None,
+    def attempts(status: Status | list[Status] | None = None, crash: Crash | list[Crash] | None = None,
                  since: int | None = None, kept: bool = False, limit: int = 50) -> dict[str, Any]:
-        """The night's attempts, results.tsv's rows, oldest first: filter by status, crash class, trials
-        after `since`, kept only; the last `limit` rows (at most 500); `total` counts all that match."""
-        return view.attempts(status, crash, since, kept, limit)
+        """The night's attempts, results.tsv's rows, oldest first: filter by status (one or a list; skip
+        adds the skipped proposals), crash class, trials after `since`, kept only; the last `limit` rows
+        (at most 500); `total` counts all that match."""
+        return view.attempts(_listed(status), _listed(crash), since, kept, limit)
 
     def attempt(trial: int, attempt: int = 1) -> dict[str, Any]:
         """One attempt in full: description, hypothesis, metrics, verdict and reason, its diff against its
@@ -181,7 +189,7 @@ def _resources(server: Any, view: AgentView) -> None:
 
 def serve(root: Path, allow_write: bool) -> None:
     """Serve on stdin/stdout until the client closes them."""
-    import anyio
+    server = build_server(root, allow_write)   # first: it says so in one line when the SDK is missing
+    import anyio  # the SDK's own dependency
 
-    server = build_server(root, allow_write)
     anyio.run(server.run_stdio_async)
