@@ -17,12 +17,16 @@ import math
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 from helpers.git import git, init_repo, private_copy
 from helpers.loop import assert_invariants, autoloop, read_ledger
 
 from autoloop.core.contributions import paired, ratio, t975
+from autoloop.core.layout import Layout
 from autoloop.repo.workspace import Workspace
+from autoloop.review.json_forms import schema, verify_status
+from autoloop.store.ledger import Ledger
 from autoloop.verification.verify import VerifyError, revert_groups, scaled_source
 
 KNOWN = Path(__file__).parent / "trial_scripts" / "known_value.py"
@@ -294,6 +298,12 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
         assert f"budget: {2 if r['extra']['verify']['scaled'] else 1} s" in log, r
     plan = json.loads((repo / "results" / "verify" / "plan.json").read_text())
     assert plan["best"] == best and plan["transfer_planned"] is True
+    # The same verdict as JSON (the MCP tool verify_status; verify --json below), valid against its schema.
+    data = verify_status(Layout.of(repo), Ledger(repo / "results").records())
+    jsonschema.validate(data, schema("verify"))
+    assert data["gain"]["verdict"] == "confirmed" and data["left"] == 0 and data["plan"]["best"] == best
+    assert [c["contribution"]["verdict"] for c in data["changes"]] == ["confirmed", "within noise"]
+    assert data["changes"][0]["holds"] is False
 
     # The morning report: the night's counts without the verification's runs, and its section.
     proc = autoloop(repo, "report", "--since-last", data_dir=tiny_data_dir)
@@ -326,11 +336,15 @@ def test_verify_confirms_the_real_change_flags_the_rider_and_the_gain_vanishes_a
     assert what_must_not_move(repo) == before
 
     # Run again without --resume: a finished verification is not refused; a new plan, new seeds.
-    proc = verify(repo, "--repeats", "1", data_dir=tiny_data_dir)
+    # (--json: the verdict alone on stdout, the progress lines on stderr)
+    proc = verify(repo, "--repeats", "1", "--json", data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     again = json.loads((repo / "results" / "verify" / "plan.json").read_text())
     assert again["seeds"] == [plan["seeds"][-1] + 1] and again["variants"][0]["trial"] > max(by_trial)
-    assert "unproven (too few runs)" in proc.stdout
+    assert "unproven (too few runs)" in proc.stderr
+    payload = json.loads(proc.stdout)
+    jsonschema.validate(payload, schema("verify"))
+    assert payload["plan"]["seeds"] == again["seeds"] and payload["gain"]["verdict"] == "unproven"
 
 
 def test_verify_refuses_what_it_cannot_do(tmp_path, night_repo, tiny_data_dir):

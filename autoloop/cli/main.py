@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"autoloop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # One function per subcommand, in the order --help lists them.
-    for add in (_add_prepare, _add_run, _add_trial, _add_verify, _add_doctor, _add_status, _add_report,
-                _add_note, _add_finalize, _add_dashboard, _add_init):
+    for add in (_add_prepare, _add_run, _add_trial, _add_verify, _add_doctor, _add_status, _add_attempts,
+                _add_report, _add_note, _add_finalize, _add_dashboard, _add_mcp, _add_init):
         add(sub)
     # Which module runs it: not args.command, which run's --command (the trial's command line)
     # overwrites with its own default.
@@ -146,6 +146,9 @@ def _add_verify(sub: Subparsers) -> None:
                                                 "autoloop/TAG branch)")
     p.add_argument("--resume", action="store_true",
                    help="recover a killed verification and run the repeats it has not recorded yet")
+    p.add_argument("--json", action="store_true",
+                   help="print the verdict as JSON at the end (schema autoloop.verify, docs/agents.md); "
+                        "the progress lines go to stderr")
     _directory_flag(p)
 
 
@@ -170,7 +173,26 @@ def _add_status(sub: Subparsers) -> None:
     p = sub.add_parser("status", help="where the loop stands (safe while it runs)",
                        description="Current trial and phase, best and baseline metric, counts by status and "
                                    "crash class, pace and time left. Reads results/ only.")
+    p.add_argument("--json", action="store_true",
+                   help="machine-readable output (schema autoloop.status, docs/agents.md)")
+    _directory_flag(p)
+
+
+def _add_attempts(sub: Subparsers) -> None:
+    p = sub.add_parser("attempts", help="the night's attempts, filtered: a table or JSON (safe while it runs)",
+                       description="The attempts of results.tsv (skips too with --status skip), oldest first, "
+                                   "with their metric, delta against the best they were judged on, commit and "
+                                   "description. Reads results/ only. The JSON is the MCP tool's answer "
+                                   "(schema autoloop.attempts, docs/agents.md).",
+                       epilog="example: autoloop attempts --since 40 --status crash --json")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--status", action="append", metavar="STATUS",
+                   help="keep, discard, crash or skip (repeat the flag or give a comma list)")
+    p.add_argument("--crash", action="append", metavar="CLASS",
+                   help="trivial, fundamental or timeout (repeat the flag or give a comma list)")
+    p.add_argument("--since", type=int, metavar="N", help="only the trials after trial N")
+    p.add_argument("--kept", action="store_true", help="only the kept attempts")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the last N rows")
     _directory_flag(p)
 
 
@@ -242,11 +264,30 @@ def _add_dashboard(sub: Subparsers) -> None:
     _directory_flag(p)
 
 
+def _add_mcp(sub: Subparsers) -> None:
+    p = sub.add_parser("mcp", help="an MCP server of the night for a coding agent (stdio; safe while it runs)",
+                       description="Serve the night over the Model Context Protocol on stdin/stdout: the tools "
+                                   "status, attempts, attempt, best, digest, report and verify_status read "
+                                   "results/ and git; note, queue_patch and stop_after_trial steer the night and "
+                                   "answer only with --allow-write. Resources: results.tsv, program.md, the "
+                                   "report. Needs pip install 'autoloop[mcp]'. With --install, write a client's "
+                                   "configuration for this repository instead (docs/agents.md).",
+                       epilog="example: autoloop mcp --install claude --install codex")
+    p.add_argument("--allow-write", action="store_true",
+                   help="let the client add notes, queue patches and stop the night after its trial")
+    p.add_argument("--install", action="append", choices=("claude", "codex", "gemini"), metavar="CLIENT",
+                   help="write CLIENT's MCP configuration (claude, codex or gemini; repeat for several) and exit")
+    _directory_flag(p)
+
+
 def _add_init(sub: Subparsers) -> None:
     p = sub.add_parser("init", help="create a fresh experiment repository",
                        description="Create DIR with train.py, program.md, .gitignore and a first commit, "
                                    "ready for autoloop run.")
     p.add_argument("path", metavar="DIR", help="folder to create (must not exist or be empty)")
+    p.add_argument("--install", action="append", choices=("claude", "codex", "gemini"), metavar="CLIENT",
+                   help="also write CLIENT's MCP configuration and skill (claude, codex or gemini; repeat for "
+                        "several), committed with the rest")
 
 
 def main(argv: list[str] | None = None) -> int:

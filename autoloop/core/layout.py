@@ -32,6 +32,7 @@ about where something is. Nothing here touches the disk except ``ensure``.
       report.md, progress.png  `autoloop report`
       person-notes.json        `autoloop note`: the person's notes and clears (person_notes.py)
       .person-notes.lock       serialises the writers of person-notes.json
+      stop-request.json        "stop after the running trial", for the orchestrator of one pid (stop_request.py)
 """
 
 from __future__ import annotations
@@ -219,6 +220,11 @@ class Layout:
     @property
     def person_notes_lock(self) -> Path:
         return self.root / ".person-notes.lock"
+
+    @property
+    def stop_request(self) -> Path:
+        """A request that the night stop once its running trials are recorded (store/stop_request.py)."""
+        return self.root / "stop-request.json"
 
     def ref_snapshot(self, trial: int, attempt: int) -> Path:
         """The refs before one proposal, persisted so that a recovery after kill -9 puts back

@@ -49,6 +49,7 @@ from autoloop.repo.worktrees import ensure_worktree, remove_worktree, worker_wor
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
 from autoloop.store.state import RunState, StateFile, load_state
+from autoloop.store.stop_request import take_request
 
 JOIN_SLICE_S = 0.2     # the main thread joins the slots in slices: it must stay free to take signals
 
@@ -73,6 +74,7 @@ class Scheduler:
         self.said_unreported = False               # "the agent's CLI reports no cost" said once
         self.exhausted = False
         self.reason: str | None = None
+        self.requested: str | None = None          # a stop asked for from another shell (stop_request.py)
         self.error: BaseException | None = None
         self.deadline: float | None = None
         self.mono_deadline: float | None = None
@@ -345,6 +347,10 @@ class Scheduler:
         night, s = self.night, self.night.settings
         if night.stop.is_set() or self.error is not None:
             return self.reason or f"stopped by {night.stop.signal or 'request'}"
+        # Asked from another shell (autoloop mcp's stop_after_trial): no new trial, in any slot.
+        self.requested = self.requested or take_request(night.layout.root, os.getpid())
+        if self.requested:
+            return self.requested
         if prepared:
             return night.low_disk() or self._past_deadline(1)
         if self.reason:

@@ -27,8 +27,11 @@ class ScaffoldError(AutoloopError):
 
 
 def run(args: argparse.Namespace) -> int:
-    path = init_experiment(Path(args.path))
+    clients = getattr(args, "install", None) or []
+    path = init_experiment(Path(args.path), clients)
     print(f"created an experiment repository in {path}")
+    if clients:
+        print(f"with the MCP configuration of {', '.join(dict.fromkeys(clients))} (docs/agents.md)")
     print(f"next: cd {path} && autoloop run --budget 5m --hours 8")
     return 0
 
@@ -38,7 +41,10 @@ def template_text(name: str) -> str:
     return resources.files("autoloop").joinpath("templates", name).read_text()
 
 
-def init_experiment(path: Path) -> Path:
+def init_experiment(path: Path, clients: list[str] | None = None) -> Path:
+    """``clients``: coding agents whose MCP configuration and instructions go in the first commit."""
+    from autoloop.review.client_setup import install
+
     path = path.resolve()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ScaffoldError(f"{path} exists and is not an empty folder")
@@ -49,8 +55,9 @@ def init_experiment(path: Path) -> Path:
         (path / ".gitignore").write_text(GITIGNORE)
         readme = Layout.of(path).ensure().root / "README.md"
         readme.write_text("Ledger, logs and reports of autoloop (git-ignored).\n")
+        extra = [p.relative_to(path).as_posix() for p in install(path, clients or [])]
         repo = git.Repo.init(path)
-        repo.index.add(["train.py", "program.md", ".gitignore", readme.relative_to(path).as_posix()])
+        repo.index.add(["train.py", "program.md", ".gitignore", readme.relative_to(path).as_posix(), *extra])
         author = None
         reader = repo.config_reader()
         if not (reader.has_option("user", "name") and reader.has_option("user", "email")):
