@@ -2,7 +2,8 @@
 agents' text shown as text), `--once` reading results/ without writing it, the one-line
 errors, and the real thing in a real terminal: tmux on a private socket, a night running
 on the scripted stand-in, the trial in flight on screen, `q` and Ctrl-C quitting with exit
-status 0, the terminal's settings restored and the night going on.
+status 0 (SIGTERM ending it with 143), the terminal's settings restored after each, and the
+night going on.
 
 tmux comes from Debian (`apt-get install tmux`, as .ci/run does). Without it the terminal
 test is skipped, except in CI (CI=true), where a missing tmux is a failure.
@@ -20,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers.loop import read_ledger
 from helpers.night import build_night, realistic_steps
@@ -35,10 +37,11 @@ from autoloop.review.watch.frame import clean, curve_lines, frame
 EVIL = "[bold red]markup[/] \x1b[2J\x1b]0;title\x07 cleared \u202eevil\u202c\nsecond line"
 
 
-@pytest.fixture
-def night(tmp_path):
-    """A finished night with two workers in flight on top: w1 training, w0 proposing."""
-    built = build_night(tmp_path, realistic_steps(), tag="t")
+@pytest.fixture(scope="module")
+def night(tmp_path_factory):
+    """A finished night with two workers in flight on top: w1 training, w0 proposing (read
+    only by the tests, so built once)."""
+    built = build_night(tmp_path_factory.mktemp("night"), realistic_steps(), tag="t")
     results = built.results
     state = json.loads((results / "state.json").read_text())
     (results / "state.json").write_text(json.dumps({**state, "phase": "idle", "workers": 2, "pid": os.getpid()}))
@@ -112,20 +115,19 @@ def test_once_prints_a_frame_and_writes_nothing(night):
     assert once.returncode == 0, once.stderr
     assert "#31" in once.stdout and "#32" in once.stdout and once.stderr == ""
     assert snapshot(night.results) == before
-    # Without --once it needs a terminal to draw on: one line, exit 1.
-    piped = subprocess.run([sys.executable, "-m", "autoloop.cli", "watch"], cwd=night.repo, env=env,
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert piped.returncode == 1 and piped.stderr == "autoloop: watch: stdout is not a terminal " \
-                                                     "(--once prints one frame)\n"
-    assert snapshot(night.results) == before
 
 
-def test_without_rich_a_one_line_error(night):
-    code = ("import sys; sys.modules['rich'] = None; from autoloop.cli.main import main; "
-            "sys.exit(main(['watch', '--once']))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=night.repo, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
-    assert proc.stderr == "autoloop: watch needs rich: pip install 'autoloop[watch]'\n"
+def test_the_one_line_errors(night, capsys, monkeypatch):
+    from autoloop.cli.main import main
+
+    # Without --once it needs a terminal to draw on (here stdout is pytest's capture).
+    assert main(["watch", "-C", str(night.repo)]) == 1
+    assert capsys.readouterr().err == "autoloop: watch: stdout is not a terminal (--once prints one frame)\n"
+    # Without rich: what to install.
+    for name in ("rich", "rich.console", "rich.live"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["watch", "--once", "-C", str(night.repo)]) == 1
+    assert capsys.readouterr().err == "autoloop: watch needs rich: pip install 'autoloop[watch]'\n"
 
 
 # ------------------------------------------------------------------------------ a real terminal
@@ -177,14 +179,12 @@ def test_watch_in_a_real_terminal(tmp_path, tiny_data_dir, tmux_env):
                             text=True, start_new_session=True)
     out = tmp_path / "pane"
     out.mkdir()
-    # The pane runs watch twice (quit with q, then with Ctrl-C), saving each exit status and
-    # the terminal's settings before and after, then stays open.
+    # The pane runs watch three times (ended by q, Ctrl-C, SIGTERM), saving each exit status
+    # and the terminal's settings before and after, then stays open.
     watch = f"{sys.executable} -m autoloop.cli watch --interval 0.2"
-    (out / "script.sh").write_text(
-        f"cd {repo}\nstty -a > {out}/before\n"
-        f"{watch}; echo $? > {out}/rc1.tmp; stty -a > {out}/after1; mv {out}/rc1.tmp {out}/rc1\n"
-        f"{watch}; echo $? > {out}/rc2.tmp; stty -a > {out}/after2; mv {out}/rc2.tmp {out}/rc2\n"
-        "echo pane-done; sleep 600\n")
+    runs = "".join(f"{watch}; echo $? > {out}/rc{n}.tmp; stty -a > {out}/after{n}; mv {out}/rc{n}.tmp {out}/rc{n}\n"
+                   for n in (1, 2, 3))
+    (out / "script.sh").write_text(f"cd {repo}\nstty -a > {out}/before\n{runs}echo pane-done; sleep 600\n")
     tmux = Tmux(env)
     try:
         state = repo / "results" / "state.json"
@@ -192,15 +192,20 @@ def test_watch_in_a_real_terminal(tmp_path, tiny_data_dir, tmux_env):
              "trial 2 to be running")
         started = tmux("new-session", "-d", "-s", "watch", "-x", "150", "-y", "45", f"bash {out}/script.sh")
         assert started.returncode == 0, started.stderr
-        for n, key in ((1, "q"), (2, "C-c")):
+        for n, key, status in ((1, "q", "0"), (2, "C-c", "0"), (3, None, "143")):
             screen = wait(lambda: "held until results/go" in (s := tmux.screen()) and s, f"frame {n}")
             flight = next(line for line in screen.splitlines() if "#2 " in line and "held until" in line)
             assert "running" in flight and "candidate" in flight
             assert "a first change" in screen and "q quits" in screen
-            assert tmux("send-keys", "-t", "watch", key).returncode == 0
+            if key:
+                assert tmux("send-keys", "-t", "watch", key).returncode == 0
+            else:   # SIGTERM to the watch process, the pane's shell's one child
+                shell = psutil.Process(int(tmux("display-message", "-p", "-t", "watch", "#{pane_pid}").stdout))
+                [child] = shell.children()
+                child.terminate()
             rc_file = out / f"rc{n}"
             rc = wait(lambda f=rc_file: f.exists() and f.read_text().strip(), f"exit {n}")
-            assert rc == "0", f"watch {n} ({key}) exited {rc}"
+            assert rc == status, f"watch {n} ({key or 'SIGTERM'}) exited {rc}"
             assert (out / f"after{n}").read_text() == (out / "before").read_text(), "terminal not restored"
         wait(lambda: "pane-done" in tmux.screen(), "the pane's script to end")
         assert "held until" not in tmux.screen()   # the alternate screen is gone
