@@ -170,6 +170,27 @@ def tmux_env():
         pytest.skip(why)
 
 
+def test_a_hang_up_ends_it_quietly(night, tmp_path, tmux_env):
+    """The terminal goes away under it (an SSH connection dropped): it ends with 129, the
+    status of a hang-up, and leaves nothing behind (no internal-error log under results/)."""
+    before = snapshot(night.results)
+    tmux = Tmux({k: v for k, v in os.environ.items() if k != "TMUX"})
+    # The pane's shell outlives the hang-up (a HUP trap) to save the exit status.
+    (tmp_path / "script.sh").write_text(
+        f"trap 'true' HUP\ncd {night.repo}\n{sys.executable} -m autoloop.cli watch --interval 0.2 2> {tmp_path}/err\n"
+        f"echo $? > {tmp_path}/rc.tmp; mv {tmp_path}/rc.tmp {tmp_path}/rc\n")
+    try:
+        assert tmux("new-session", "-d", "-s", "watch", "-x", "120", "-y", "40",
+                    f"bash {tmp_path}/script.sh").returncode == 0
+        wait(lambda: "#31" in tmux.screen(), "the frame")
+    finally:
+        tmux.kill()
+    rc = wait(lambda: (tmp_path / "rc").exists() and (tmp_path / "rc").read_text().strip(), "the exit status")
+    assert rc == "129", (tmp_path / "err").read_text()
+    assert (tmp_path / "err").read_text() == ""
+    assert snapshot(night.results) == before
+
+
 def test_watch_in_a_real_terminal(tmp_path, tiny_data_dir, tmux_env):
     repo = fake_repo(tmp_path)
     queue(repo, "01_better.py", fake(A=0.5), "a first change")

@@ -7,6 +7,8 @@ written under results/, so it can come and go while a night runs.
 
 from __future__ import annotations
 
+import errno
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +19,7 @@ from autoloop.review.watch.terminal import Ended, cbreak, signals_end_watch
 
 INSTALL_HINT = "watch needs rich: pip install 'autoloop[watch]'"
 QUIT_KEYS = {"q", "Q"}
+TERMINAL_GONE = {errno.EIO, errno.ENXIO, errno.EBADF}
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -54,6 +57,10 @@ def watch(root: Path, interval: float = 2.0, last: int = 10, once: bool = False)
                     return 0
     except Ended as e:
         return 128 + e.signum
+    except OSError as e:
+        if e.errno in TERMINAL_GONE:   # a hang-up (SSH dropped): nothing left to draw on or restore
+            return 128 + signal.SIGHUP
+        raise
 
 
 def _safe_frame(frame: Callable[..., RenderableType], views: WorkspaceViews, last: int,

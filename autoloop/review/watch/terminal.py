@@ -3,7 +3,8 @@
 stdin is put in cbreak mode (no line buffering, no echo; Ctrl-C still sends SIGINT) and
 its settings are put back on every way out: a return, an exception, Ctrl-C, and SIGTERM
 or SIGHUP, which :func:`signals_end_watch` turns into an exception so that the ``finally``
-blocks run. When stdin is not a terminal nothing is changed and no key is read.
+blocks run (a terminal that hung up has nothing left to restore, and that is no error).
+When stdin is not a terminal nothing is changed and no key is read.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def cbreak(stream: IO[str] | None = None) -> Iterator[Keys]:
         tty.setcbreak(fd, termios.TCSANOW)
         yield Keys(fd)
     finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        try:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        except termios.error:   # the terminal hung up: there is nothing left to restore
+            pass
 
 
 @contextmanager
