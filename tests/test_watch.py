@@ -49,7 +49,7 @@ def night(tmp_path_factory):
         "tag": "t", "phase": "running", "trial": 31, "attempt": 1, "kind": "candidate", "description": EVIL,
         "attempt_started_at": time.time() - 5, "progress": "step 00010 (40.0%) | loss: 2.5000"}))
     (results / "state-w0.json").write_text(json.dumps({
-        "tag": "t", "phase": "proposing", "trial": 32, "attempt": 1, "kind": "candidate",
+        "tag": "t", "phase": "proposing", "trial": 32, "attempt": 1, "kind": "candidate", "proposer": "mutate",
         "attempt_started_at": time.time() - 50}))
     return built
 
@@ -66,7 +66,7 @@ def test_the_frame_shows_every_worker_in_flight_and_the_night(night):
     w1 = next(line for line in lines if "#31" in line)
     assert "w1" in w1 and "running" in w1 and "40%" in w1 and "2.5000" in w1
     w0 = next(line for line in lines if "#32" in line)
-    assert "w0" in w0 and "proposing" in w0
+    assert "w0" in w0 and "proposing" in w0 and "(mutate at work)" in w0
     best = next(r for r in reversed(night.records) if r.best_metric is not None).best_metric
     assert f"best val_bpb {best:.6f}" in text
     # the last five attempts, the newest last

@@ -130,8 +130,15 @@ def _in_flight(live: dict[str, Any], now: float) -> RenderableType:
         table.add_row(clean(a["worker"] or "-"), f"#{a['label']}", clean(a["kind"]), clean(a["phase"]),
                       _bar(a.get("percent")), _number(a.get("loss"), ".4f"),
                       whole_seconds(now - started) if _finite(started) else "-",
-                      Text(clean(a["description"])))
+                      _what(a))
     return table
+
+
+def _what(attempt: dict[str, Any]) -> Text:
+    """The description; while there is none yet (proposing), who is proposing."""
+    if attempt["description"]:
+        return Text(clean(attempt["description"]))
+    return Text(f"({clean(attempt['proposer'])} at work)" if attempt["proposer"] else "", style="dim")
 
 
 def curve_lines(values: list[float], width: int, height: int = CURVE_HEIGHT) -> list[Text]:
