@@ -16,7 +16,7 @@ import pytest
 
 GOLDEN = Path(__file__).parent / "golden" / "help"
 COMMANDS = ["", "prepare", "run", "trial", "verify", "doctor", "status", "report", "note", "finalize",
-            "dashboard", "init", "attempts", "mcp"]
+            "dashboard", "watch", "init", "attempts", "mcp"]
 
 
 def help_text(command: str) -> str:

@@ -46,6 +46,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{text}'") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected 0.1 to 3600 seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autoloop",
@@ -56,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # One function per subcommand, in the order --help lists them.
     for add in (_add_prepare, _add_run, _add_trial, _add_verify, _add_doctor, _add_status, _add_attempts,
-                _add_report, _add_note, _add_finalize, _add_dashboard, _add_mcp, _add_init):
+                _add_report, _add_note, _add_finalize, _add_dashboard, _add_watch, _add_mcp,
+                _add_init):
         add(sub)
     # Which module runs it: not args.command, which run's --command (the trial's command line)
     # overwrites with its own default.
@@ -277,6 +288,23 @@ def _add_mcp(sub: Subparsers) -> None:
                    help="let the client add notes, queue patches and stop the night after its trial")
     p.add_argument("--install", action="append", choices=("claude", "codex", "gemini"), metavar="CLIENT",
                    help="write CLIENT's MCP configuration (claude, codex or gemini; repeat for several) and exit")
+    _directory_flag(p)
+
+
+def _add_watch(sub: Subparsers) -> None:
+    p = sub.add_parser("watch", help="the night, live, in this terminal (read-only; q or Ctrl-C quits)",
+                       description="Show the night in the terminal, redrawn every few seconds: the summary (best, "
+                                   "baseline, pace, time left), each attempt in flight with its progress and loss "
+                                   "(every worker's), the running best as a small plot, and the last attempts. "
+                                   "For a shell without a browser (SSH). It reads results/ only, like the "
+                                   "dashboard: no lock, nothing written; quitting leaves the night running.",
+                       epilog="Needs rich: pip install 'autoloop[watch]'.")
+    p.add_argument("--interval", type=_seconds, default=2.0, metavar="S",
+                   help="seconds between two frames (default 2)")
+    p.add_argument("--last", type=_positive_int, default=10, metavar="N",
+                   help="how many of the last attempts to list (default 10)")
+    p.add_argument("--once", action="store_true",
+                   help="print one frame and exit (no terminal needed: for scripts and pipes)")
     _directory_flag(p)
 
 
