@@ -66,7 +66,8 @@ def test_each_node_of_a_multi_node_trial_gets_its_share(tmp_path):
     assert "--standalone" not in second.command   # each node's launcher meets the others', not its own
     assert second.log_path.name == "3-1.node1.log" and second.result_path.name == "result.node1.json"
     first = slurm_gpus.this_node(spec, 2, {**env, "SLURM_NODEID": "0"})
-    assert first.command[first.command.index("--node-rank") + 1] == "0" and first.log_path == spec.log_path and first.result_path == spec.result_path
+    assert first.command[first.command.index("--node-rank") + 1] == "0"
+    assert first.log_path == spec.log_path and first.result_path == spec.result_path
     assert slurm_gpus.rendezvous_port("4124") != port and 20000 <= port < 30000
 
 
