@@ -55,7 +55,7 @@ def test_each_node_of_a_multi_node_trial_gets_its_share(tmp_path):
     from autoloop.execution.runner import TrialSpec
 
     spec = TrialSpec(command=launch_command(["python", "train.py"], 4), cwd=tmp_path, log_path=tmp_path / "3-1.log",
-                     result_path=tmp_path / "result.json")
+                     result_path=tmp_path / "result.json", env={"AUTOLOOP_TRIAL_TOKEN": "abc"})
     env = {"SLURM_NODEID": "1", "SLURM_JOB_ID": "4123", "SLURM_JOB_NODELIST": "nohost-does-not-resolve"}
     second = slurm_gpus.this_node(spec, 2, env)
     port = slurm_gpus.rendezvous_port("4123")
@@ -67,7 +67,8 @@ def test_each_node_of_a_multi_node_trial_gets_its_share(tmp_path):
     assert second.log_path.name == "3-1.node1.log" and second.result_path.name == "result.node1.json"
     first = slurm_gpus.this_node(spec, 2, {**env, "SLURM_NODEID": "0"})
     assert first.command[first.command.index("--node-rank") + 1] == "0"
-    assert first.log_path == spec.log_path and first.result_path == spec.result_path
+    assert first.log_path == spec.log_path and first.result_path == spec.result_path and first.env == spec.env
+    assert second.env["AUTOLOOP_TRIAL_TOKEN"] not in ("", "abc")   # its runner must not end the first node's
     assert slurm_gpus.rendezvous_port("4124") != port and 20000 <= port < 30000
 
 

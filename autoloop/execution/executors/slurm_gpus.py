@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autoloop.execution.procs import TOKEN_VAR
 from autoloop.execution.ranks import node_command
 from autoloop.execution.runner import TrialSpec
 
@@ -95,14 +96,19 @@ def rendezvous_port(job_id: str) -> int:
 def this_node(spec: TrialSpec, nodes: int, environ: Mapping[str, str]) -> TrialSpec:
     """This node's share of a trial whose job spans ``nodes`` nodes (one task per node): the
     launcher meets the others' at the allocation's first node (``SLURM_JOB_NODELIST``). The
-    first node's share is the trial (its log, its result file); the others' logs and result
-    files get a ``.node<k>`` name of their own, since the runner starts each run by removing
-    the result file it will read."""
+    first node's share is the trial (its log, its result file, its process token); the others'
+    logs and result files get a ``.node<k>`` name of their own, since the runner starts each
+    run by removing the result file it will read."""
     rank = int(environ.get("SLURM_NODEID", "0"))
     job_id = environ.get("SLURM_JOB_ID", "0")
     address = node_address(first_node(environ.get("SLURM_JOB_NODELIST", "")))
     update: dict[str, Any] = {"command": node_command(spec.command, nodes, rank, address, rendezvous_port(job_id))}
     if rank:
+        # A token of its own: the runner ends every process carrying its token, and its cgroup
+        # is named by it, so two nodes on one host (the test cluster) would end each other's.
+        token = spec.env.get(TOKEN_VAR)
+        if token:
+            update["env"] = {**spec.env, TOKEN_VAR: f"{token}n{rank}"}
         log = Path(spec.log_path)
         update["log_path"] = log.with_name(f"{log.stem}.node{rank}{log.suffix}")
         if spec.result_path is not None:
