@@ -22,7 +22,6 @@ moves a tuning constant, the optimum multiplier per rung and its exponent agains
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +98,19 @@ class LineFit:
         return self.intercept + self.slope * x
 
 
+def _wls_rows(xs: Sequence[float], ys: np.ndarray, ses: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """wls for each row of ys at once: (intercepts, slopes)."""
+    w = np.array([1.0 / s ** 2 for s in ses])
+    x = np.asarray(xs, float)
+    xm = float(np.sum(w * x) / np.sum(w))
+    ym = ys @ w / np.sum(w)
+    sxx = float(np.sum(w * (x - xm) ** 2))
+    if sxx == 0:
+        return ym, np.zeros_like(ym)
+    slopes = (ys - ym[:, None]) @ (w * (x - xm)) / sxx
+    return ym - slopes * xm, slopes
+
+
 def fit_line(xs: Sequence[float], ys: Sequence[float], ses: Sequence[float], x_pred: float,
              seed: int = 0) -> LineFit:
     """The WLS line through (x, y ± se), and its bootstrap 80 % intervals (slope; value at x_pred)."""
@@ -108,13 +120,11 @@ def fit_line(xs: Sequence[float], ys: Sequence[float], ses: Sequence[float], x_p
     chi2 = sum(((y - (a + b * x)) / e) ** 2 for x, y, e in zip(xs, ys, s, strict=True))
     inflation = math.sqrt(chi2 / dof) if dof > 0 and chi2 > dof else 1.0
     s = [e * inflation for e in s]
-    rng = random.Random(seed)
-    slopes, preds = [], []
-    for _ in range(DRAWS):
-        a2, b2 = wls(xs, [y + e * rng.gauss(0.0, 1.0) for y, e in zip(ys, s, strict=True)], s)
-        slopes.append(b2)
-        preds.append(a2 + b2 * x_pred)
-    return LineFit(a, b, _interval(slopes), x_pred, a + b * x_pred, _interval(preds), inflation)
+    rng = np.random.default_rng(seed)
+    drawn = np.asarray(ys, float) + rng.standard_normal((DRAWS, len(ys))) * np.asarray(s)
+    intercepts, slopes = _wls_rows(xs, drawn, s)
+    return LineFit(a, b, _interval(list(slopes)), x_pred, a + b * x_pred,
+                   _interval(list(intercepts + slopes * x_pred)), inflation)
 
 
 def predictive(fit: LineFit, held: RungDelta) -> bool:
@@ -200,12 +210,14 @@ class RungOptimum:
     draws: tuple[float, ...] = ()   # bootstrap draws of log2_m
 
 
-def _vertex(ts: Sequence[float], ys: Sequence[float]) -> float:
-    c2, c1, _ = np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 2)
-    lo, hi = min(ts), max(ts)
-    if c2 <= 0:   # no bowl: the better end
-        return ts[int(np.argmin(ys))]
-    return float(min(hi, max(lo, -c1 / (2 * c2))))
+def _vertices(ts: Sequence[float], ys: np.ndarray) -> np.ndarray:
+    """The vertex of the least-squares parabola through each row of ys over ts, clamped to
+    the sweep; a row with no bowl (c2 <= 0) takes its better end."""
+    t = np.asarray(ts, float)
+    c2, c1, _ = np.linalg.pinv(np.vander(t, 3)) @ ys.T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vertex = np.clip(-c1 / (2 * c2), t.min(), t.max())
+    return np.where(c2 > 0, vertex, t[np.argmin(ys, axis=1)])
 
 
 def rung_optimum(log_params: float, runs: dict[float, list[float]], direction: str, seed: int = 0) -> RungOptimum:
@@ -213,14 +225,14 @@ def rung_optimum(log_params: float, runs: dict[float, list[float]], direction: s
     mults = sorted(m for m, v in runs.items() if v)
     ts = [math.log2(m) for m in mults]
     sign = 1.0 if direction == "min" else -1.0
-    means = [sign * statistics.fmean(runs[m]) for m in mults]
+    means = np.array([sign * statistics.fmean(runs[m]) for m in mults])
     variances = [statistics.variance(runs[m]) for m in mults if len(runs[m]) >= 2]
     sd = math.sqrt(statistics.fmean(variances)) if variances else 0.0
-    t = _vertex(ts, means)
-    rng = random.Random(seed)
-    draws = tuple(_vertex(ts, [y + sd / math.sqrt(len(runs[m])) * rng.gauss(0.0, 1.0)
-                               for y, m in zip(means, mults, strict=True)]) for _ in range(DRAWS))
-    return RungOptimum(log_params, t, statistics.pstdev(draws), t in (ts[0], ts[-1]), draws)
+    t = float(_vertices(ts, means[None, :])[0])
+    rng = np.random.default_rng(seed)
+    spread = np.array([sd / math.sqrt(len(runs[m])) for m in mults])
+    draws = _vertices(ts, means + rng.standard_normal((DRAWS, len(mults))) * spread)
+    return RungOptimum(log_params, t, float(np.std(draws)), t in (ts[0], ts[-1]), tuple(float(d) for d in draws))
 
 
 @dataclass(frozen=True)
@@ -239,8 +251,8 @@ def fit_exponent(optima: Sequence[RungOptimum]) -> tuple[ExponentFit, list[tuple
     ys = [o.log2_m * math.log10(2) for o in optima]
     ses = _floored([o.se * math.log10(2) for o in optima])
     a, b = wls(xs, ys, ses)
-    lines = [wls(xs, [o.draws[i] * math.log10(2) for o in optima], ses) for i in range(len(optima[0].draws))]
-    return ExponentFit(b, _interval([s for _, s in lines]), a), lines
+    intercepts, slopes = _wls_rows(xs, np.array([o.draws for o in optima]).T * math.log10(2), ses)
+    return ExponentFit(b, _interval(list(slopes)), a), list(zip(intercepts.tolist(), slopes.tolist(), strict=True))
 
 
 def retune_verdict(constants: dict[str, float], fit_optima: Sequence[RungOptimum], held: RungOptimum,

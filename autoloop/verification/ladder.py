@@ -49,6 +49,7 @@ from autoloop.verification.ladder_plan import (
 )
 from autoloop.verification.ladder_rungs import derived_rungs, given_rungs, multiplied, tuning_constants
 from autoloop.verification.verify import scaled_source
+from autoloop.verification.verify_plan import load_plan as load_verify_plan
 
 MIN_RUNGS = 3   # two to fit a line, one held out
 
@@ -107,7 +108,9 @@ def make_plan(night: Night, settings: Settings, options: LadderOptions) -> Ladde
     parent, child = _text(night, change.parent), _text(night, change.commit)
     rungs = _rungs(child, settings, options)
     retune = tuning_constants(parent, child)
-    trial = queries.next_trial(records)
+    # Above the trials of a verification planned but not all run yet, as well as the ledger's.
+    verifying = load_verify_plan(night.layout)
+    trial = max([queries.next_trial(records), *(v.trial + 1 for v in (verifying.variants if verifying else []))])
     sides: list[Side] = []
     for rung in rungs:
         variants: list[tuple[str, float | None, str]] = [("parent", None, scaled_source(parent, rung.values,
