@@ -217,7 +217,8 @@ def _vertices(ts: Sequence[float], ys: np.ndarray) -> np.ndarray:
     c2, c1, _ = np.linalg.pinv(np.vander(t, 3)) @ ys.T
     with np.errstate(divide="ignore", invalid="ignore"):
         vertex = np.clip(-c1 / (2 * c2), t.min(), t.max())
-    return np.where(c2 > 0, vertex, t[np.argmin(ys, axis=1)])
+    out: np.ndarray = np.where(c2 > 0, vertex, t[np.argmin(ys, axis=1)])
+    return out
 
 
 def rung_optimum(log_params: float, runs: dict[float, list[float]], direction: str, seed: int = 0) -> RungOptimum:
