@@ -261,3 +261,14 @@ def test_a_ladder_killed_mid_way_resumes_and_its_verdict_reaches_the_report_and_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "left out: trial 1 TRICK 0 -> 1 (SCALE-BOUND in autoloop ladder)" in proc.stdout
     assert git(repo, "log", "--format=%s", "autoloop/t-final").splitlines()[1] == "LR 0.01 -> 0.02"
+
+    # Bad input: one line each, nothing run.
+    before = len(read_ledger(repo))
+    proc = autoloop_in_process(repo, "ladder", "--budget", "1", "--change", "0", data_dir=tiny_data_dir)
+    assert (proc.returncode, proc.stderr) == (1, "autoloop: --change 0: not a kept change; the kept changes are "
+                                                 "trials 1, 2\n")
+    proc = autoloop_in_process(repo, "ladder", "--budget", "1", "--rung", "HEIGHT=3", "--rung", "DEPTH=3",
+                               "--rung", "DEPTH=4", data_dir=tiny_data_dir)
+    assert (proc.returncode, proc.stderr) == (1, "autoloop: --rung HEIGHT=3: the change's target has no constant "
+                                                 "HEIGHT set to a number or bool\n")
+    assert len(read_ledger(repo)) == before

@@ -97,7 +97,7 @@ def _deltas(ax: Any, s: LadderSummary) -> None:
     if len(fit) >= 2:
         xs = [math.log10(r.compute) for r in fit]
         top = max(math.log10(r.compute) for r in rows)
-        grid = [xs[0] + (top - xs[0]) * i / 10 for i in range(11)]
+        grid = [min(xs) + (top - min(xs)) * i / 10 for i in range(11)]
         lines = [fit_line(xs, [r.delta.mean or 0.0 for r in fit], [r.delta.se or 0.0 for r in fit], g) for g in grid]
         cs = [10 ** g for g in grid]
         ax.plot(cs, [f.pred for f in lines], color="#d95f02", label="fit (weighted)")

@@ -47,8 +47,7 @@ from autoloop.verification.ladder_plan import (
     save_plan,
     summarize,
 )
-from autoloop.verification.ladder_rungs import derived_rungs, given_rungs, multiplied, tuning_constants
-from autoloop.verification.verify import scaled_source
+from autoloop.verification.ladder_rungs import at_rung, derived_rungs, given_rungs, multiplied, tuning_constants
 from autoloop.verification.verify_plan import load_plan as load_verify_plan
 
 MIN_RUNGS = 3   # two to fit a line, one held out
@@ -113,13 +112,13 @@ def make_plan(night: Night, settings: Settings, options: LadderOptions) -> Ladde
     trial = max([queries.next_trial(records), *(v.trial + 1 for v in (verifying.variants if verifying else []))])
     sides: list[Side] = []
     for rung in rungs:
-        variants: list[tuple[str, float | None, str]] = [("parent", None, scaled_source(parent, rung.values,
-                                                                                      "the parent's target"))]
-        at_rung = scaled_source(child, rung.values, "the change's target")
+        variants: list[tuple[str, float | None, str]] = [("parent", None, at_rung(parent, rung.values,
+                                                                                "the parent's target"))]
+        changed = at_rung(child, rung.values, "the change's target")
         if retune:
-            variants += [("sweep", m, multiplied(at_rung, retune, m)) for m in MULTIPLIERS]
+            variants += [("sweep", m, multiplied(changed, retune, m)) for m in MULTIPLIERS]
         else:
-            variants.append(("change", None, at_rung))
+            variants.append(("change", None, changed))
         for role, mult, text in variants:
             label = f"×{mult:g}" if mult is not None else role
             commit = ws.commit_text_on(best, text, f"autoloop ladder: #{change.trial} {label} at {rung.label()}")

@@ -115,12 +115,13 @@ def derived_rungs(source: str, count: int, budget: float, mode: BudgetMode) -> l
     return rungs
 
 
-def _rewritten(source: str, values: dict[str, str], spec: str) -> str:
+def at_rung(source: str, values: dict[str, str], where: str, spec: str | None = None) -> str:
     """The target at a rung; each key must be a number constant there."""
     try:
-        return scaled_source(source, values, "the change's target")
+        return scaled_source(source, values, where)
     except VerifyError as e:
-        raise LadderError(f"--rung {spec}: {str(e).split(': ', 1)[-1]}") from None
+        label = spec or "rung " + ",".join(f"{k}={v}" for k, v in values.items())
+        raise LadderError(f"{label}: {str(e).split(': ', 1)[-1]}") from None
 
 
 def given_rungs(specs: list[str], source: str, budget: float, mode: BudgetMode) -> list[Rung]:
@@ -141,7 +142,8 @@ def given_rungs(specs: list[str], source: str, budget: float, mode: BudgetMode) 
             else:
                 values[key.strip()] = value.strip()
         parsed.append((values, own))
-    n = [params_estimate(_rewritten(source, v, spec)) for (v, _), spec in zip(parsed, specs, strict=True)]
+    n = [params_estimate(at_rung(source, v, "the change's target", f"--rung {spec}"))
+         for (v, _), spec in zip(parsed, specs, strict=True)]
     n0 = n[0] if n and n[0] else None
     rungs = []
     for k, ((values, own), nk) in enumerate(zip(parsed, n, strict=True)):
