@@ -23,8 +23,9 @@ from helpers.git import git, init_repo
 from helpers.loop import assert_invariants, autoloop, autoloop_in_process, read_ledger
 
 from autoloop.core import ladder_fit as lf
+from autoloop.review.ladder_report import write_png
 from autoloop.store.ledger import LedgerRecord
-from autoloop.verification.ladder_plan import LadderError, LadderPlan, Side, summarize, summary_lines
+from autoloop.verification.ladder_plan import LadderError, LadderPlan, Side, summarize, summary_json, summary_lines
 from autoloop.verification.ladder_rungs import derived_rungs, given_rungs, multiplied, tuning_constants
 
 STAND_IN = Path(__file__).parent / "trial_scripts" / "ladder_value.py"
@@ -179,11 +180,16 @@ def test_each_kind_of_change_gets_its_verdict(kind, verdict):
     assert summary.verdict.name == verdict, "\n".join(summary_lines(summary))
 
 
-def test_a_learning_rate_whose_optimum_moves_with_size_is_retuned_and_its_exponent_found():
+def test_a_learning_rate_whose_optimum_moves_with_size_is_retuned_and_its_exponent_found(tmp_path):
     plan, records = plan_for("holds", [43, 44, 45], retune=True)
     summary = summarize(plan, records)
     v = summary.verdict
     assert v.name == "RETUNE-AT-SCALE", v.line
+    lines = summary_lines(summary)
+    assert lines[-1] == v.line and "best multiplier ×" in lines[1] and "a sweep of LR" in lines[0]
+    assert json.loads(summary_json(summary))["rungs"][3]["best_multiplier"] == pytest.approx(2 ** -1.5, rel=0.05)
+    write_png(summary, tmp_path / "ladder.png")
+    assert (tmp_path / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     truth = _stand_in().TRUE_EXPONENT
     assert v.numbers["exponent_low"] <= truth <= v.numbers["exponent_high"], v.line
     assert v.numbers["exponent"] == pytest.approx(truth, abs=0.05)
