@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 GOLDEN = Path(__file__).parent / "golden" / "help"
-COMMANDS = ["", "prepare", "run", "trial", "verify", "doctor", "status", "report", "note", "finalize",
+COMMANDS = ["", "prepare", "run", "trial", "verify", "ladder", "doctor", "status", "report", "note", "finalize",
             "dashboard", "watch", "init", "attempts", "mcp"]
 
 

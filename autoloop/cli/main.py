@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"autoloop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # One function per subcommand, in the order --help lists them.
-    for add in (_add_prepare, _add_run, _add_trial, _add_verify, _add_doctor, _add_status, _add_attempts,
-                _add_report, _add_note, _add_finalize, _add_dashboard, _add_watch, _add_mcp,
+    for add in (_add_prepare, _add_run, _add_trial, _add_verify, _add_ladder, _add_doctor, _add_status,
+                _add_attempts,                 _add_report, _add_note, _add_finalize, _add_dashboard, _add_watch, _add_mcp,
                 _add_init):
         add(sub)
     # Which module runs it: not args.command, which run's --command (the trial's command line)
@@ -230,6 +230,45 @@ def _add_note(sub: Subparsers) -> None:
                        epilog='example: autoloop note "try SwiGLU; leave the learning rates alone"')
     p.add_argument("text", nargs="*", metavar="TEXT", help="the note (one line; quote it)")
     p.add_argument("--clear", action="store_true", help="drop the notes in force (the report still lists them)")
+    _directory_flag(p)
+
+
+def _add_ladder(sub: Subparsers) -> None:
+    from autoloop.cli.flags import add_setting_flags
+
+    p = sub.add_parser(
+        "ladder", help="a scaling ladder: does a kept change's gain hold, shrink or flip as the model grows",
+        description="Run the best's kept change (or --change TRIAL) and its parent at each rung of a scale path, "
+                    "smallest first, --seeds paired seeds each, interleaved: the rungs from train.py's DEPTH and "
+                    "WIDTH (parameters doubled per rung) or given with --rung. The largest rung is held out: a "
+                    "weighted fit of the change's gain against log-compute on the others must predict it, else "
+                    "the ladder is 'not predictive' and nothing is extrapolated. Verdicts: HOLDS, SHRINKING, "
+                    "SCALE-BOUND, NOISE, or RETUNE-AT-SCALE for a change that only moves a learning rate, weight "
+                    "decay, batch or schedule constant (its multiplier swept over 1/4..4 per rung). Every run is an "
+                    "attempt of kind 'verify'; the branch and work tree end as they started; --resume after a kill.",
+        epilog="example: autoloop ladder --budget 5m --rung DEPTH=2,WIDTH=64 --rung DEPTH=3,WIDTH=128 "
+               "--rung DEPTH=4,WIDTH=192 --rung DEPTH=6,WIDTH=256")
+    add_setting_flags(p, "run", sections=("trial", "safety", "slurm"))
+    p.add_argument("--change", type=int, metavar="TRIAL", help="the kept change to put on the ladder (default: the "
+                                                                  "one whose commit is the best)")
+    p.add_argument("--rung", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="one rung: the constants it sets (budget=DURATION sets its budget); repeat, at least 3; "
+                        "default: from DEPTH and WIDTH")
+    p.add_argument("--rungs", type=_positive_int, default=4, metavar="N",
+                   help="how many rungs to derive from DEPTH and WIDTH (default 4: three to fit, one held out)")
+    p.add_argument("--seeds", type=_positive_int, default=3, metavar="K",
+                   help="paired seeds per side and rung (default 3)")
+    p.add_argument("--budget-mode", choices=("fixed", "scaled"), default="fixed",
+                   help="fixed: every rung trains for --budget (default); scaled: --budget x (N/N1)^2, so that "
+                        "the tokens grow with the parameters")
+    p.add_argument("--target-params", type=float, metavar="N",
+                   help="for a tuning change: the size to give the constant's value at (default: the largest rung; "
+                        "never beyond 30x the largest rung's parameters)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON document (progress on stderr)")
+    p.add_argument("--tag", metavar="TAG", help="which night (default: the tag of results/, else the checked-out "
+                                                "autoloop/TAG branch)")
+    p.add_argument("--resume", action="store_true",
+                   help="recover a killed ladder and run the runs it has not recorded yet")
     _directory_flag(p)
 
 

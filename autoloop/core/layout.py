@@ -54,8 +54,9 @@ OPTUNA_STUDY = "optuna.db"        # one night's Optuna study, relearnt from the 
 # What a new tag moves into archive/ (the rest: queue, locks, pristine copies, stay).
 VERIFY = "verify"                 # autoloop verify's plan and its contributions picture
 PREPARED = "prepared"             # look-ahead candidates (--lookahead) waiting to run
+LADDER = "ladder"                 # autoloop ladder's plan and verdicts; its picture is ladder.png
 TAG_FILES = ("ledger.jsonl", "results.tsv", STATE, "runs", "agents", "quarantine", "progress.png", "report.md",
-             VERIFY, OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm", PREPARED)
+             VERIFY, OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm", PREPARED, LADDER, f"{LADDER}.png")
 
 
 def branch_name(tag: str) -> str:
@@ -294,3 +295,17 @@ class Layout:
     @property
     def contributions_picture(self) -> Path:
         return self.root / VERIFY / "contributions.png"
+
+    @property
+    def ladder_plan(self) -> Path:
+        """The scaling ladder's plan (rungs, sides, seeds, trials), what --resume continues."""
+        return self.root / LADDER / "plan.json"
+
+    @property
+    def ladder_verdicts(self) -> Path:
+        """Each finished ladder's verdict by kept change, what finalize --drop-unproven reads."""
+        return self.root / LADDER / "verdicts.json"
+
+    @property
+    def ladder_picture(self) -> Path:
+        return self.root / f"{LADDER}.png"

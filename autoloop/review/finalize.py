@@ -20,7 +20,8 @@ With ``--drop-unproven``, the kept changes that ``autoloop verify`` did not conf
 (their contribution within noise, or harmful) are left out: the branch holds only what was
 shown to matter. It needs a finished verification of the current best
 (``verify_plan.unproven``); a later change that does not apply without a dropped one stops
-it with a message naming both.
+it with a message naming both. A kept change whose finished ``autoloop ladder`` said
+SCALE-BOUND, NOISE or not predictive is left out too (``ladder_plan.unproven``).
 
 The branch ends with one more commit (``--no-results`` leaves it out) that adds
 ``results/results.tsv`` (rebuilt from the ledger), ``results/report.md`` and
@@ -61,6 +62,7 @@ from autoloop.repo.workspace import FALLBACK_EMAIL, FALLBACK_NAME, Repository
 from autoloop.store.ledger import Ledger, LedgerRecord
 from autoloop.store.queries import best_before, is_kept_change
 from autoloop.store.state import load_state
+from autoloop.verification.ladder_plan import unproven as ladder_unproven
 from autoloop.verification.verify_plan import load_plan, unproven
 
 
@@ -329,7 +331,9 @@ def _select(records: list[LedgerRecord], ledger_dir: Path, tag: str,
     dropped: list[tuple[KeptChange, str]] = []
     if drop_unproven:
         best_now = next((r.best for r in reversed(records) if r.best), None)
-        verdicts = unproven(load_plan(Layout(ledger_dir)), records, tag, best_now)
+        plan = load_plan(Layout(ledger_dir))
+        scaled = ladder_unproven(Layout(ledger_dir), tag)   # SCALE-BOUND, NOISE, not predictive
+        verdicts = {**(unproven(plan, records, tag, best_now) if plan or not scaled else {}), **scaled}
         dropped = [(c, verdicts[c.record.trial]) for c in changes if c.record.trial in verdicts]
         changes = [c for c in changes if c.record.trial not in verdicts]
         if not changes:

@@ -723,6 +723,12 @@ def proposers_section(records: list[LedgerRecord], direction: str, metric: str) 
     return out + [""]
 
 
+def ladder_lines(results: Layout, output: Layout, records: list[LedgerRecord], tag: str | None) -> list[str]:
+    from autoloop.review.ladder_report import ladder_lines as lines
+
+    return lines(results, output, records, tag)
+
+
 def verification_lines(results: Layout, output: Layout, records: list[LedgerRecord], tag: str | None) -> list[str]:
     """The Verification section and its picture, when this tag has a verification plan."""
     from autoloop.review import plot
@@ -782,7 +788,8 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
     text = report_markdown(night, eval_seconds(results.root, night), tag=tag,
                            picture=picture.name if picture else None,
                            picture_note=f"_No picture: {note}._" if note else None,
-                           verification=verification_lines(results, output, records, tag),
+                           verification=verification_lines(results, output, records, tag)
+                           + ladder_lines(results, output, records, tag),
                            notes=person_notes.history(results.root))
     found = integrity_lines(results.root)
     if found:   # first thing on the page: these records are not counted anywhere below

@@ -1,4 +1,4 @@
-"""The morning verdict: `autoloop verify`'s plan and its runs (attempts of kind verify).
+"""The morning verdict: `autoloop verify`'s and `autoloop ladder`'s plans and their runs (attempts of kind verify).
 
 Imports every layer below it, the engine included.
 """

@@ -37,7 +37,7 @@ def _print_tree(result: FinalizeResult) -> None:
     best = (result.best or "")[:7]   # a branch with kept changes has a best: the ledger's last keep
     for change, verdict in result.dropped:
         print(f"left out: trial {change.record.trial} {change.record.description.splitlines()[0]} "
-              f"({verdict} in autoloop verify)")
+              f"({verdict if 'autoloop ladder' in verdict else verdict + ' in autoloop verify'})")
     if result.dropped:
         print(f"its tree is the best {best} without the change(s) left out")
     elif result.differs:
