@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # One function per subcommand, in the order --help lists them.
     for add in (_add_prepare, _add_run, _add_trial, _add_verify, _add_ladder, _add_doctor, _add_status,
-                _add_attempts,                 _add_report, _add_note, _add_finalize, _add_dashboard, _add_watch, _add_mcp,
+                _add_attempts, _add_report, _add_note, _add_finalize, _add_dashboard, _add_watch, _add_mcp,
                 _add_init):
         add(sub)
     # Which module runs it: not args.command, which run's --command (the trial's command line)
