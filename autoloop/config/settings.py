@@ -331,7 +331,7 @@ class Settings(BaseModel):
         1, "workers", "GPUs per trial: above 1, train.py runs as N ranks through torch.distributed.run and "
         "--workers W takes W groups of N GPUs; with --device cpu, N CPU ranks (gloo)", metavar="N", ge=0, le=64)
 
-    # -- where trials run (docs/parallel.md) --------------------------------
+    # -- where trials run (docs/clusters.md) --------------------------------
     executor: Literal["local", "slurm"] = setting(
         "local", "slurm", "where trials run: local, or slurm (one job per trial through submitit)")
     slurm_cluster: Literal["slurm", "local", "debug"] = setting(
