@@ -115,7 +115,7 @@ def test_the_progress_chart_draws_the_samples_apart_and_a_running_best_that_neve
     assert [p.record.description for p in drawn.kept] == ["baseline", "LR 0.01 -> 0.02"]
     assert drawn.baseline is not None and drawn.baseline.y == pytest.approx(statistics.mean(
         r.metric for r in records[:3]))
-    assert len(drawn.samples) == 3   # the baseline's own run and its 2 noise samples
+    assert [p.record.description for p in drawn.samples] == ["noise sample 1/2", "noise sample 2/2"]
     values = [y for _, y in drawn.line]
     assert all(b <= a for a, b in itertools.pairwise(values)), values
     assert plot.write_progress_png(records, night / "results" / "check.png").stat().st_size > 10_000

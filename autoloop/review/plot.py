@@ -114,8 +114,6 @@ def _night(records: list[LedgerRecord]) -> Night:
     samples = [p for p in points if p.record.status == "keep" and is_noise_sample(p.record) and _finite(p.y)]
     kept = [p for p in points if p.record.status == "keep" and _finite(p.y) and not is_noise_sample(p.record)]
     baseline = next((p for p in kept if p.record.kind == "baseline"), kept[0] if kept else None)
-    if estimate and len(estimate.runs) > 1 and baseline is not None and baseline.record.metric is not None:
-        samples.insert(0, Point(baseline.x, baseline.record.metric, baseline.record))   # its own run, a sample too
     shown = dict(zip((id(r) for r in records), running_best(records), strict=True))
     line = [(p.x, value) for p in points if (value := shown[id(p.record)]) is not None]
     return Night(
@@ -152,7 +150,8 @@ def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | No
 
     fig.suptitle(_headline(night, metric, direction, tag), fontsize=15, fontweight="bold", x=0.1, ha="left",
                  y=0.972)
-    subtitle = fig.text(0.1, 0.905, f"{len(night.judged)} attempts: {len(night.changes)} kept, "
+    sampled = f"{len(night.samples)} noise sample{'s' if len(night.samples) != 1 else ''}, " if night.samples else ""
+    subtitle = fig.text(0.1, 0.905, f"{len(night.judged)} attempts: {len(night.changes)} kept, {sampled}"
                         f"{sum(r.status == 'discard' for r in night.judged)} discarded, {len(night.crashes)} crashed"
                         f"   ({better_word} is better)", fontsize=10.5, color="#444444", ha="left")
 
