@@ -211,3 +211,40 @@ def test_the_live_view_shows_the_look_ahead_and_the_prepared_candidates(tmp_path
         assert prepared == "prepared, waiting to run: #4"
         logs = browser.get_log("browser")
         assert [entry for entry in logs if entry["level"] in ("SEVERE", "WARNING")] == [], logs
+
+
+def test_the_cards_before_any_candidate_show_the_baseline_as_the_mean_of_its_runs(tmp_path, tiny_data_dir, browser):
+    """A night of the baseline and its 2 noise samples (seeds whose runs land above the
+    baseline's own): the best is the baseline, the mean of its 3 runs with their σ, no
+    improvement and nothing "worse"; keeps are 0 and the samples counted apart; the running
+    best is flat at that mean, not stepping up to a sample."""
+    import re
+    import statistics
+
+    from helpers.git import init_repo
+    from helpers.loop import autoloop
+
+    source = (Path(__file__).parent / "trial_scripts" / "known_value.py").read_text()
+    repo = init_repo(tmp_path / "repo", {"train.py": source.replace("WARMUP = 10 ", "WARMUP = 16 ", 1)})
+    proc = autoloop(repo, "run", "--budget", "1", "--proposer", "queue", "--tag", "t", "--noise-runs", "2",
+                    data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = [r["metric"] for r in read_ledger(repo)]
+    assert len(runs) == 3 and runs[0] < min(runs[1:])   # each sample raises the engine's mean
+    mean, sigma = statistics.mean(runs), statistics.stdev(runs)
+
+    with DashboardProcess(repo) as dash:
+        browser.get(dash.url)
+        wait(lambda: len(browser.find_elements("css selector", "#chart .pt")) == 3, "the chart's points")
+        cards = {k: (v, s) for k, v, s in browser.execute_script(
+            "return [...document.querySelectorAll('#cards .card')].map(c => [...c.children].map(n => n.textContent))")}
+        assert cards["best val_bpb"][0] == f"{mean:.6f}" and cards["best val_bpb"][1].startswith("#0 baseline ")
+        assert cards["baseline"] == (f"{mean:.6f}", f"mean of 3 runs, σ {sigma:.6f}; lower is better")
+        assert cards["improvement"] == ("0.0000", "no change has beaten the baseline yet")
+        assert cards["attempts"] == ("3", "1 trials: keep 0, noise samples 2")
+        path = browser.execute_script("return document.querySelector('#chart path.running-best').getAttribute('d')")
+        assert re.fullmatch(r"M[\d.]+,[\d.]+H[\d.]+", path), path   # one level: the mean, no step
+        note = browser.execute_script("return document.getElementById('plot-note').textContent")
+        assert note == "3 attempts: 0 kept changes, 2 noise samples, 0 discarded, 0 crashed", note
+        logs = browser.get_log("browser")
+        assert [entry for entry in logs if entry["level"] in ("SEVERE", "WARNING")] == [], logs

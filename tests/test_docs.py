@@ -74,3 +74,14 @@ def test_the_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci.startswith("python -m pytest"), ci
     assert ci in README.read_text(), f"README.md does not give CI's test command: {ci}"
+
+
+def test_the_quick_start_installs_what_the_morning_needs():
+    """The README's one command installs the extra that draws progress.png: a newcomer's
+    first `autoloop report` has its picture, not a line saying matplotlib is missing."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    needed = {name for name, deps in extras.items() if any(d.startswith("matplotlib") for d in deps)} - {"test"}
+    quick = README.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    installs = re.findall(r'pip install -e "?\.(?:\[([\w,]+)\])?"?', quick)
+    assert installs, quick
+    assert {"plot"} <= needed and all(needed & set(i.split(",")) for i in installs), (installs, needed)

@@ -170,3 +170,43 @@ def test_doctor_shows_the_gpus_and_their_links_or_says_none(tmp_path, tiny_data_
                                    "no NVLink: the GPUs talk through SYS (PCIe/host)")
     too_many = lines(doctor(repo, tmp_path, "--gpus-per-trial", "4", AUTOLOOP_DATA_DIR=str(tiny_data_dir), PATH=path))
     assert too_many["gpus"][0] == "fail" and too_many["gpus"][1].endswith("--gpus-per-trial 4 x --workers 1 needs 4")
+
+
+def test_doctor_while_a_night_runs_says_so_and_advises_nothing_that_collides(tmp_path, tiny_data_dir):
+    """A night in its trial: doctor names it (its pid, since when) instead of calling it
+    interrupted and sending the person to --resume; once it ended, nothing is said of it."""
+    import json
+    import os
+    import time
+
+    from helpers.watch import cli_env as loop_env
+    from helpers.watch import fake, fake_repo, queue, run_args
+
+    repo = fake_repo(tmp_path)
+    queue(repo, "01_hold.py", fake(A=0.5, HOLD=True), "held until results/go")
+    loop = subprocess.Popen(run_args(), cwd=repo, env=loop_env(tiny_data_dir), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        state = repo / "results" / "state.json"
+        deadline = time.time() + 120
+        while time.time() < deadline and loop.poll() is None:
+            text = state.read_text() if state.exists() else ""
+            if '"phase": "running"' in text and '"trial": 1' in text:
+                break
+            time.sleep(0.1)
+        st = json.loads(state.read_text())
+        assert st["phase"] == "running" and st["trial"] == 1, loop.poll()
+        proc = doctor(repo, tmp_path, "--min-free-gb", "0", AUTOLOOP_DATA_DIR=str(tiny_data_dir),
+                      PATH=os.environ["PATH"])
+        found = lines(proc)
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(st["run_started_at"]))
+        assert found["night"] == ("ok", f"a night is running here: tag 't', pid {loop.pid}, since {since} (running); "
+                                        "watch it with autoloop status or autoloop dashboard (the tree is its trial's)")
+        assert "last run" not in found and "clean tree" not in found
+        assert "--resume" not in proc.stdout and "stash" not in proc.stdout
+    finally:
+        (repo / "results" / "go").touch()
+        out = loop.communicate(timeout=120)[0]
+    assert loop.returncode == 0, out
+    after = lines(doctor(repo, tmp_path, "--min-free-gb", "0", AUTOLOOP_DATA_DIR=str(tiny_data_dir)))
+    assert "night" not in after and "last run" not in after and after["clean tree"][0] == "ok"

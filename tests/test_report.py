@@ -124,7 +124,7 @@ def test_report_content_for_a_known_ledger(night):
         ("6", "25", "1.015900", "-0.000900", "MATRIX_LR 0.06 -> 0.07"),
     ]
     assert kept[-1][2] == night.best[:7]
-    assert "7 kept, 16 discarded, 6 crashed (the baseline counts as kept); 1 proposal skipped" in md
+    assert "1 baseline run, 6 kept changes, 16 discarded, 6 crashed; 1 proposal skipped" in md
     assert "- 1 x patch does not apply: train.py:12" in md
 
     crashes = md[md.index("## Crashes"):md.index("## Noise")]

@@ -40,9 +40,9 @@ def test_status_of_a_running_attempt(night, tmp_path):
                                "progress": PROGRESS, "loss": 2.345, "percent": 41.0, "alive": True}
     assert data["best"] == {"commit": night.best, "metric": 1.0159, "trial": 25,
                             "description": "MATRIX_LR 0.06 -> 0.07", "confidence": None}
-    assert data["baseline"] == {"commit": night.baseline, "metric": 1.0275}
+    assert data["baseline"] == {"commit": night.baseline, "metric": 1.0275, "sigma": None, "runs": 1}
     assert data["improvement"] == pytest.approx(0.0116)
-    assert data["status_counts"] == {"keep": 7, "discard": 16, "crash": 6, "skip": 1}
+    assert data["status_counts"] == {"baseline": 1, "keep": 6, "discard": 16, "crash": 6, "skip": 1}
     assert data["crash_counts"] == {"fundamental": 3, "trivial": 2, "timeout": 1}
     assert data["time_left_s"] == 7200
     assert data["trials_per_hour"] > 0
@@ -53,7 +53,7 @@ def test_status_of_a_running_attempt(night, tmp_path):
     assert text[1] == "  41% of the budget, loss 2.3450"
     assert text[2] == f"best val_bpb: 1.015900 at {night.best[:7]} (trial 25: MATRIX_LR 0.06 -> 0.07)"
     assert text[3] == f"baseline val_bpb: 1.027500 at {night.baseline[:7]} (best is 0.011600 lower, 1.13%)"
-    assert text[4] == ("28 trials, 29 attempts: crash 6, discard 16, keep 7, skip 1 "
+    assert text[4] == ("28 trials, 29 attempts: baseline 1, keep 6, discard 16, crash 6, skip 1 "
                        "(crashes: fundamental 3, timeout 1, trivial 2)")
     assert re.fullmatch(r"pace: \d+\.\d trials/hour", text[5])
     assert text[6] == "time left: 2h"
@@ -116,7 +116,7 @@ def test_status_during_and_after_a_real_run(tiny_data_dir, tmp_path):
         assert current["description"] == "restore learning rates" and current["alive"] is True
         assert current["elapsed_s"] >= 0
         assert data["baseline"]["metric"] == data["best"]["metric"] and data["best"]["trial"] == 0
-        assert data["status_counts"] == {"keep": 1}
+        assert data["status_counts"] == {"baseline": 1}
         assert 0 < data["time_left_s"] <= 3600
         assert text.startswith("running: #1 candidate 'restore learning rates' (")
         assert "best val_bpb: " in text and "baseline val_bpb: " in text and "time left: " in text
@@ -140,11 +140,11 @@ def test_status_during_and_after_a_real_run(tiny_data_dir, tmp_path):
     assert data["phase"] == "stopped" and "no more ideas" in data["stop_reason"]
     assert data["best"]["trial"] == 1 and data["best"]["description"] == "restore learning rates"
     assert data["improvement"] > 0
-    assert data["status_counts"] == {"keep": 2} and data["crash_counts"] == {}
+    assert data["status_counts"] == {"baseline": 1, "keep": 1} and data["crash_counts"] == {}
     assert data["trials_per_hour"] > 0
     text = status()
     assert text.splitlines()[0].startswith("stopped: proposer 'queue' has no more ideas")
-    assert "2 trials, 2 attempts: keep 2" in text
+    assert "2 trials, 2 attempts: baseline 1, keep 1" in text
 
     out = log.read_text()
     assert "\r" not in out and "\x1b" not in out     # plain lines only without a terminal

@@ -482,3 +482,16 @@ def test_sigterm_stops_verify_cleanly_and_resume_finishes_it(night_repo, tiny_da
     measured = [(r["trial"], r["extra"]["verify"]["repeat"]) for r in verify_records(repo)
                 if not r["reason"].startswith("interrupted")]
     assert len(measured) == len(set(measured)) == 4
+
+
+def test_verify_without_budget_trains_for_the_night_s_budget_from_the_ledger(night_repo, tiny_data_dir):
+    """The night ran at --budget 1; a verify given no --budget trains 1 s too (not the 5m
+    default with a warning): every record says what it trained for (extra.budget_s)."""
+    assert {r["extra"]["budget_s"] for r in read_ledger(night_repo)} == {1.0}
+    proc = autoloop(night_repo, "verify", "--repeats", "1", data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verify: training 1s per run, the night's budget (from its ledger; --budget to choose another)" \
+        in proc.stdout, proc.stdout
+    assert "warning" not in proc.stdout
+    runs = verify_records(night_repo)
+    assert runs and all("budget: 1 s" in (night_repo / "results" / r["log_path"]).read_text() for r in runs)

@@ -256,6 +256,7 @@ class AttemptRunner:
         extra: dict[str, Any] = {k: v for k, v in {"source": cand.source, "git_events": list(cand.git_events),
                                    "replay_of": cand.replay_of}.items() if v}
         extra.update(cand.extra)
+        extra["budget_s"] = s.budget   # what it trained for: autoloop verify trains as the night did
         if wrote:
             extra["run_wrote"] = wrote
             where = layout.run_writes(plan.trial, plan.attempt).relative_to(self.night.ws.root)

@@ -59,6 +59,7 @@ from autoloop.core.layout import Layout, final_branch_name, tag_of_branch
 from autoloop.core.revert import merge3
 from autoloop.observe.console import metric_digits
 from autoloop.repo.workspace import FALLBACK_EMAIL, FALLBACK_NAME, Repository
+from autoloop.store import queries
 from autoloop.store.ledger import Ledger, LedgerRecord
 from autoloop.store.queries import best_before, is_kept_change
 from autoloop.store.state import load_state
@@ -437,11 +438,11 @@ def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord]
     judged = [r for r in records if r.status != "skip"]
     kept = len(result.commits)
     metric = records[-1].metric_name
-    baseline = next((r for r in records if r.kind == "baseline" and r.status == "keep"), None)
+    baseline = queries.baseline_estimate(records)   # the mean of the baseline's runs, as status shows it
     best_metric = next((r.best_metric for r in reversed(records) if r.best), None)
     subject = f"autoloop results: {len(judged)} attempts of autoloop/{result.tag}"
-    body = [f"{metric} {baseline.metric:.6f} -> {best_metric:.6f}" if baseline and baseline.metric is not None
-            and best_metric is not None else f"{metric}: no best recorded",
+    body = [f"{metric} {baseline.metric:.6f} -> {best_metric:.6f}" if baseline and best_metric is not None
+            else f"{metric}: no best recorded",
             f"{len({r.trial for r in judged})} trials, {kept} kept change commit{'s' if kept != 1 else ''} above",
             "", "Adds " + ", ".join(result.results_paths) + ", rebuilt from results/ledger.jsonl."]
     message = "\n".join([subject, "", *body])

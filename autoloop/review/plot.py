@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import LedgerRecord
-from autoloop.store.queries import best_before, infer_direction
+from autoloop.store.queries import baseline_estimate, best_before, infer_direction, is_noise_sample, running_best
 
 if TYPE_CHECKING:   # matplotlib is optional: imported when a picture is drawn
     from matplotlib.artist import Artist
@@ -94,7 +94,10 @@ class Night:
     """What the chart shows, sorted once: each kind of attempt with its place on the x axis."""
 
     judged: list[LedgerRecord]
-    kept: list[Point]          # kept, with a finite metric (the baseline too)
+    kept: list[Point]          # kept, with a finite metric (the baseline, at the mean of its runs, too)
+    samples: list[Point]       # noise samples: re-runs of the best, drawn as such (not kept changes)
+    line: list[tuple[int, float]]   # the running best (queries.running_best) at each attempt that has one
+    sigma: float | None        # the baseline's runs' spread
     others: list[Point]        # neither kept nor crashed, with a finite metric
     no_metric: list[int]       # neither crashed nor with a finite metric: drawn on the worse edge
     crashes: list[Point]
@@ -105,11 +108,16 @@ class Night:
 
 def _night(records: list[LedgerRecord]) -> Night:
     judged = [r for r in records if r.status != "skip"]
-    points = [Point(x, r.metric if r.metric is not None else math.nan, r) for x, r in enumerate(judged)]
-    kept = [p for p in points if p.record.status == "keep" and _finite(p.record.metric)]
+    estimate = baseline_estimate(records)
+    points = [Point(x, estimate.metric if estimate and r.kind == "baseline" and r.status == "keep" else
+                    r.metric if r.metric is not None else math.nan, r) for x, r in enumerate(judged)]
+    samples = [p for p in points if p.record.status == "keep" and is_noise_sample(p.record) and _finite(p.y)]
+    kept = [p for p in points if p.record.status == "keep" and _finite(p.y) and not is_noise_sample(p.record)]
     baseline = next((p for p in kept if p.record.kind == "baseline"), kept[0] if kept else None)
+    shown = dict(zip((id(r) for r in records), running_best(records), strict=True))
+    line = [(p.x, value) for p in points if (value := shown[id(p.record)]) is not None]
     return Night(
-        judged=judged, kept=kept,
+        judged=judged, kept=kept, samples=samples, line=line, sigma=estimate.sigma if estimate else None,
         others=[p for p in points if p.record.status not in ("keep", "crash") and _finite(p.record.metric)],
         no_metric=[p.x for p in points if p.record.status != "crash" and not _finite(p.record.metric)],
         crashes=[p for p in points if p.record.status == "crash"],
@@ -142,7 +150,8 @@ def write_progress_png(records: list[LedgerRecord], path: Path, *, tag: str | No
 
     fig.suptitle(_headline(night, metric, direction, tag), fontsize=15, fontweight="bold", x=0.1, ha="left",
                  y=0.972)
-    subtitle = fig.text(0.1, 0.905, f"{len(night.judged)} attempts: {len(night.changes)} kept, "
+    sampled = f"{len(night.samples)} noise sample{'s' if len(night.samples) != 1 else ''}, " if night.samples else ""
+    subtitle = fig.text(0.1, 0.905, f"{len(night.judged)} attempts: {len(night.changes)} kept, {sampled}"
                         f"{sum(r.status == 'discard' for r in night.judged)} discarded, {len(night.crashes)} crashed"
                         f"   ({better_word} is better)", fontsize=10.5, color="#444444", ha="left")
 
@@ -186,7 +195,7 @@ def _headline(night: Night, metric: str, direction: str, tag: str | None) -> str
     where = f"autoloop/{tag}: " if tag else ""
     if night.baseline and night.changes:
         base_v = night.baseline.y
-        best_v = (min if direction == "min" else max)(p.y for p in night.kept)
+        best_v = night.line[-1][1] if night.line else (min if direction == "min" else max)(p.y for p in night.kept)
         delta = best_v - base_v
         pct = f", {100 * delta / base_v:+.2f}%" if base_v else ""
         return f"{where}{metric} {base_v:.4f} → {best_v:.4f} ({delta:+.4f}{pct})"
@@ -199,15 +208,22 @@ def _draw_metrics(ax: Axes, night: Night, direction: str, handles: list[Artist])
     """The other attempts, the running best through the kept points, the kept points and the baseline."""
     from matplotlib.lines import Line2D
 
-    y0, y1 = y_range([p.y for p in night.kept], [p.y for p in night.others], direction)
+    y0, y1 = y_range([p.y for p in night.kept], [p.y for p in night.others + night.samples], direction)
     ax.set_ylim(y0, y1)
     _draw_others(ax, night, direction, (y0, y1), handles)
 
-    # Running best: a step line through the kept points, on to the last attempt.
-    step_x = [p.x for p in night.kept] + [len(night.judged) - 1]
-    step_y = [p.y for p in night.kept] + [night.kept[-1].y]
-    ax.step(step_x, step_y, where="post", color=KEEP_COLOR, lw=2.0, alpha=0.9, zorder=3)
-    handles.append(Line2D([], [], color=KEEP_COLOR, lw=2, label="running best"))
+    # Running best: the best the night held after each attempt (a noise sample re-measures
+    # the best, it does not step it: queries.running_best), on to the last attempt.
+    if night.line:
+        step_x = [x for x, _ in night.line] + [len(night.judged) - 1]
+        step_y = [y for _, y in night.line] + [night.line[-1][1]]
+        ax.step(step_x, step_y, where="post", color=KEEP_COLOR, lw=2.0, alpha=0.9, zorder=3)
+        handles.append(Line2D([], [], color=KEEP_COLOR, lw=2, label="running best"))
+    if night.samples:
+        ax.scatter([p.x for p in night.samples], [p.y for p in night.samples], s=40, facecolors="none",
+                   edgecolors=BASELINE_COLOR, linewidths=1.3, zorder=4)
+        handles.append(Line2D([], [], marker="o", ls="", markerfacecolor="none", color=BASELINE_COLOR,
+                              markersize=7, label=f"noise sample ({len(night.samples)})"))
     if night.changes:
         ax.scatter([p.x for p in night.changes], [p.y for p in night.changes], s=70, color=KEEP_COLOR,
                    edgecolors="white", linewidths=1.2, zorder=4)
@@ -215,7 +231,8 @@ def _draw_metrics(ax: Axes, night: Night, direction: str, handles: list[Artist])
     bx, by, _ = night.baseline or night.kept[0]   # kept is not empty: the baseline is its own or its first
     ax.scatter([bx], [by], s=110, marker="D", color=BASELINE_COLOR, edgecolors="white", linewidths=1.2, zorder=5)
     handles.append(Line2D([], [], marker="D", ls="", color=BASELINE_COLOR, markersize=8, label="baseline"))
-    ax.annotate(f"baseline {by:.4f}", (bx, by), xytext=(8, 8 if direction == "min" else -8),
+    spread = f" ± {night.sigma:.4f}" if night.sigma is not None else ""
+    ax.annotate(f"baseline {by:.4f}{spread}", (bx, by), xytext=(8, 8 if direction == "min" else -8),
                 textcoords="offset points", fontsize=9, color=BASELINE_COLOR, zorder=6,
                 va="bottom" if direction == "min" else "top")
 

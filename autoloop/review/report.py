@@ -75,6 +75,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
     night = queries.of_night(records)
     judged = [r for r in night if r.status != "skip"]
     baseline = queries.baseline(records)
+    base = queries.baseline_estimate(records)
     best_commit, best_metric = queries.best(records)
     # The orchestrator is alive in every phase but "stopped", also between attempts ("idle").
     alive = state.phase != "stopped" and _pid_alive(state.pid)
@@ -91,13 +92,17 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         **_look_ahead(results_dir, now),
         "best": _best(records, best_commit, best_metric),
         "noise": next((r.noise for r in reversed(records) if r.noise is not None), None),
-        "baseline": {"commit": baseline.commit if baseline else None, "metric": baseline.metric if baseline else None},
-        "improvement": (baseline.metric - best_metric
-                        if baseline and baseline.metric is not None and best_metric is not None else None),
+        # The baseline is the mean of its runs (the baseline's and its noise samples'), with their σ.
+        "baseline": {"commit": base.commit if base else (baseline.commit if baseline else None),
+                     "metric": base.metric if base else None, "sigma": base.sigma if base else None,
+                     "runs": len(base.runs) if base else 0},
+        "improvement": (0.0 if best_commit == base.commit else base.metric - best_metric)
+                       if base and best_metric is not None else None,
         "metric_name": records[-1].metric_name if records else "val_bpb",
         "attempts": len(judged),
         "trials": trials,
-        "status_counts": dict(Counter(r.status for r in night)),
+        # Kept changes apart from the baseline, its noise samples and the re-runs (queries.attempt_kind).
+        "status_counts": queries.attempt_counts(night),
         "crash_counts": dict(Counter(r.crash for r in night if r.crash)),
         "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
         "device_busy": None if fed is None or fed.busy_share is None else round(fed.busy_share, 4),
@@ -271,15 +276,21 @@ def _result_lines(data: dict[str, Any]) -> list[str]:
             pct = 100 * data["improvement"] / base["metric"] if base["metric"] else 0.0
             imp = (f" (best is {abs(data['improvement']):.6f} {'lower' if data['improvement'] > 0 else 'higher'}, "
                    f"{abs(pct):.2f}%)")
-        lines.append(f"baseline {m}: {base['metric']:.6f} at {(base['commit'] or '-')[:7]}{imp}")
+        spread = (f", mean of {base['runs']} runs, σ {base['sigma']:.6f}" if base.get("runs", 0) > 1
+                  and base.get("sigma") is not None else "")
+        lines.append(f"baseline {m}: {base['metric']:.6f} at {(base['commit'] or '-')[:7]}{spread}{imp}")
     if data["attempts"]:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(data["status_counts"].items()))
+        counts = ", ".join(f"{COUNT_WORDS.get(k, k)} {v}" for k, v in data["status_counts"].items())
         crashes = ", ".join(f"{k} {v}" for k, v in sorted(data["crash_counts"].items()))
         lines.append(f"{data['trials']} trials, {data['attempts']} attempts: {counts}"
                      + (f" (crashes: {crashes})" if crashes else ""))
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
     return lines
+
+
+# How status names the groups of queries.attempt_counts.
+COUNT_WORDS = {"noise_sample": "noise samples", "confirm": "re-runs not kept"}
 
 
 def _pipeline_lines(data: dict[str, Any]) -> list[str]:
@@ -470,13 +481,17 @@ def result_section(records: list[LedgerRecord], baseline: LedgerRecord | None, m
     if baseline is None or baseline.metric is None:
         return out + ["No baseline has been recorded yet.", ""]
     best_commit, best_metric = queries.best(records)
+    base = queries.baseline_estimate(records)
+    base_value = base.metric if base else baseline.metric
+    runs = (f" (mean of {len(base.runs)} runs, σ {base.sigma:.6f})" if base and len(base.runs) > 1
+            and base.sigma is not None else "")
     out += [f"| | {metric} | commit | trial |", "|---|---:|---|---:|",
-            f"| baseline | {baseline.metric:.6f} | `{(baseline.commit or '-')[:7]}` | {baseline.trial} |"]
+            f"| baseline | {base_value:.6f}{runs} | `{(baseline.commit or '-')[:7]}` | {baseline.trial} |"]
     best_rec = queries.best_record(records) or baseline
     if best_metric is not None:
         out.append(f"| best | {best_metric:.6f} | `{(best_commit or '-')[:7]}` | {best_rec.trial} |")
-        delta = best_metric - baseline.metric
-        pct = f" ({100 * delta / baseline.metric:+.2f}%)" if baseline.metric else ""
+        delta = best_metric - base_value
+        pct = f" ({100 * delta / base_value:+.2f}%)" if base_value else ""
         out.append(f"| change | {delta:+.6f}{pct} | {n_kept} kept change{'s' if n_kept != 1 else ''} | |")
         base_audit, best_audit = baseline.extra.get("audit_bpb"), best_rec.extra.get("audit_bpb")
         if isinstance(base_audit, (int, float)) and isinstance(best_audit, (int, float)):
@@ -502,14 +517,19 @@ def kept_section(kept: list[tuple[LedgerRecord, float | None]], metric: str) -> 
     return out + [""]
 
 
+# How the report names the groups of queries.attempt_counts (n -> words).
+REPORT_COUNT_WORDS = {"baseline": ("baseline run", "baseline runs"), "noise_sample": ("noise sample", "noise samples"),
+                      "keep": ("kept change", "kept changes"),
+                      "confirm": ("re-run (confirmation or replay) not kept", "re-runs (confirmations or replays) "
+                                  "not kept"),
+                      "discard": ("discarded", "discarded"), "crash": ("crashed", "crashed")}
+
+
 def attempts_section(records: list[LedgerRecord], baseline: LedgerRecord | None) -> list[str]:
-    counts = Counter(r.status for r in records)
+    counts = queries.attempt_counts(records)
     skips = [r for r in records if r.status == "skip"]
-    words = {"keep": "kept", "discard": "discarded", "crash": "crashed"}
-    parts = [f"{counts.get(s, 0)} {words[s]}" for s in ("keep", "discard", "crash") if counts.get(s)]
+    parts = [f"{n} {REPORT_COUNT_WORDS[k][n != 1]}" for k, n in counts.items() if k in REPORT_COUNT_WORDS]
     line = ", ".join(parts) or "none"
-    if baseline is not None:
-        line += " (the baseline counts as kept)"
     if skips:
         line += f"; {len(skips)} proposal{'s' if len(skips) != 1 else ''} skipped before anything ran"
     out = ["## Attempts", "", line + ".", ""]
@@ -594,9 +614,10 @@ def noise_section(records: list[LedgerRecord], baseline: LedgerRecord | None, me
                f"{latest_noise:.6f} as of trial {trial_label(latest.trial, latest.attempt)}; "
                f"{len(noisy)} record{'s' if len(noisy) != 1 else ''} carry one{spread}.")
     _, best_metric = queries.best(records)
-    if best_metric is not None and baseline and baseline.metric is not None and latest_noise > 0:
-        out.append(f"The total change, {best_metric - baseline.metric:+.6f}, is "
-                   f"{abs(best_metric - baseline.metric) / latest_noise:.1f} times that estimate.")
+    base = queries.baseline_estimate(records)
+    if best_metric is not None and base is not None and latest_noise > 0:
+        out.append(f"The total change, {best_metric - base.metric:+.6f}, is "
+                   f"{abs(best_metric - base.metric) / latest_noise:.1f} times that estimate.")
     return out + [""]
 
 

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import NamedTuple, TypedDict
 
+from autoloop.core.decide import noise_estimate
 from autoloop.core.keep import Best as Best  # re-exported: the engine names it queries.Best
 from autoloop.store.ledger import LedgerRecord
 
@@ -31,9 +32,54 @@ def baseline(records: list[LedgerRecord]) -> LedgerRecord | None:
 
 
 def best_record(records: list[LedgerRecord]) -> LedgerRecord | None:
-    """The latest kept record of the best commit: the change (or baseline) that made it."""
+    """The latest kept record of the best commit that is not a noise sample: the change (or
+    baseline) that made it. A noise sample re-runs the best; it never made it."""
     commit = best(records)[0]
-    return next((r for r in reversed(records) if r.status == "keep" and r.commit == commit), None)
+    return next((r for r in reversed(records)
+                 if r.status == "keep" and r.commit == commit and not is_noise_sample(r)), None)
+
+
+class BaselineEstimate(NamedTuple):
+    """The baseline as every viewer shows it: the mean of its runs (the baseline's own and
+    its noise samples), which is also the best the engine holds for it once they ran."""
+
+    commit: str | None
+    trial: int
+    metric: float              # the mean of the runs
+    sigma: float | None        # their sample standard deviation; None with one run
+    runs: tuple[float, ...]
+
+
+def baseline_estimate(records: list[LedgerRecord]) -> BaselineEstimate | None:
+    """The baseline's mean and spread over its runs; None before a baseline with a metric."""
+    base = baseline(records)
+    if base is None or base.metric is None:
+        return None
+    runs = (base.metric, *(r.metric for r in records if is_noise_sample(r) and r.status == "keep"
+                           and r.commit == base.commit and r.metric is not None))
+    return BaselineEstimate(base.commit, base.trial, sum(runs) / len(runs), noise_estimate(list(runs))[0], runs)
+
+
+def running_best(records: list[LedgerRecord]) -> list[float | None]:
+    """For each record, the best as the night's picture shows it after that record: the
+    engine's best, except that a commit's noise samples do not step it (they re-measure
+    the best; they are not a change): the value a commit held as the best is the one it
+    ended with, from the record that made it the best on. So the line moves only where the
+    best commit changes, and, as each new best was judged against the value before it,
+    it never gets worse (a --remeasure that finds a kept change worse than the best before
+    it is the one exception, and a true one)."""
+    out: list[float | None] = []
+    start = 0            # where the current best commit's stretch began
+    commit: str | None = None
+    value: float | None = None
+    for i, r in enumerate(records):
+        if r.best is not None and r.best != commit:
+            commit, value, start = r.best, r.best_metric, i
+        elif r.best is not None and r.best_metric != value:
+            value = r.best_metric   # the same commit re-measured: its whole stretch takes the new value
+            out[start:i] = [value] * (i - start)
+        out.append(value)
+    return out
 
 
 def best_before(records: list[LedgerRecord]) -> list[float | None]:
@@ -81,6 +127,33 @@ def is_kept_change(record: LedgerRecord) -> bool:
             and bool(record.commit) and bool(record.parent) and record.commit != record.parent)
 
 
+# How attempt_counts names its groups, in the order status and the report give them.
+COUNT_ORDER = ("baseline", "noise_sample", "keep", "confirm", "discard", "crash", "skip")
+
+
+def attempt_kind(record: LedgerRecord) -> str:
+    """What an attempt was, for the counts: the baseline, a noise sample, a kept change
+    ("keep"), a re-run of a change that was not kept ("confirm": a confirmation or replay
+    that lost), or its plain status (discard, crash, skip). Each attempt is one of these."""
+    if record.status == "keep":
+        if record.kind == "baseline":
+            return "baseline"
+        return "noise_sample" if is_noise_sample(record) else "keep"
+    if record.status == "discard" and record.kind == "confirm":
+        return "confirm"
+    return record.status
+
+
+def attempt_counts(records: list[LedgerRecord]) -> dict[str, int]:
+    """How many attempts of each kind (``attempt_kind``), in COUNT_ORDER, the zeros left out:
+    keeps count kept changes only, apart from the baseline, noise samples and re-runs."""
+    counts: dict[str, int] = {}
+    for r in records:
+        key = attempt_kind(r)
+        counts[key] = counts.get(key, 0) + 1
+    return {k: counts[k] for k in sorted(counts, key=lambda k: COUNT_ORDER.index(k) if k in COUNT_ORDER else 99)}
+
+
 def of_night(records: list[LedgerRecord]) -> list[LedgerRecord]:
     """The night's own attempts: the records without ``autoloop verify``'s runs (kind
     ``verify``), for what counts and plots the search."""
@@ -95,6 +168,16 @@ def next_trial(records: list[LedgerRecord]) -> int:
 def next_attempt(records: list[LedgerRecord], trial: int) -> int:
     """The number for a new attempt of ``trial``."""
     return max((r.attempt for r in records if r.trial == trial), default=0) + 1
+
+
+def night_budget(records: list[LedgerRecord]) -> float | None:
+    """The training budget of the night's latest attempt that records one (``extra.budget_s``;
+    ledgers written before it have none); autoloop verify's runs are not the night's."""
+    for r in reversed(records):
+        budget = r.extra.get("budget_s")
+        if r.kind != "verify" and isinstance(budget, (int, float)) and budget > 0:
+            return float(budget)
+    return None
 
 
 def typical_attempt_seconds(records: list[LedgerRecord], default: float) -> float:

@@ -206,6 +206,7 @@ def run_verification(night: Night, settings: Settings, resume: bool = False) -> 
     console = night.console
     if resume and plan.repeats != settings.verify_repeats:
         console.line(f"verify: resuming the plan's {plan.repeats} repeats (not --repeats {settings.verify_repeats})")
+    settings = _night_budget(night, settings)
     _warn_on_budget(night, settings)
     state = StateFile(night.layout.root)
     night_stop = state.state.stop_reason   # the night's own (run --verify-at-end), kept beside ours
@@ -216,7 +217,7 @@ def run_verification(night: Night, settings: Settings, resume: bool = False) -> 
     n_changes = len({tuple(c.group) or (c.trial,) for c in plan.changes if c.revert in ("alone", "grouped")})
     console.line(f"verify: {plan.repeats} repeats of the best, the baseline and the best without each of "
                  f"{n_changes} kept change(s) ({len(pending(plan, night.arbiter.records(), False))} runs to do)")
-    _run(night, slot, AttemptRunner(night, slot), plan, scaled=False)
+    _run(night, slot, AttemptRunner(night, slot, settings), plan, scaled=False)
     if plan.wants_transfer and not night.stop.is_set():
         if not plan.transfer_planned:
             plan = plan_transfer(night, plan, summarize(plan, night.arbiter.records()))
@@ -232,9 +233,27 @@ def run_verification(night: Night, settings: Settings, resume: bool = False) -> 
     return summarize(plan, night.arbiter.records())
 
 
+def _night_budget(night: Night, settings: Settings) -> Settings:
+    """The settings with the night's budget (its records' ``budget_s``) unless a budget was
+    given (--budget or the config file): the ablation must train as the night did."""
+    budget = queries.night_budget(night.arbiter.records())
+    if budget is None or "budget" in settings.model_fields_set or budget == settings.budget:
+        return settings
+    night.console.line(f"verify: training {format_duration(budget)} per run, the night's budget (from its ledger; "
+                       "--budget to choose another)")
+    return settings.model_copy(update={"budget": budget})
+
+
 def _warn_on_budget(night: Night, settings: Settings) -> None:
-    """The ablation must train as the night did; the budget is a setting, not in the ledger,
-    so a --budget that differs clearly from what the baseline trained is said at once."""
+    """A --budget that differs from the night's is said at once: from the budget its records
+    carry, else (older ledgers) from what the baseline trained."""
+    budget = queries.night_budget(night.arbiter.records())
+    if budget is not None:
+        if budget != settings.budget:
+            night.console.line(f"verify: warning: the night trained {format_duration(budget)} per trial, these runs "
+                               f"train {format_duration(settings.budget)} (--budget); leave --budget out to train as "
+                               "the night did")
+        return
     baseline = queries.baseline(night.arbiter.records())
     trained = baseline.training_seconds if baseline else None
     if trained and settings.budget > 0 and not 0.8 <= trained / settings.budget <= 1.25:

@@ -73,8 +73,14 @@ def _steps(root: Path, settings: Settings) -> Iterator[Callable[[], Check | list
     yield lambda: _git(root, ws)
     if not isinstance(ws, Check):
         yield lambda: _identity(root)
-        yield lambda: _clean_tree(ws)
-        yield lambda: _interrupted(ws.results_dir)
+        night = _running(ws.results_dir)
+        if night is not None:
+            # The tree and the state files are the running night's: a dirty tree is its trial,
+            # an attempt in flight is not interrupted, and nothing is to be resumed or stashed.
+            yield lambda: night
+        else:
+            yield lambda: _clean_tree(ws)
+            yield lambda: _interrupted(ws.results_dir)
     yield lambda: _target(root, settings)
     yield lambda: _data(settings)
     yield lambda: _torch(settings)
@@ -131,6 +137,21 @@ def _clean_tree(ws: Workspace) -> list[Check]:
     else:
         checks.append(ok("clean tree", f"nothing uncommitted on {ws.current_branch() or 'a detached HEAD'}"))
     return checks
+
+
+def _running(results_dir: Path) -> Check | None:
+    """A night running here now (review/running.py): said, with what is safe to do meanwhile."""
+    import time
+
+    from autoloop.review.running import running_night
+
+    night = running_night(results_dir)
+    if night is None:
+        return None
+    since = time.strftime("%Y-%m-%d %H:%M", time.localtime(night.since)) if night.since else "an unknown time"
+    tag = f" tag '{night.tag}'," if night.tag else ""
+    return ok("night", f"a night is running here:{tag} pid {night.pid}, since {since} ({night.phase}); "
+                       "watch it with autoloop status or autoloop dashboard (the tree is its trial's)")
 
 
 def _interrupted(results_dir: Path) -> list[Check]:

@@ -23,7 +23,7 @@ from autoloop.observe.console import parse_progress
 from autoloop.repo.gitview import record_diff
 from autoloop.review.report import status_data
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
-from autoloop.store.queries import best_before, infer_direction, is_noise_sample
+from autoloop.store.queries import best_before, infer_direction, is_noise_sample, running_best
 from autoloop.store.state import load_state, worker_state_name
 from autoloop.store.tradeoffs import front_data
 
@@ -114,7 +114,8 @@ class WorkspaceViews:
         records = self.records()
         before = best_before(records)
         start = max(0, min(start, len(records)))
-        rows = [_row(i, r, before[i]) for i, r in enumerate(records) if i >= start]
+        shown = running_best(records)   # the chart's running-best line: noise samples do not step it
+        rows = [{**_row(i, r, before[i]), "running_best": shown[i]} for i, r in enumerate(records) if i >= start]
         first = f"{records[0].trial}.{records[0].attempt}@{records[0].started_at}" if records else None
         return {"total": len(records), "start": start, "first": first, "rows": rows}
 

@@ -105,18 +105,29 @@ function renderSummary(s) {
   const best = s.best || {}, base = s.baseline || {};
   const counts = s.status_counts || {};
   const crashes = Object.entries(s.crash_counts || {}).map(([k, v]) => `${k} ${v}`).join(', ');
+  // The baseline is the mean of its runs (status_data): before any kept change the best is
+  // that mean, and the improvement is none rather than a noise sample's "worse".
   let improvement = '-', pct = '';
   if (s.improvement !== null && s.improvement !== undefined && base.metric) {
-    improvement = fmt(Math.abs(s.improvement), 4);
-    pct = `${(100 * Math.abs(s.improvement) / base.metric).toFixed(2)}% ${s.improvement >= 0 === (s.direction !== 'max') ? 'better' : 'worse'}`;
+    if (s.improvement === 0 || !(counts.keep > 0)) {
+      improvement = fmt(0, 4);
+      pct = 'no change has beaten the baseline yet';
+    } else {
+      improvement = fmt(Math.abs(s.improvement), 4);
+      pct = `${(100 * Math.abs(s.improvement) / base.metric).toFixed(2)}% ${s.improvement >= 0 === (s.direction !== 'max') ? 'better' : 'worse'}`;
+    }
   }
+  const runs = base.runs > 1 ? `mean of ${base.runs} runs${base.sigma !== null && base.sigma !== undefined ? ', σ ' + fmt(base.sigma, 6) : ''}; ` : '';
+  const counted = [['keep', 'keep'], ['noise_sample', 'noise samples'], ['confirm', 're-runs not kept'],
+                   ['discard', 'discard'], ['crash', 'crash'], ['skip', 'skip']]
+    .filter(([k]) => k === 'keep' || counts[k]).map(([k, word]) => `${word} ${counts[k] || 0}`).join(', ');
   document.getElementById('cards').replaceChildren(
     card(`best ${s.metric_name}`, fmt(best.metric, 6), best.trial !== null && best.trial !== undefined
       ? `#${best.trial} ${best.description || ''} (${short(best.commit)})` : short(best.commit)),
-    card('baseline', fmt(base.metric, 6), `${better} is better`),
+    card('baseline', fmt(base.metric, 6), `${runs}${better} is better`),
     card('improvement', improvement, pct),
     card('noise', fmt(s.noise, 6), s.noise ? 'σ of the run-to-run spread' : 'no estimate yet'),
-    card('attempts', String(s.attempts), `${s.trials} trials: keep ${counts.keep || 0}, discard ${counts.discard || 0}, crash ${counts.crash || 0}, skip ${counts.skip || 0}`),
+    card('attempts', String(s.attempts), `${s.trials} trials: ${counted}`),
     card('crashes', String(counts.crash || 0), crashes || 'none'),
     card('pace', s.trials_per_hour ? `${s.trials_per_hour.toFixed(1)}/h` : '-', 'trials per hour'),
     card('time left', s.time_left_s !== null && s.time_left_s !== undefined ? dur(s.time_left_s) : '-',
@@ -177,13 +188,15 @@ function renderPlot() {
   chart.replaceChildren();
   const W = 960, H = 360, L = 96, R = 16, T = 14, plotH = 250, stripT = T + plotH + 24;
   const direction = (state.summary && state.summary.direction) || 'min';
-  const kept = rows.filter((r) => r.status === 'keep' && r.metric !== null);
+  // Kept: the baseline and the kept changes; noise samples are re-runs of the best, drawn apart.
+  const kept = rows.filter((r) => r.status === 'keep' && r.metric !== null && !r.noise_sample);
+  const samples = rows.filter((r) => r.status === 'keep' && r.metric !== null && r.noise_sample);
   const others = rows.filter((r) => r.status === 'discard' && r.metric !== null);
   const crashes = rows.filter((r) => r.status === 'crash');
   const n = Math.max(rows.length, 2);
   const x = (i) => L + (W - L - R) * (i / (n - 1));
   document.getElementById('plot-note').textContent =
-    `${rows.length} attempts: ${kept.filter((r) => r.kind !== 'baseline' && !r.noise_sample).length} kept changes, ${others.length} discarded, ${crashes.length} crashed`;
+    `${rows.length} attempts: ${kept.filter((r) => r.kind !== 'baseline').length} kept changes, ${samples.length ? samples.length + ' noise samples, ' : ''}${others.length} discarded, ${crashes.length} crashed`;
   chart.append(svg('rect', { x: 0, y: 0, width: W, height: H, fill: 'white' }));
   if (!kept.length) {
     chart.append(Object.assign(svg('text', { x: W / 2, y: T + plotH / 2, 'text-anchor': 'middle' }),
@@ -191,7 +204,8 @@ function renderPlot() {
     renderLegend();
     return;
   }
-  const [y0, y1] = yRange(kept.map((r) => r.metric), others.map((r) => r.metric), direction);
+  const shownAt = (r) => (r.kind === 'baseline' && r.running_best !== null && r.running_best !== undefined ? r.running_best : r.metric);
+  const [y0, y1] = yRange(kept.map(shownAt), others.concat(samples).map((r) => r.metric), direction);
   const y = (v) => T + plotH * (1 - (v - y0) / (y1 - y0));
   const pos = new Map(rows.map((r, i) => [r.index, i]));
   // grid and axes
@@ -207,15 +221,18 @@ function renderPlot() {
     chart.append(Object.assign(svg('text', { x: x(i), y: stripT + 14 * CRASH_CLASSES.length + 16, 'text-anchor': 'middle' }),
       { textContent: String(i) }));
   }
-  // running best: a step line through the kept points, on to the last attempt
+  // running best: the best after each attempt (a noise sample does not step it), on to the last attempt
   let d = '', last = null;
-  for (const r of kept) {
-    const px = x(pos.get(r.index)), py = y(r.metric);
+  for (const r of rows) {
+    if (r.running_best === null || r.running_best === undefined || r.running_best === last) continue;
+    const px = x(pos.get(r.index)), py = y(r.running_best);
     d += last === null ? `M${px},${py}` : `H${px}V${py}`;
-    last = px;
+    last = r.running_best;
   }
-  d += `H${x(rows.length - 1)}`;
-  chart.append(svg('path', { d, fill: 'none', stroke: COLOR.keep, 'stroke-width': 2 }));
+  if (d) {
+    d += `H${x(rows.length - 1)}`;
+    chart.append(svg('path', { d, fill: 'none', stroke: COLOR.keep, 'stroke-width': 2, class: 'running-best' }));
+  }
   const tip = (r) => `#${r.label} ${r.status} ${fmt(r.metric)} ${r.description}`;
   for (const r of others) {
     const i = pos.get(r.index);
@@ -228,8 +245,12 @@ function renderPlot() {
         tip(r) + ' (off the scale)'), r));
     }
   }
+  for (const r of samples) {
+    chart.append(point(svg('circle', { cx: x(pos.get(r.index)), cy: y(r.metric), r: 4, fill: 'white', stroke: COLOR.baseline,
+      'stroke-width': 1.5 }, tip(r) + ' (a noise sample: a re-run of the best)'), r));
+  }
   for (const r of kept) {
-    const i = pos.get(r.index), px = x(i), py = y(r.metric);
+    const i = pos.get(r.index), px = x(i), py = y(shownAt(r));
     const shape = r.kind === 'baseline'
       ? svg('path', { d: `M${px},${py - 7}l7,7l-7,7l-7,-7z`, fill: COLOR.baseline, stroke: 'white' }, tip(r))
       : svg('circle', { cx: px, cy: py, r: 6, fill: COLOR.keep, stroke: 'white', 'stroke-width': 1.5 }, tip(r));
@@ -258,7 +279,7 @@ function point(node, row) {
 }
 
 function renderLegend() {
-  const items = [['baseline', COLOR.baseline], ['kept', COLOR.keep], ['running best', COLOR.keep],
+  const items = [['baseline', COLOR.baseline], ['noise sample', COLOR.baseline], ['kept', COLOR.keep], ['running best', COLOR.keep],
                  ['discarded', COLOR.discard], ['crash: trivial', COLOR.trivial],
                  ['crash: fundamental', COLOR.fundamental], ['crash: timeout', COLOR.timeout]];
   document.getElementById('legend').replaceChildren(...items.map(([name, color]) => {
