@@ -165,7 +165,7 @@ def _scouted(f: Facts) -> Decision:
     if f.commit is not None and f.commit == f.start[0]:
         return Decision("discard", "discard", "scout run of the best (the scout rung's reference and noise)",
                         _unmoved(f), extra={"scout_sample": True})
-    v = judge_scout(f.runs[-1], f.scout or ScoutRef(), f.rules.direction, f.rules.noise_z)
+    v = judge_scout(f.runs[-1], f.scout or ScoutRef(), f.rules.direction)
     extra: dict[str, object] = {"scout": {"reference": v.reference, "margin": v.margin, "promoted": v.promote}}
     return Decision("discard", "promote" if v.promote else "discard", v.reason, _unmoved(f), extra=extra)
 

@@ -43,6 +43,7 @@ from autoloop.store.fidelity import scout_ref
 from autoloop.store.ledger import AttemptKind, LedgerRecord
 from autoloop.store.state import StateFile, fault_point
 
+AUDIT_VAR = "AUTOLOOP_AUDIT"   # "0": train.py's evaluation skips the audit slice (autoloop/evaluate.py)
 PROGRESS_SAVE_S = 2.0    # the state file gets the latest progress line at most this often
 
 
@@ -208,6 +209,8 @@ class AttemptRunner:
             # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
             # itself is not a measurement. A foreign --command may only have stdout.
             require_result=s.command is None, log_cap_bytes=int(s.log_cap_mb * 2**20), isolate=s.isolate)
+        if plan.kind == "scout":   # never a keep nor the baseline: its audit figure is never read
+            spec.env[AUDIT_VAR] = "0"
         self._checked = self._precheck(plan, spec) if s.checks else CheckResult()
         if self._checked.failed is not None or self._checked.tampered:
             return self._unrun(spec)

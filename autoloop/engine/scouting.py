@@ -2,9 +2,9 @@
 
 Whether a proposal is scouted first (``active``: --scout set and the rung still predicting
 the full one), the scout runs of the best that give the rung its noise and its reference
-(``measure_scout``: at start, and after a keep whose commit has no scout run of its own, a
-replay's), and the one line said when the rung stops predicting. Everything is read from
-the ledger, so a resumed night scouts, or does not, as the killed one would have.
+(``measure_scout``: at start, and after each keep), and the one line said when the rung
+stops predicting. Everything is read from the ledger, so a resumed night scouts, or does
+not, as the killed one would have.
 """
 
 from __future__ import annotations
@@ -55,11 +55,15 @@ def measure_scout(night: Night, runner: AttemptRunner, wanted: int | None = None
                                    can_confirm=False))
 
 
+# Scout samples of each new best: its reference (two: the mean halves the reference's own
+# noise in the margin; the promoting run is no reference, store/fidelity.py says why).
+SAMPLES_AFTER_KEEP = 2
+
+
 def after_keep(night: Night, runner: AttemptRunner, record: LedgerRecord) -> None:
-    """A new best with no scout run (a replay's merged commit): one, so the next scout
-    results have a reference."""
-    if record.status == "keep" and record.commit and not scout_runs(night.arbiter.records(), record.commit):
-        measure_scout(night, runner, wanted=1)
+    """Fresh scout samples of a new best, so the next scout results have an unbiased reference."""
+    if record.status == "keep" and record.commit and record.commit == night.arbiter.best()[0]:
+        measure_scout(night, runner, wanted=SAMPLES_AFTER_KEEP)
 
 
 def say_if_switched_off(night: Night, record: LedgerRecord) -> None:

@@ -18,16 +18,20 @@ def is_scout(record: LedgerRecord) -> bool:
 
 
 def _measured(record: LedgerRecord) -> bool:
-    return is_scout(record) and record.metric is not None and record.status == "discard"
+    """A scout sample of a best with its result. The scout run that promoted a change is not
+    one: it was chosen for being good, and as the new best's reference it would set the bar
+    as high as its luck (each keep gets fresh samples instead, scouting.after_keep)."""
+    return (is_scout(record) and record.metric is not None and record.status == "discard"
+            and bool(record.extra.get("scout_sample")))
 
 
 def scout_runs(records: list[LedgerRecord], commit: str | None) -> list[float]:
-    """The scout results of one commit (its samples, or the scout run that promoted it)."""
+    """The scout samples of one commit: the reference its candidates' scout results meet."""
     return [r.metric for r in records if r.commit == commit and _measured(r) and r.metric is not None]
 
 
 def scout_noise(records: list[LedgerRecord]) -> float | None:
-    """The scout rung's noise: pooled over every commit scouted more than once."""
+    """The scout rung's noise: pooled over the samples of every best sampled more than once."""
     groups: dict[str, list[float]] = {}
     for r in records:
         if _measured(r) and r.commit and r.metric is not None:
@@ -101,3 +105,17 @@ def rungs(records: list[LedgerRecord]) -> Rungs | None:
         scout_seconds=sum(r.wall_seconds for r in scouts),
         full_seconds=sum(r.wall_seconds for r in ran if r.fidelity == "full"),
         scout_noise=scout_noise(records), agreement=agreement(pairs), off=switched_off(pairs))
+
+
+def full_rung_view(records: list[LedgerRecord]) -> list[LedgerRecord]:
+    """The records as the research digest shows them to a proposer: a promoted scout run is
+    left out (its full run tells the idea), so is a scout run of the best; a scouted-out
+    one stays, its description saying so and without its number (a scout result is not
+    comparable with the full-budget best)."""
+    out = []
+    for r in records:
+        if not is_scout(r):
+            out.append(r)
+        elif scouted_out(r):
+            out.append(r.model_copy(update={"metric": None, "description": f"[scouted out] {r.description}"}))
+    return out
