@@ -68,6 +68,9 @@ def test_scouted_out_never_gets_the_full_budget_and_keeps_are_full(tmp_path, tin
     status = autoloop_in_process(repo, "status", data_dir=tiny_data_dir).stdout
     assert "scout rung: 2 scouted, 1 promoted, 1 scouted out" in status
     assert "full rung: 2 runs" in status
+    autoloop_in_process(repo, "report", data_dir=tiny_data_dir)
+    report = (repo / "results" / "report.md").read_text()
+    assert "## Scout and full rungs" in report and "1 scouted out" in report
 
 
 def test_scouting_switches_itself_off_where_the_rungs_disagree(tmp_path, tiny_data_dir):

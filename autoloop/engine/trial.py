@@ -243,8 +243,11 @@ class Trial:
         again = Candidate(record.commit, record.parent, base_metric, record.description, record.proposer,
                           record.extra.get("source"), extra={**carried(record.extra), "rerun_of": record.attempt})
         attempt = queries.next_attempt(records, self.number)
-        if record.kind == "scout" and record.commit != record.parent and not scouting.active(self.night):
-            # Scouting is off now (switched off, or --scout not given again): the full run.
+        if record.kind == "scout" and not scouting.active(self.night):
+            # Scouting is off now (switched off, or --scout not given again): a sample of the
+            # best has nothing left to measure, a candidate gets its full run.
+            if record.commit == record.parent:
+                return "ran"
             kind: AttemptKind = "fix" if record.extra.get("scout_of") == "fix" else "candidate"
             return self.finish(Run(self.plan(kind, again, attempt)))
         return self.finish(Run(self.plan(record.kind, again, attempt)))

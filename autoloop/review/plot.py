@@ -104,7 +104,8 @@ class Night:
 
 
 def _night(records: list[LedgerRecord]) -> Night:
-    judged = [r for r in records if r.status != "skip"]
+    # The full rung: a scout run's number (--scout) is on another scale.
+    judged = [r for r in records if r.status != "skip" and r.fidelity == "full"]
     points = [Point(x, r.metric if r.metric is not None else math.nan, r) for x, r in enumerate(judged)]
     kept = [p for p in points if p.record.status == "keep" and _finite(p.record.metric)]
     baseline = next((p for p in kept if p.record.kind == "baseline"), kept[0] if kept else None)
