@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from autoloop.data import load_data
 from autoloop.evaluate import EVAL_CONTEXT, evaluate_bpb
@@ -646,4 +645,9 @@ def main():
 if __name__ == "__main__":
     # Under torch.distributed.run, record() writes a failing rank's traceback to the error file
     # the launcher names in its report, so the harness sees that rank's own exception.
-    (record(main) if WORLD_SIZE > 1 else main)()
+    # (imported only then: a single-rank run, every scout run, skips torch's elastic launcher).
+    if WORLD_SIZE > 1:
+        from torch.distributed.elastic.multiprocessing.errors import record
+        record(main)()
+    else:
+        main()

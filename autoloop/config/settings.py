@@ -157,6 +157,9 @@ class Settings(BaseModel):
     timeout: float | None = setting(
         None, "trial", "hard limit per trial, start-up and evaluation included", metavar="DURATION",
         default_text="max(2 x budget, budget + 2m)")
+    scout: float | None = setting(
+        None, "trial", "train each proposal this long first; only one within the scout noise of the best's scout "
+        "result gets the full budget (docs/fidelity.md; off by default)", metavar="DURATION")
     target: str = setting("train.py", "trial", "the one file a proposer may edit", metavar="FILE")
     command: str | None = setting(
         None, "trial", "trial command, e.g. 'uv run train.py'", metavar="CMD",
@@ -476,7 +479,7 @@ class Settings(BaseModel):
             return 0.0
         return cls._duration(v)
 
-    @field_validator("timeout", "verify_budget", mode="before")
+    @field_validator("timeout", "verify_budget", "scout", mode="before")
     @classmethod
     def _optional_duration(cls, v: Any) -> float | None:
         return None if v is None else cls._duration(v)
@@ -560,6 +563,9 @@ class Settings(BaseModel):
         if self.timeout is not None and self.timeout <= self.budget:
             raise ValueError(f"timeout: must be longer than the budget ({format_duration(self.budget)}), "
                              f"got {format_duration(self.timeout)}")
+        if self.scout is not None and self.scout >= self.budget:
+            raise ValueError(f"scout: must be shorter than the budget ({format_duration(self.budget)}), "
+                             f"got {format_duration(self.scout)}")
         return self
 
     # -- derived values ------------------------------------------------------------------------

@@ -11,7 +11,10 @@ decision, and the next action of the trial:
 * ``replay``   it beat the best it started from, but another worker moved the best
                meanwhile: merge its change onto the new best and run it there;
 * ``stale``    as replay, but the change no longer merges, is already in the new best,
-               or the best kept moving: recorded as a discard that says so.
+               or the best kept moving: recorded as a discard that says so;
+* ``promote``  a scout run (kind ``scout``, --scout) close enough to the best's scout
+               result: the same commit goes on to the full budget (core/fidelity.py).
+               A scout run is never a keep: every keep is decided at the full budget.
 
 A verification run (kind ``verify``, ``autoloop verify``) is measured, never judged: it is
 a discard whose best is the best now, whatever its metric.
@@ -31,6 +34,7 @@ from typing import Literal, Protocol
 
 from autoloop.core.classify import CrashClass
 from autoloop.core.decide import Direction, judge_metric, judge_runs, noise_estimate
+from autoloop.core.fidelity import ScoutRef, judge_scout
 from autoloop.core.guards import Guard, breaches, parse_guards
 
 MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
@@ -43,7 +47,7 @@ def tampered_reason(paths: list[str]) -> str:
     return f"tampered: {shown}" + (f", +{more} more" if more > 0 else "")
 
 
-Action = Literal["keep", "discard", "confirm", "replay", "stale"]
+Action = Literal["keep", "discard", "confirm", "replay", "stale", "promote"]
 Best = tuple[str | None, float | None]   # (best commit, its metric); (None, None) before the baseline
 
 # A winning candidate is replayed on a best that moved at most this many times; a best that
@@ -87,7 +91,7 @@ class Rules:
 class Facts:
     """Everything the decision depends on."""
 
-    kind: str                               # baseline | candidate | fix | confirm | verify
+    kind: str                               # baseline | candidate | fix | confirm | verify | scout
     commit: str | None
     runs: tuple[float, ...] = ()            # this commit's metrics: earlier runs first, this run last
     crash: tuple[CrashClass, str] | None = None    # (class, reason) when the run failed
@@ -103,6 +107,7 @@ class Facts:
     rules: Rules = field(default_factory=Rules)
     metrics: dict[str, float] = field(default_factory=dict)            # the NAME: value lines it printed
     baseline_metrics: dict[str, float] = field(default_factory=dict)   # the baseline's (relative guards)
+    scout: ScoutRef | None = None           # kind scout: the best's scout runs and the scout noise
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,8 @@ def decide(f: Facts) -> Decision:
         # A measurement for `autoloop verify` (verify.py): the morning's question is asked of
         # many such runs together, never of one against the best; the best does not move.
         return Decision("discard", "discard", "verification run (the best is not judged by it)", _unmoved(f))
+    if f.kind == "scout":
+        return _scouted(f)
     if f.noise_sample is not None:
         # A run of the best with another seed: it stays the best, its value becomes the mean
         # of its runs, and the spread of the runs is the noise estimate.
@@ -149,6 +156,18 @@ def skipped(reason: str, start: Best, current: Best) -> Decision:
 def _unmoved(f: Facts) -> Best:
     """The best a record that changes nothing carries: the best now."""
     return f.current if f.current[0] is not None else f.start
+
+
+def _scouted(f: Facts) -> Decision:
+    """A run at the scout budget: never a keep, the best unmoved. A run of the best itself
+    is a sample of the rung (its reference, its noise); a candidate's is promoted to the
+    full budget or scouted out (fidelity.judge_scout)."""
+    if f.commit is not None and f.commit == f.start[0]:
+        return Decision("discard", "discard", "scout run of the best (the scout rung's reference and noise)",
+                        _unmoved(f), extra={"scout_sample": True})
+    v = judge_scout(f.runs[-1], f.scout or ScoutRef(), f.rules.direction)
+    extra: dict[str, object] = {"scout": {"reference": v.reference, "margin": v.margin, "promoted": v.promote}}
+    return Decision("discard", "promote" if v.promote else "discard", v.reason, _unmoved(f), extra=extra)
 
 
 def _invalid(f: Facts) -> Decision | None:

@@ -70,7 +70,7 @@ class Arbiter:
             now, start = current[0], facts.start[0]
             # The best moved (another worker kept) since it started; only the baseline starts from none.
             if (now and start and now != start and facts.commit and facts.noise_sample is None
-                    and facts.kind not in ("baseline", "verify")):
+                    and facts.kind not in ("baseline", "verify", "scout")):
                 merged = ws.merge_change(start, now, facts.commit)
                 merge: Merge = ("conflict" if merged is None
                                 else "already_in" if merged == ws.file_at(now, ws.target) else "clean")
@@ -85,7 +85,7 @@ class Arbiter:
                 status=decision.status, crash=decision.crash, reason=decision.reason,
                 best=decision.best[0], best_metric=decision.best[1], noise=decision.noise,
                 confidence=decision.confidence,
-                next=decision.action if decision.action in ("confirm", "replay") else None,
+                next=decision.action if decision.action in ("confirm", "replay", "promote") else None,
                 extra={**draft.get("extra", {}), **decision.extra})
             if not decision.metric_valid:
                 record.metric = None

@@ -26,7 +26,7 @@ from typing import Any
 
 from autoloop.config.settings import Settings
 from autoloop.core.classify import Classification, classify
-from autoloop.core.durations import format_duration
+from autoloop.core.durations import default_timeout, format_duration
 from autoloop.core.errors import NightError
 from autoloop.core.guards import finite_metrics
 from autoloop.core.keep import Decision, Facts, tampered_reason
@@ -39,9 +39,11 @@ from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_
 from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
 from autoloop.repo.workspace import Workspace
 from autoloop.store import queries
+from autoloop.store.fidelity import scout_ref
 from autoloop.store.ledger import AttemptKind, LedgerRecord
 from autoloop.store.state import StateFile, fault_point
 
+AUDIT_VAR = "AUTOLOOP_AUDIT"   # "0": train.py's evaluation skips the audit slice (autoloop/evaluate.py)
 PROGRESS_SAVE_S = 2.0    # the state file gets the latest progress line at most this often
 
 
@@ -101,6 +103,14 @@ class Slot:
     executor: Executor
     env: dict[str, str] = field(default_factory=dict)   # added to its trials' environment (device, threads)
     console: Console | Prefixed | None = None
+
+
+def rung_limits(s: Settings, kind: AttemptKind) -> tuple[float, float]:
+    """(budget, hard timeout) of an attempt: a scout run trains for --scout, under the
+    configured timeout or the default rule applied to the scout budget; any other for --budget."""
+    if kind != "scout" or s.scout is None:
+        return s.budget, s.timeout_s
+    return s.scout, s.timeout if s.timeout is not None else default_timeout(s.scout)
 
 
 class AttemptRunner:
@@ -189,15 +199,18 @@ class AttemptRunner:
         s, layout = self.settings, self.night.layout
         layout.runs.mkdir(parents=True, exist_ok=True)
         result = layout.result(plan.trial, plan.attempt)
-        env = build_env(s.budget, plan.seed, result, self.night.data_dir, s.device, secrets.token_hex(8),
+        budget, timeout = rung_limits(s, plan.kind)
+        env = build_env(budget, plan.seed, result, self.night.data_dir, s.device, secrets.token_hex(8),
                         harness_path=harness_path(layout.root) if self.night.inputs is not None else None)
         spec = TrialSpec(
             command=launch_command(s.command_argv, s.gpus_per_trial), cwd=self.slot.ws.root, env=env | self.slot.env,
             log_path=layout.log(plan.trial, plan.attempt), result_path=result,
-            budget_s=s.budget, timeout_s=s.timeout_s, metric=s.metric, max_rss_gb=s.max_rss_gb,
+            budget_s=budget, timeout_s=timeout, metric=s.metric, max_rss_gb=s.max_rss_gb,
             # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
             # itself is not a measurement. A foreign --command may only have stdout.
             require_result=s.command is None, log_cap_bytes=int(s.log_cap_mb * 2**20), isolate=s.isolate)
+        if plan.kind == "scout":   # never a keep nor the baseline: its audit figure is never read
+            spec.env[AUDIT_VAR] = "0"
         self._checked = self._precheck(plan, spec) if s.checks else CheckResult()
         if self._checked.failed is not None or self._checked.tampered:
             return self._unrun(spec)
@@ -208,7 +221,7 @@ class AttemptRunner:
         spec.env[TOKEN_VAR] = secrets.token_hex(16)
         self.slot.state.update(child_token=spec.env[TOKEN_VAR])
         self.console.line(f"{plan.label} {plan.kind}: {plan.candidate.description} [{commit[:7]}] "
-                          f"training {format_duration(s.budget)}")
+                          f"training {format_duration(budget)}")
         return self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line),
                                       stop_event=self.night.stop.event,
                                       on_start=lambda pids: self.slot.state.update(child_pids=pids),
@@ -287,6 +300,7 @@ class AttemptRunner:
             "fingerprint": result.get("fingerprint") or self.night.fingerprint,
             "log_path": layout.log_rel(plan.trial, plan.attempt), "outside_changes": list(cand.outside_changes),
             "extra": extra, "metrics": finite_metrics(summary), **throughput(summary, s.gpus_per_trial),
+            "fidelity": "scout" if plan.kind == "scout" else "full",
         }
 
     def _facts(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification,
@@ -303,7 +317,9 @@ class AttemptRunner:
                      other_data=other_data, tampered=(*self._checked.tampered, *after.paths),
                      start=(cand.base, cand.base_metric), noise=self.night.arbiter.noise(),
                      noise_sample=plan.noise_sample, can_confirm=plan.can_confirm, replays=plan.replays,
-                     metrics=dict(outcome.summary), baseline_metrics=baseline.metrics if baseline else {})
+                     metrics=dict(outcome.summary), baseline_metrics=baseline.metrics if baseline else {},
+                     scout=scout_ref(self.night.arbiter.records(), self.night.arbiter.best()[0])
+                     if plan.kind == "scout" else None)
 
     def _settle(self, plan: AttemptPlan, record: LedgerRecord, decision: Decision) -> None:
         """Git follows the record, then the state goes idle. A confirmation re-run follows at

@@ -235,7 +235,7 @@ def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: 
         "started_at": state.attempt_started_at or now, "ended_at": now, "proposer": state.proposer or "-",
         "parent": state.best, "commit": candidate, "description": state.description or "interrupted",
         "metric_name": night.settings.metric, "seed": night.settings.seed,
-        "log_path": night.layout.log_rel(trial, attempt),
+        "log_path": night.layout.log_rel(trial, attempt), "fidelity": "scout" if state.kind == "scout" else "full",
         "extra": {**({"tampered": tampered.paths} if tampered else {}), **({"git_events": events} if events else {})},
     }, decision, worker)
     night.console.line(f"recovery: trial {state.trial}.{state.attempt} was interrupted during {state.phase}; "

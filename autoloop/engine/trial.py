@@ -33,6 +33,7 @@ from autoloop.config.settings import Settings
 from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.guards import missing_in_baseline, parse_guards
 from autoloop.core.keep import skipped
+from autoloop.engine import scouting
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
 from autoloop.engine.candidate import Claims, Skipped, fix_context, prepare, proposal_request
 from autoloop.engine.night import Night
@@ -84,7 +85,7 @@ class Trial:
     def begin(self, first: Candidate | None = None) -> Step:
         """The first step taken: the proposal made (or ``first`` taken), the first attempt
         planned and not yet run. A slot that looks ahead starts the next proposal here."""
-        return self.propose() if first is None else Run(self.plan("candidate", first))
+        return self.propose() if first is None else Run(self.first_plan("candidate", first))
 
     def finish(self, step: Step) -> str:
         while not isinstance(step, Done):
@@ -114,7 +115,7 @@ class Trial:
             # A duplicate keeps its description: the digest tells the agent what it repeated.
             self._skip(1, prepared.reason, prepared.description or "-", prepared)
             return Done("failed" if prepared.duplicate_of is None else "duplicate")
-        return Run(self.plan("candidate", prepared))
+        return Run(self.first_plan("candidate", prepared))
 
     def fix(self, failed: LedgerRecord) -> Step:
         """Hand the broken edit back to the proposer with the evidence; run the fix."""
@@ -132,13 +133,17 @@ class Trial:
             return Done("ran")
         if "hypothesis" not in prepared.extra:   # the fixed idea is still the idea it was
             prepared = replace(prepared, extra={**prepared.extra, **carried(failed.extra)})
-        return Run(self.plan("fix", prepared, attempt))
+        return Run(self.first_plan("fix", prepared, attempt))
 
     def after(self, done: Recorded) -> Step:
         """The next step, from the decision on the attempt just recorded."""
         record, action = done.record, done.decision.action
+        scouting.say_if_switched_off(self.night, record)
         if self.night.stop.is_set():
             return Done("ran")
+        if action == "promote":
+            return Run(self._promotion(record, done.plan.candidate))
+        scouting.after_keep(self.night, self.runner, record)
         if action == "confirm":
             return Run(self._confirmation(done))
         if action == "replay":
@@ -151,6 +156,22 @@ class Trial:
 
     def plan(self, kind: AttemptKind, candidate: Candidate, attempt: int = 1, **more: Any) -> AttemptPlan:
         return AttemptPlan(self.number, attempt, kind, candidate, self.night.settings.seed, **more)
+
+    def first_plan(self, kind: AttemptKind, candidate: Candidate, attempt: int = 1) -> AttemptPlan:
+        """A new proposal's first run: at the scout budget while scouting (the kind it will
+        have at the full budget kept in its record), else at the full budget."""
+        if not scouting.active(self.night):
+            return self.plan(kind, candidate, attempt)
+        return self.plan("scout", replace(candidate, extra={**candidate.extra, "scout_of": kind}), attempt,
+                         can_confirm=False)
+
+    def _promotion(self, scout: LedgerRecord, candidate: Candidate) -> AttemptPlan:
+        """A scout run close enough to the best's: the same commit at the full budget, judged
+        as the candidate (or fix) it is against the best the trial started from."""
+        kind: AttemptKind = "fix" if scout.extra.get("scout_of") == "fix" else "candidate"
+        full = Candidate(scout.commit, candidate.base, candidate.base_metric, scout.description, scout.proposer,
+                         scout.extra.get("source"), extra={**carried(scout.extra), "scouted": scout.attempt})
+        return self.plan(kind, full, queries.next_attempt(self.night.arbiter.records(), self.number))
 
     def _confirmation(self, done: Recorded) -> AttemptPlan:
         """A within-noise gain: the same commit once more with a new seed, judged on the mean."""
@@ -188,7 +209,21 @@ class Trial:
         or an attempt a kill cut off while training (``queries.pending_reruns``)."""
         if queries.interrupted_in_training(record):
             return self.resume_interrupted(record)
+        if record.next == "promote":
+            return self.resume_promotion(record)
         return self.resume_confirmation(record) if record.next == "confirm" else self.resume_replay(record)
+
+    def resume_promotion(self, record: LedgerRecord) -> str:
+        """A scout run promoted to the full budget, the full run never started (a kill or a
+        stop came between): that run now, against the best the trial started from."""
+        self.start = (record.best, record.best_metric) if record.parent is None else (
+            record.parent, next((r.best_metric for r in reversed(self.night.arbiter.records())
+                                 if r.best == record.parent), None))
+        (self.slot.console or self.night.console).line(
+            f"#{record.trial}: resuming its full-budget run (promoted by its scout run, not run before the night "
+            "stopped)")
+        base = Candidate(record.commit, self.start[0], self.start[1], record.description, record.proposer)
+        return self.finish(Run(self._promotion(record, base)))
 
     def resume_interrupted(self, record: LedgerRecord) -> str:
         """Run again, as the trial's next attempt, the attempt a kill interrupted while it
@@ -208,6 +243,13 @@ class Trial:
         again = Candidate(record.commit, record.parent, base_metric, record.description, record.proposer,
                           record.extra.get("source"), extra={**carried(record.extra), "rerun_of": record.attempt})
         attempt = queries.next_attempt(records, self.number)
+        if record.kind == "scout" and not scouting.active(self.night):
+            # Scouting is off now (switched off, or --scout not given again): a sample of the
+            # best has nothing left to measure, a candidate gets its full run.
+            if record.commit == record.parent:
+                return "ran"
+            kind: AttemptKind = "fix" if record.extra.get("scout_of") == "fix" else "candidate"
+            return self.finish(Run(self.plan(kind, again, attempt)))
         return self.finish(Run(self.plan(record.kind, again, attempt)))
 
     def resume_confirmation(self, record: LedgerRecord) -> str:

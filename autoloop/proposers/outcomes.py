@@ -82,9 +82,12 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
     proposals = [r for r in records if r.kind != "confirm"]
     judged = proposals[-1] if proposals else first
     commit = judged.commit
-    runs = [r.metric for r in records
-            if r.commit == commit and commit and r.metric is not None and r.status in ("keep", "discard")
-            and not r.extra.get("replay_of")]
+    measured = [r for r in records
+                if r.commit == commit and commit and r.metric is not None and r.status in ("keep", "discard")
+                and not r.extra.get("replay_of")]
+    # --scout: a promoted trial's value is its full-budget runs'; a scouted-out one has only its scout run.
+    full = [r.metric for r in measured if r.kind != "scout" and r.metric is not None]
+    runs = full or [r.metric for r in measured if r.metric is not None]
     gain = 0.0
     for r, before in attempts:
         if r.status == "keep" and r.kind != "baseline" and not queries.is_noise_sample(r) \

@@ -107,7 +107,8 @@ class Night:
 
 
 def _night(records: list[LedgerRecord]) -> Night:
-    judged = [r for r in records if r.status != "skip"]
+    # The full rung: a scout run's number (--scout) is on another scale.
+    judged = [r for r in records if r.status != "skip" and r.fidelity == "full"]
     estimate = baseline_estimate(records)
     points = [Point(x, estimate.metric if estimate and r.kind == "baseline" and r.status == "keep" else
                     r.metric if r.metric is not None else math.nan, r) for x, r in enumerate(judged)]

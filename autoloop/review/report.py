@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
 from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
-from autoloop.review import throughput
+from autoloop.review import fidelity, throughput
 from autoloop.review.jobs import job_data, job_lines
 from autoloop.review.tradeoffs import guards_section, tradeoffs_section
 from autoloop.store import person_notes, queries
@@ -121,6 +121,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
                   "world_size": r.world_size, "tokens_per_s": r.tokens_per_s, "mfu_percent": r.mfu_percent}
                  for r in records[-5:]],
         "throughput": throughput.status_lines(records),
+        "rungs": fidelity.status_lines(records),   # --scout: the scout and the full rung
     }
 
 
@@ -307,6 +308,7 @@ def _pipeline_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"device busy {data['device_busy']:.0%} of {whole_seconds(data['device_span_s'])} this run"
                      + (f"; proposer {proposer:.1f} s per trial" if proposer is not None else ""))
     lines += data.get("throughput", [])
+    lines += data.get("rungs", [])
     if data["time_left_s"] is not None:
         lines.append(f"time left: {time_left(data['time_left_s'])}")
     return lines
@@ -453,6 +455,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += throughput.throughput_section(records)
     out += integrity_section(records)
     out += noise_section(records, baseline, metric)
+    out += fidelity.fidelity_section(records)
     out += guards_section(records) + tradeoffs_section(records, metric, direction)
     out += time_section(time_split(records, evals))
     return "\n".join(out)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from autoloop.store import queries
+from autoloop.store.fidelity import full_rung_view
 from autoloop.store.ledger import LedgerRecord, trial_label
 from autoloop.store.tradeoffs import guard_lines
 
@@ -87,7 +88,7 @@ def research_digest(records: Sequence[LedgerRecord], *, direction: str = "min", 
                     limit: int = DEFAULT_BYTES, guards: Sequence[str] = ()) -> str:
     """The digest of ``records`` (ledger order), at most ``limit`` bytes of UTF-8."""
     sign = 1.0 if direction == "min" else -1.0     # a gain is a negative delta for min, positive for max
-    records = list(records)
+    records = full_rung_view(list(records))   # --scout: scout results are not full-budget numbers
     before = queries.best_before(records)
     sigma = queries.noise(records)
     head = _header(records, sign, metric, sigma, direction)

@@ -88,8 +88,10 @@ from autoloop.store.atomic import atomic_write, fault_write, fsync_dir
 Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
 # What an attempt was: the unmodified baseline, a new idea, a fix of a trivial crash,
 # a re-run of an earlier candidate (noise confirmation, replay), or a run of
-# `autoloop verify` (verify.py: never judged against the best, never moving it).
-AttemptKind = Literal["baseline", "candidate", "fix", "confirm", "verify"]
+# `autoloop verify` (verify.py: never judged against the best, never moving it), or a run at
+# the scout budget (--scout, core/fidelity.py: never a keep).
+AttemptKind = Literal["baseline", "candidate", "fix", "confirm", "verify", "scout"]
+Fidelity = Literal["scout", "full"]
 
 TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description", "crash", "trial", "seconds",
                "confidence", "worker", "hypothesis"]
@@ -140,7 +142,7 @@ class LedgerRecord(BaseModel):
     # another seed) or "replay" (its change merged onto a best another worker set); None:
     # the decision was final. A record of what was decided; read back only by the next start,
     # for a step decided and never run (queries.pending_next).
-    next: Literal["confirm", "replay"] | None = None
+    next: Literal["confirm", "replay", "promote"] | None = None
     # The hash chain (chain.py): written as the line's last key, checked on every read.
     chain: str | None = Field(default=None, exclude=True)   # read from the line; never dumped
     # Every `NAME: value` line the trial printed (finite numbers): the secondary metrics that
@@ -152,6 +154,9 @@ class LedgerRecord(BaseModel):
     world_size: int = 1
     tokens_per_s: float | None = None
     mfu_percent: float | None = None
+    # The budget the run trained for: "scout" (--scout's short rung) or "full" (--budget);
+    # ledgers written before the scout rung have only full runs.
+    fidelity: Fidelity = "full"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +178,17 @@ def trial_label(trial: int, attempt: int) -> str:
     return str(trial) if attempt <= 1 else f"{trial}.{attempt}"
 
 
+def scout_description(record: LedgerRecord) -> str:
+    """The TSV's description: a scout run's says so (and whether it was scouted out), so the
+    table keeps autoresearch's columns and still tells the two rungs apart."""
+    if record.fidelity != "scout":
+        return record.description
+    scout = record.extra.get("scout") or {}
+    what = ("scouted out" if scout.get("promoted") is False else "scout, promoted" if scout.get("promoted")
+            else "scout")
+    return f"[{what}] {record.description}"
+
+
 def tsv_row(record: LedgerRecord) -> list[str] | None:
     """The results.tsv fields of one record, or None for records the TSV leaves out: skips,
     and verification runs (the table is the night's search; report.md has the verdict)."""
@@ -189,7 +205,7 @@ def tsv_row(record: LedgerRecord) -> list[str] | None:
         f"{metric:.6f}",
         f"{memory:.1f}",
         record.status,
-        tsv_field(record.description),
+        tsv_field(scout_description(record)),
         record.crash or "-",
         trial_label(record.trial, record.attempt),
         f"{seconds:.1f}",

@@ -117,7 +117,7 @@ def runs_of(records: list[LedgerRecord], commit: str) -> list[float]:
     ``autoloop verify`` are not the night's judgement (their seeds are not the night's)."""
     return [r.metric for r in records
             if r.commit == commit and r.metric is not None and r.status in ("keep", "discard")
-            and r.kind != "verify"]
+            and r.kind not in ("verify", "scout")]
 
 
 def is_kept_change(record: LedgerRecord) -> bool:
@@ -222,13 +222,14 @@ def infer_direction(records: list[LedgerRecord]) -> str:
 
 
 def pending_next(records: list[LedgerRecord]) -> list[LedgerRecord]:
-    """Records whose decision asked for a confirmation or a replay that never ran: the last
+    """Records whose decision asked for a confirmation, a replay or a promotion to the full
+    budget that never ran: the last
     record of their trial. A kill came between the decision and the next run, or the night
     was stopped (Ctrl-C, ``autoloop stop``) right after the decision."""
     last: dict[int, LedgerRecord] = {}
     for r in records:
         last[r.trial] = r
-    return [r for r in last.values() if r.next in ("confirm", "replay")]
+    return [r for r in last.values() if r.next in ("confirm", "replay", "promote")]
 
 
 # Recovery's reason for an attempt a kill cut off (engine/recovery.py); in these phases the
@@ -252,7 +253,7 @@ def pending_reruns(records: list[LedgerRecord]) -> list[LedgerRecord]:
         last[r.trial] = r
         count[r.trial] = count.get(r.trial, 0) + interrupted_in_training(r)
     return [r for r in last.values() if interrupted_in_training(r) and count[r.trial] == 1 and r.commit
-            and r.kind in ("candidate", "fix", "confirm")]
+            and r.kind in ("candidate", "fix", "confirm", "scout")]
 
 
 def replays_of(records: list[LedgerRecord], trial: int) -> int:

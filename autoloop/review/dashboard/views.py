@@ -184,5 +184,5 @@ def _row(index: int, r: LedgerRecord, reference: float | None) -> dict[str, Any]
         "hypothesis": hypothesis if isinstance(hypothesis, str) else None, "reason": r.reason,
         "commit": r.commit, "proposer": r.proposer, "worker": r.worker, "seconds": seconds,
         "started_at": r.started_at, "ended_at": r.ended_at, "noise_sample": is_noise_sample(r),
-        "memory_gb": r.memory_gb,
+        "memory_gb": r.memory_gb, "fidelity": r.fidelity,
     }

@@ -67,6 +67,7 @@ async function tick() {
     }
     state.summary = summary;
     renderSummary(summary);
+    renderRungs(summary);
     renderLive(live);
     renderPlot();
     renderTradeoffs(summary);
@@ -133,6 +134,14 @@ function renderSummary(s) {
     card('time left', s.time_left_s !== null && s.time_left_s !== undefined ? dur(s.time_left_s) : '-',
          s.deadline ? `until ${new Date(s.deadline * 1000).toLocaleTimeString()}` : 'no --hours deadline'),
   );
+}
+
+// --scout: one line per rung (text only: nothing in it is markup)
+function renderRungs(s) {
+  const el = document.getElementById('rungs');
+  const lines = s.rungs || [];
+  el.hidden = lines.length === 0;
+  el.replaceChildren(...lines.map(line => { const p = document.createElement('div'); p.textContent = line; return p; }));
 }
 
 // -- in flight -----------------------------------------------------------------------------
