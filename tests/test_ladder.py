@@ -18,11 +18,13 @@ import math
 import re
 from pathlib import Path
 
+import jsonschema
 import pytest
 from helpers.git import git, init_repo
 from helpers.loop import assert_invariants, autoloop, autoloop_in_process, read_ledger
 
 from autoloop.core import ladder_fit as lf
+from autoloop.review.json_forms import schema
 from autoloop.review.ladder_report import write_png
 from autoloop.store.ledger import LedgerRecord
 from autoloop.verification.ladder_plan import LadderError, LadderPlan, Side, summarize, summary_json, summary_lines
@@ -242,6 +244,7 @@ def test_a_ladder_killed_mid_way_resumes_and_its_verdict_reaches_the_report_and_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "recovery: trial 6.1 was interrupted during running" in proc.stderr
     out = json.loads(proc.stdout)
+    jsonschema.validate(out, schema("ladder"))
     assert out["verdict"]["name"] == "SCALE-BOUND" and out["change"] == 1 and out["compute_measured"]
     assert [r["held_out"] for r in out["rungs"]] == [False, False, True]
     assert out["rungs"][0]["delta"] > 0 > out["rungs"][2]["delta"]

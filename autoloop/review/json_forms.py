@@ -1,4 +1,4 @@
-"""The versioned JSON that `status --json`, `verify --json` and `attempts --json` print (and
+"""The versioned JSON that `status --json`, `verify --json`, `attempts --json` and `ladder --json` print (and
 the MCP server returns): each names its schema and version, and ships its JSON Schema in
 ``autoloop/review/schemas/`` (docs/agents.md). A field is only ever added within a version."""
 
@@ -15,7 +15,8 @@ from autoloop.verification.verify_plan import Summary, load_plan, summarize
 
 STATUS_SCHEMA, STATUS_VERSION = "autoloop.status", 1
 VERIFY_SCHEMA, VERIFY_VERSION = "autoloop.verify", 1
-SCHEMA_FILES = {"status": "status.schema.json", "attempts": "attempts.schema.json", "verify": "verify.schema.json"}
+SCHEMA_FILES = {"status": "status.schema.json", "attempts": "attempts.schema.json", "verify": "verify.schema.json",
+                "ladder": "ladder.schema.json"}
 
 
 def schema(name: str) -> dict[str, Any]:

@@ -256,13 +256,19 @@ def summary_lines(s: LadderSummary) -> list[str]:
     return lines
 
 
+# `ladder --json`'s schema (autoloop/review/schemas/ladder.schema.json, docs/agents.md); a
+# field is only ever added within a version.
+LADDER_SCHEMA, LADDER_VERSION = "autoloop.ladder", 1
+
+
 def summary_json(s: LadderSummary) -> str:
     p = s.plan
     rungs = [{"rung": r.rung.index + 1, "values": r.rung.values, "budget_s": r.rung.budget, "held_out": r.rung.held_out,
               "params": r.params, "compute": r.compute, "delta": r.delta.mean, "se": r.delta.se, "pairs": r.delta.n,
               "best_multiplier": 2 ** r.optimum.log2_m if r.optimum else None,
               "runs": {k: {str(i): v for i, v in sorted(m.items())} for k, m in r.runs.items()}} for r in s.rungs]
-    return json.dumps({"change": p.change, "description": p.description, "commit": p.child, "parent": p.parent,
+    return json.dumps({"schema": LADDER_SCHEMA, "version": LADDER_VERSION, "change": p.change,
+                       "description": p.description, "commit": p.child, "parent": p.parent,
                        "direction": p.direction, "seeds": p.seeds, "budget": budget_text(p),
                        "compute_measured": s.measured, "retune": p.retune, "rungs": rungs,
                        "verdict": {"name": s.verdict.name, "line": s.verdict.line, "numbers": s.verdict.numbers},
