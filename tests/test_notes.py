@@ -91,9 +91,9 @@ def test_a_commit_run_several_times_has_one_block_per_attempt_and_text_stays_in_
                                 best=base.commit, best_metric=1.02725, extra={"noise_samples": [1.0275, 1.027]}))
     text = notes_by_commit(records)[base.commit]
     blocks = text.rstrip("\n").split("\n\n")
-    assert [b.splitlines()[0][:10] for b in blocks] == ["#0 keep 1.", "#0.2 keep "]
+    assert [b.splitlines()[0][:18] for b in blocks] == ["#0 keep 1.0275 bas", "#0.2 noise sample "]
     second = blocks[1].splitlines()
-    assert second[0] == "#0.2 keep 1.0270 (+0.0036, 7.2σ) line one line two red <b>bold</b>"
+    assert second[0] == "#0.2 noise sample 1.0270 (+0.0036, 7.2σ) line one line two red <b>bold</b>"
     assert all("\x1b" not in line and "\x07" not in line for line in second)
     assert "reason: noise sample 1/1 second line" in second and "kind: confirm" in second
     assert blob_sha(text) == subprocess.run(["git", "hash-object", "--stdin"], input=text, capture_output=True,
