@@ -54,7 +54,7 @@ def test_verdict_line_with_and_without_noise():
         == "#0 keep 1.0275 baseline"
     sample = record(trial=0, attempt=2, kind="confirm", metric=1.0270, description="noise sample 1/2",
                     extra={"noise_samples": [1.0275, 1.027]})
-    assert format_verdict("#0.2", sample, 1.0275) == "#0.2 noise sample 1.0270 (-0.0005) noise sample 1/2"   # not "keep"
+    assert format_verdict("#0.2", sample, 1.0275) == "#0.2 noise sample 1.0270 (-0.0005) noise sample 1/2"
     crash = record(status="crash", crash="trivial", metric=None, reason="NameError: name 'x' is not defined")
     assert format_verdict("#17.2", crash, 1.0275) \
         == "#17.2 crash (trivial) MATRIX_LR 0.04 -> 0.06: NameError: name 'x' is not defined"
