@@ -152,6 +152,9 @@ class LedgerRecord(BaseModel):
     world_size: int = 1
     tokens_per_s: float | None = None
     mfu_percent: float | None = None
+    # The machine's speed beside the run (execution/machine_probe.py; its parts in
+    # extra.machine): what store/speed.py fits the metric's dependence on. None: not measured.
+    machine_speed: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,200 @@
+"""The machine's own speed beside each trial, measured without train.py (docs/machine-speed.md).
+
+A wall-clock budget rewards a change that trains faster, so the steps a run managed cannot be
+normalised away; what must come out of a decision is the *machine's* share: a fast minute on
+a shared host, a slow one while a neighbour compiles. This measures it with a reference that
+is the same on every run and never imports the trial's code:
+
+* a fixed kernel just before and just after the trial: one pure-Python loop of a fixed
+  length per CPU, all at once, in child processes (the rate is the sum of their rates, so a
+  neighbour holding one core shows); on a CUDA device a fixed bf16 matmul loop instead;
+* over the run itself, from ``/proc/stat``: the share of the machine's CPU time that went
+  neither to the trial (its reaped processes' CPU time) nor to idle (``others``: the
+  neighbours' load, the jitter that happens *during* training), and the hypervisor's
+  ``steal`` (a VM's host taking cycles).
+
+``speed`` (what the ledger's ``machine_speed`` holds) is the kernel's rate times the share of
+the machine left to the trial during the run, ``1 - others - steal``, in kernel loops per
+second. Why both: on this kind of host the kernel alone sees the load before and after,
+not during, a 60 s run (benchmarks/machine_noise.py measures which explains the metric).
+
+A background sampler running the kernel *during* training was not used: on a CPU trial it
+competes with train.py itself, so it would measure train.py's own threads, which differ from
+commit to commit (a change that uses more threads would look like a slower machine).
+
+``AUTOLOOP_PROBE_SCALE`` is for tests only (docs/machine-speed.md): comma-separated factors,
+one per probed run in turn (the last repeats). The kernel and /proc/stat are still read and
+recorded, but ``speed`` becomes the factor times :data:`NOMINAL` and the factor is passed to
+the trial under the same name, so that a stand-in can train "slower" or "faster" by it. A
+test turns the machine's speed like a knob and can fail reliably; what the loaded host's
+real jitter does is benchmarks/machine_noise.py's question.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCALE_VAR = "AUTOLOOP_PROBE_SCALE"   # test-only: multiplies the measured speed
+CPU_LOOPS = 1_200_000                # ~0.3 s of one core on a 2020s x86 host; fixed, never tuned per run
+CUDA_MATMULS = 200                   # 4096 x 4096 bf16: ~0.1 s on an H100-class GPU
+PROBE_TIMEOUT_S = 60.0
+NOMINAL = 1e6                        # the speed a factor of 1 stands for (AUTOLOOP_PROBE_SCALE)
+
+_scale_lock = threading.Lock()
+_scale_runs = 0   # probed runs so far in this process: the index into AUTOLOOP_PROBE_SCALE
+
+_CPU_KERNEL = f"""
+import time
+t = time.perf_counter()
+x = 0
+for i in range({CPU_LOOPS}):
+    x = (x * 31 + i) & 0xFFFFFFFF
+print({CPU_LOOPS} / (time.perf_counter() - t))
+"""
+
+_CUDA_KERNEL = f"""
+import time, torch
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+for _ in range(5):
+    a @ b
+torch.cuda.synchronize()
+t = time.perf_counter()
+for _ in range({CUDA_MATMULS}):
+    a @ b
+torch.cuda.synchronize()
+print({CUDA_MATMULS} * 2 * 4096 ** 3 / (time.perf_counter() - t))
+"""
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """One reading of /proc/stat's first line (seconds), and of this process's reaped children."""
+
+    busy: float
+    steal: float
+    total: float
+    children: float
+    at: float
+
+
+def cpu_count() -> int:
+    """The host's CPUs as /proc/stat counts them (a container's affinity can be smaller)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        return max(1, sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit()))
+    except OSError:
+        return os.cpu_count() or 1
+
+
+def read_times() -> CpuTimes | None:
+    """Now's CPU times; None where /proc/stat is not there (macOS)."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(v) / hz for v in first[1:9])
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return CpuTimes(busy=user + nice + system + irq + softirq, steal=steal,
+                    total=user + nice + system + idle + iowait + irq + softirq + steal,
+                    children=usage.ru_utime + usage.ru_stime, at=time.monotonic())
+
+
+def kernel_rate(device: str | None = None, env: dict[str, str] | None = None,
+                short: bool = False) -> tuple[float | None, str]:
+    """(rate, kernel) of the fixed kernel now; rate None when it could not run. ``short``:
+    a tenth of the CPU loops (under the test knob, whose factor stands in for the rate)."""
+    if device and device.startswith("cuda"):
+        rate = _run([_CUDA_KERNEL], env)
+        if rate is not None:
+            return rate, "cuda bf16 matmul"
+    n = cpu_count()
+    kernel = _CPU_KERNEL.replace(str(CPU_LOOPS), str(CPU_LOOPS // 10)) if short else _CPU_KERNEL
+    rate = _run([kernel] * n, env)
+    return rate, f"python loop x{n}"
+
+
+def _run(kernels: list[str], env: dict[str, str] | None) -> float | None:
+    """Start every kernel at once; the sum of their rates (None if any failed)."""
+    full = {**os.environ, **(env or {})}
+    procs = [subprocess.Popen([sys.executable, "-I", "-c", k], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, env=full, text=True) for k in kernels]
+    total = 0.0
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=PROBE_TIMEOUT_S)
+            total += float(out.strip())
+    except (subprocess.TimeoutExpired, ValueError):
+        for p in procs:
+            p.kill()
+            p.wait()
+        return None
+    return total
+
+
+@dataclass
+class Probe:
+    """The measurement around one trial: ``start()`` before it, ``finish()`` after."""
+
+    device: str | None = None
+    env: dict[str, str] | None = None
+    before: float | None = None
+    kernel: str = ""
+    _times: CpuTimes | None = None
+
+    _factor: float | None = None
+
+    def start(self) -> dict[str, str]:
+        """Measure before the run; the environment to add to the trial's (only under the test knob)."""
+        self._factor = _next_factor()
+        self.before, self.kernel = kernel_rate(self.device, self.env, short=self._factor is not None)
+        self._times = read_times()
+        return {} if self._factor is None else {SCALE_VAR: repr(self._factor)}
+
+    def finish(self) -> dict[str, float | str] | None:
+        """The record's ``extra.machine``: the kernel's rate before and after, the shares of
+        the machine the neighbours and the hypervisor took during the run, and ``speed``;
+        None when nothing could be measured."""
+        end = read_times()
+        after, _ = kernel_rate(self.device, self.env, short=self._factor is not None)
+        rates = [r for r in (self.before, after) if r is not None]
+        if not rates:
+            return None
+        found: dict[str, float | str] = {"kernel": self.kernel}
+        found |= {k: _r(v) for k, v in (("probe_before", self.before), ("probe_after", after)) if v is not None}
+        share = 1.0
+        if self._times is not None and end is not None and end.total > self._times.total:
+            total = end.total - self._times.total
+            trial = end.children - self._times.children
+            others = min(0.95, max(0.0, (end.busy - self._times.busy - trial) / total))
+            steal = min(0.95, max(0.0, (end.steal - self._times.steal) / total))
+            found |= {"others": round(others, 4), "steal": round(steal, 4)}
+            share = max(0.05, 1.0 - others - steal)
+        found["speed"] = _r(sum(rates) / len(rates) * share)
+        if self._factor is not None:
+            found |= {"measured_speed": found["speed"], "speed": _r(self._factor * NOMINAL)}
+        return found
+
+
+def _next_factor() -> float | None:
+    """This run's factor under the test knob AUTOLOOP_PROBE_SCALE; None (always) without it."""
+    global _scale_runs
+    text = os.environ.get(SCALE_VAR)
+    if not text:
+        return None
+    factors = [float(v) for v in text.split(",")]
+    with _scale_lock:
+        i, _scale_runs = _scale_runs, _scale_runs + 1
+    return factors[min(i, len(factors) - 1)]
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.5g}")
