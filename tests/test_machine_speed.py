@@ -129,3 +129,32 @@ def test_probe_measures_this_machine(monkeypatch):
     found = probe.finish()
     assert found is not None and found["speed"] > 0 and found["probe_before"] > 0
     assert 0 <= found["others"] <= 0.95 and 0 <= found["steal"] <= 0.95
+
+
+# -- raw and adjusted side by side (review/machine.py) ----------------------------------------
+
+from autoloop.review.machine import machine_data, report_section, status_lines  # noqa: E402
+from autoloop.store.ledger import LedgerRecord  # noqa: E402
+
+
+def record(trial: int, attempt: int, commit: str, metric: float, speed: float | None, kind: str = "confirm",
+           status: str = "keep") -> LedgerRecord:
+    return LedgerRecord(trial=trial, attempt=attempt, kind=kind, started_at=0, ended_at=1, proposer="t",
+                        description="d", status=status, commit=commit, metric=metric, machine_speed=speed,
+                        best=commit if status == "keep" else "b0", best_metric=1.5)
+
+
+def test_status_and_report_show_raw_and_adjusted():
+    night = [record(0, a + 1, "b0", r.metric, r.speed, "baseline" if a == 0 else "confirm")
+             for a, r in enumerate(repeats(-0.1))]
+    night.append(record(1, 1, "c1", 1.5 - 0.1 * math.log(2.0), 2.0, "candidate", "discard"))
+    data = machine_data(night)
+    at_median = 1.5 - 0.1 * math.log(data["reference"]) if data else None   # the median speed is 1.075
+    assert data is not None and data["use"] and data["adjusted"]["1"] == pytest.approx(at_median, abs=0.01)
+    assert data["best_adjusted"] == pytest.approx(at_median, abs=0.005)
+    [line] = status_lines(data)
+    assert line.startswith("machine speed: metric -0.09") and "raw," in line and "adjusted" in line
+    section = "\n".join(report_section(night, "val_bpb"))
+    assert "## Machine speed" in section and "| 1 | candidate | c1 | 1.86 | 1.430685 | 1.49" in section
+    # nothing probed (an old ledger): nothing shown
+    assert machine_data([record(0, 1, "b0", 1.5, None, "baseline")]) is None

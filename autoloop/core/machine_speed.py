@@ -68,7 +68,8 @@ def fit(runs: list[Run]) -> SpeedFit:
     groups = {c: g for c, g in groups.items() if len(g) >= 2}
     n, k = sum(len(g) for g in groups.values()), len(groups)
     if n - k - 1 < MIN_RESIDUAL_DOF:
-        return SpeedFit(False, f"{n} repeats of {k} commits: too few to fit the machine's speed; raw metric",
+        return SpeedFit(False, f"{n} repeats of {k} commit{'s' if k != 1 else ''}: too few to fit the machine's "
+                        "speed; raw metric",
                         reference=reference, repeats=n, commits=k)
     sxx = sxy = syy = 0.0
     for g in groups.values():
@@ -85,8 +86,9 @@ def fit(runs: list[Run]) -> SpeedFit:
     adjusted = math.sqrt(max(0.0, syy - slope * sxy) / (n - k - 1))
     t = abs(slope) / (adjusted / math.sqrt(sxx)) if adjusted > 0 else math.inf
     use = adjusted <= SHRINK * raw and t >= MIN_T
-    said = (f"metric {slope:+.4f} per ln(speed) over {n} repeats of {k} commits; spread {raw:.4f} raw, "
-            f"{adjusted:.4f} adjusted")
+    commits = f"{k} commit{'s' if k != 1 else ''}"
+    said = (f"metric {slope:+.4f} per ln(speed) over {n} repeats of {commits}; "
+            f"spread {raw:.4f} raw, {adjusted:.4f} adjusted")
     note = f"{said}: decisions on adjusted values" if use else f"{said}: no gain, decisions on the raw metric"
     return SpeedFit(use, note, slope, reference, raw, adjusted, n, k)
 
