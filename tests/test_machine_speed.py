@@ -158,3 +158,27 @@ def test_status_and_report_show_raw_and_adjusted():
     assert "## Machine speed" in section and "| 1 | candidate | c1 | 1.86 | 1.430685 | 1.49" in section
     # nothing probed (an old ledger): nothing shown
     assert machine_data([record(0, 1, "b0", 1.5, None, "baseline")]) is None
+
+
+def test_verify_shows_contributions_at_the_median_speed_and_its_verdicts_read_them():
+    from autoloop.verification.verify_plan import ChangeNote, Plan, Variant, summarize, summary_lines, unproven
+
+    plan = Plan(tag="t", best="B", best_metric=1.48, baseline="A", direction="min", repeats=4, seeds=[1, 2, 3, 4],
+                changes=[ChangeNote(trial=1, description="real", commit="B", parent="A")],
+                variants=[Variant(name="best", role="best", commit="B", trial=10),
+                          Variant(name="baseline", role="baseline", commit="A", trial=11),
+                          Variant(name="without #1", role="without", commit="A2", trial=12, changes=[1])])
+    true = {10: 1.48, 11: 1.50, 12: 1.50}
+    speeds = {10: [1.4, 0.7, 1.2, 0.8], 11: [0.7, 1.3, 0.8, 1.25], 12: [0.75, 1.35, 0.7, 1.3]}
+    records = [LedgerRecord(trial=t, attempt=r + 1, kind="verify", started_at=0, ended_at=1, proposer="verify",
+                            description="v", status="discard", commit=plan.variants[t - 10].commit,
+                            metric=true[t] - 0.1 * math.log(speeds[t][r]) + SEED_NOISE[r] / 4,
+                            machine_speed=speeds[t][r], extra={"verify": {"repeat": r}})
+               for t in true for r in range(4)]
+    s = summarize(plan, records)
+    assert s.gain is not None and s.gain.verdict == "within noise"
+    assert s.gain_adjusted is not None and s.gain_adjusted.verdict == "confirmed"
+    assert s.gain_adjusted.mean == pytest.approx(0.02, abs=0.003)
+    text = "\n".join(summary_lines(s))
+    assert "(within noise (unproven)); at the median machine speed 0.02" in text and "machine speed: metric" in text
+    assert unproven(plan, records, "t", "B") == {}    # the adjusted verdict: confirmed, not dropped
