@@ -11,7 +11,7 @@ and against each part of the speed alone (the kernel's rate; the share of the ma
 Then A against B, raw and adjusted: a change that really trains faster must still win.
 
     python benchmarks/machine_noise.py                           # 10 x 60 s of A, 4 of B
-    python benchmarks/machine_noise.py --runs 6 --budget 20 --fast-runs 2
+    python benchmarks/machine_noise.py --runs 6 --budget 20 --fast-runs 2 --val-bytes 65536
     python benchmarks/machine_noise.py --json runs.jsonl         # keep every run's figures
     python benchmarks/machine_noise.py --summarize runs.jsonl    # the tables again, from the file
 
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from autoloop.core.machine_speed import Run, fit  # noqa: E402
-from autoloop.data import DataError, default_data_dir, load_data  # noqa: E402
+from autoloop.data import CorpusSpec, DataError, default_data_dir, load_data, prepare  # noqa: E402
 from autoloop.execution.machine_probe import Probe  # noqa: E402
 from autoloop.execution.runner import TrialSpec, build_env, run_trial  # noqa: E402
 
@@ -67,7 +67,7 @@ def run_once(side: str, folder: Path, budget: float, seed: int, n: int, data_dir
                      timeout_s=budget + 1200)   # evaluation on a loaded 2-core host takes minutes
     probe = Probe(device="cpu")
     probe.start()
-    out = run_trial(spec)
+    out = run_trial(spec, on_progress=probe.mark, on_start=probe.watch)
     machine = probe.finish() or {}
     s = out.summary
     row = {"side": side, "n": n, "val_bpb": out.metric, "steps": s.get("num_steps"),
@@ -83,7 +83,7 @@ def fmt(r: dict) -> str:
     return (f"{r['side']} #{r['n']:<3} val_bpb {r['val_bpb']:.4f}  steps {r['steps']:>5.0f}  "
             f"tok/s {r['tokens_per_sec']:>7.0f}  kernel {r.get('probe_before', 0):>9.4g} -> "
             f"{r.get('probe_after', 0):<9.4g} others {r.get('others', 0):.2f} steal {r.get('steal', 0):.3f}  "
-            f"speed {r.get('speed', 0):.4g}  wall {r['wall']}")
+            f"speed {r.get('speed', 0):.4g} ({r.get('window', '-')})  wall {r['wall']}")
 
 
 def summarize(rows: list[dict]) -> list[str]:
@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--fast", default="DEPTH=2", help="constants of side B (NAME=VALUE,...)")
+    p.add_argument("--val-bytes", type=int, help="evaluate on a validation slice of this size, prepared under "
+                   "/tmp (a loaded host takes minutes over the default 512 KiB; the metric is then only "
+                   "comparable within this benchmark)")
     p.add_argument("--json", type=Path)
     p.add_argument("--summarize", type=Path)
     args = p.parse_args(argv)
@@ -134,10 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(summarize(rows)))
         return 0
     try:
-        load_data()
+        if args.val_bytes:
+            data_dir = Path(tempfile.gettempdir()) / f"autoloop-machine-noise-val{args.val_bytes}"
+            prepare(CorpusSpec(val_bytes=args.val_bytes), data_dir)
+        else:
+            load_data()
+            data_dir = default_data_dir()
     except DataError as e:
         sys.exit(f"error: {e}")
-    data_dir = default_data_dir()
     text = (REPO / "train.py").read_text()
     every = max(1, args.runs // max(1, args.fast_runs)) if args.fast_runs else 0
     order = []

@@ -216,9 +216,9 @@ class AttemptRunner:
         probe = Probe(s.device, self.slot.env) if s.machine_probe and self.slot.executor.name == "local" else None
         if probe is not None:
             spec.env.update(probe.start())   # empty but under the test knob AUTOLOOP_PROBE_SCALE
-        outcome = self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line),
+        outcome = self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line, probe),
                                          stop_event=self.night.stop.event,
-                                         on_start=lambda pids: self.slot.state.update(child_pids=pids),
+                                         on_start=lambda pids: self._on_start(pids, probe),
                                          on_job=lambda job: self.slot.state.update(job=job))
         self._machine = probe.finish() if probe is not None and not self.night.stop.is_set() else None
         return outcome
@@ -339,8 +339,15 @@ class AttemptRunner:
         self.slot.state.enter("idle", candidate=None, child_pids=[], child_token=None, job=None, progress=None)
         self.console.line(verdict)
 
-    def _on_progress(self, label: str, line: str) -> None:
+    def _on_start(self, pids: list[tuple[int, float]], probe: Probe | None) -> None:
+        self.slot.state.update(child_pids=pids)
+        if probe is not None:
+            probe.watch(pids)
+
+    def _on_progress(self, label: str, line: str, probe: Probe | None = None) -> None:
         """Live line on the terminal; the state file too (for `autoloop status`), at most every 2 s."""
+        if probe is not None:
+            probe.mark()
         now, st = time.time(), self.slot.state.state
         self.console.status(live_line(
             label, "training", now - st.phase_started_at if st.phase_started_at else None, self.settings.budget,

@@ -8,10 +8,10 @@ is the same on every run and never imports the trial's code:
 * a fixed kernel just before and just after the trial: one pure-Python loop of a fixed
   length per CPU, all at once, in child processes (the rate is the sum of their rates, so a
   neighbour holding one core shows); on a CUDA device a fixed bf16 matmul loop instead;
-* over the run itself, from ``/proc/stat``: the share of the machine's CPU time that went
-  neither to the trial (its reaped processes' CPU time) nor to idle (``others``: the
-  neighbours' load, the jitter that happens *during* training), and the hypervisor's
-  ``steal`` (a VM's host taking cycles).
+* over training itself, from ``/proc/stat`` read once a second: the share of the machine's
+  CPU time that went neither to the trial (its process tree's CPU time) nor to idle
+  (``others``: the neighbours' load, the jitter that happens *during* training), and the
+  hypervisor's ``steal`` (a VM's host taking cycles); see :class:`Probe` for the window.
 
 ``speed`` (what the ledger's ``machine_speed`` holds) is the kernel's rate times the share of
 the machine left to the trial during the run, ``1 - others - steal``, in kernel loops per
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import threading
@@ -41,10 +42,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 SCALE_VAR = "AUTOLOOP_PROBE_SCALE"   # test-only: multiplies the measured speed
 CPU_LOOPS = 1_200_000                # ~0.3 s of one core on a 2020s x86 host; fixed, never tuned per run
 CUDA_MATMULS = 200                   # 4096 x 4096 bf16: ~0.1 s on an H100-class GPU
 PROBE_TIMEOUT_S = 60.0
+SAMPLE_S = 1.0                       # /proc/stat and the trial's CPU read this often during the run
 NOMINAL = 1e6                        # the speed a factor of 1 stands for (AUTOLOOP_PROBE_SCALE)
 
 _scale_lock = threading.Lock()
@@ -112,7 +116,8 @@ def kernel_rate(device: str | None = None, env: dict[str, str] | None = None,
                 short: bool = False) -> tuple[float | None, str]:
     """(rate, kernel) of the fixed kernel now; rate None when it could not run. ``short``:
     a tenth of the CPU loops (under the test knob, whose factor stands in for the rate)."""
-    if device and device.startswith("cuda"):
+    # device None: train.py picks one itself; a GPU is what it picks where nvidia-smi is.
+    if (device or ("cuda" if shutil.which("nvidia-smi") else "cpu")).startswith("cuda"):
         rate = _run([_CUDA_KERNEL], env)
         if rate is not None:
             return rate, "cuda bf16 matmul"
@@ -140,30 +145,70 @@ def _run(kernels: list[str], env: dict[str, str] | None) -> float | None:
     return total
 
 
-@dataclass
+@dataclass(frozen=True)
+class Sample:
+    """/proc/stat and the trial's own CPU seconds (its live process tree) at one moment."""
+
+    times: CpuTimes
+    trial: float
+
+
 class Probe:
-    """The measurement around one trial: ``start()`` before it, ``finish()`` after."""
+    """The measurement around one trial: ``start()`` before it, ``watch(pids)`` when it has
+    started, ``mark()`` at each of its progress lines, ``finish()`` after it.
 
-    device: str | None = None
-    env: dict[str, str] | None = None
-    before: float | None = None
-    kernel: str = ""
-    _times: CpuTimes | None = None
+    Between start and finish a thread reads /proc/stat and the trial's CPU seconds once a
+    second (a file read; nothing that competes with the trial). The shares are taken over
+    the training window, from the first to the last progress line, where the metric's steps
+    are made (evaluation after it can take longer than training on a loaded host and does
+    not move the metric); over the whole run when the trial printed fewer than two lines.
+    """
 
-    _factor: float | None = None
+    def __init__(self, device: str | None = None, env: dict[str, str] | None = None):
+        self.device, self.env = device, env
+        self.before: float | None = None
+        self.kernel = ""
+        self._factor: float | None = None
+        self._pids: list[tuple[int, float]] = []
+        self._samples: list[Sample] = []
+        self._marks: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> dict[str, str]:
         """Measure before the run; the environment to add to the trial's (only under the test knob)."""
         self._factor = _next_factor()
         self.before, self.kernel = kernel_rate(self.device, self.env, short=self._factor is not None)
-        self._times = read_times()
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="autoloop-machine-probe", daemon=True)
+        self._thread.start()
         return {} if self._factor is None else {SCALE_VAR: repr(self._factor)}
+
+    def watch(self, pids: list[tuple[int, float]]) -> None:
+        """The trial's processes (the runner's on_start): whose CPU time is the trial's own."""
+        self._pids = list(pids)
+
+    def mark(self, _line: str = "") -> None:
+        """A progress line of the trial: training is going on now."""
+        self._marks.append(time.monotonic())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self._sample()
+
+    def _sample(self) -> None:
+        t = read_times()
+        if t is not None:
+            self._samples.append(Sample(t, _tree_cpu(self._pids)))
 
     def finish(self) -> dict[str, float | str] | None:
         """The record's ``extra.machine``: the kernel's rate before and after, the shares of
-        the machine the neighbours and the hypervisor took during the run, and ``speed``;
+        the machine the neighbours and the hypervisor took during training, and ``speed``;
         None when nothing could be measured."""
-        end = read_times()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
         after, _ = kernel_rate(self.device, self.env, short=self._factor is not None)
         rates = [r for r in (self.before, after) if r is not None]
         if not rates:
@@ -171,17 +216,50 @@ class Probe:
         found: dict[str, float | str] = {"kernel": self.kernel}
         found |= {k: _r(v) for k, v in (("probe_before", self.before), ("probe_after", after)) if v is not None}
         share = 1.0
-        if self._times is not None and end is not None and end.total > self._times.total:
-            total = end.total - self._times.total
-            trial = end.children - self._times.children
-            others = min(0.95, max(0.0, (end.busy - self._times.busy - trial) / total))
-            steal = min(0.95, max(0.0, (end.steal - self._times.steal) / total))
-            found |= {"others": round(others, 4), "steal": round(steal, 4)}
-            share = max(0.05, 1.0 - others - steal)
+        shares = self._shares()
+        if shares is not None:
+            found |= shares
+            share = max(0.05, 1.0 - float(shares["others"]) - float(shares["steal"]))
         found["speed"] = _r(sum(rates) / len(rates) * share)
         if self._factor is not None:
             found |= {"measured_speed": found["speed"], "speed": _r(self._factor * NOMINAL)}
         return found
+
+    def _shares(self) -> dict[str, float | str] | None:
+        """others and steal over the training window (else the whole run), and which it was."""
+        samples, window = self._samples, "run"
+        if len(self._marks) >= 2 and self._marks[-1] - self._marks[0] >= 2 * SAMPLE_S:
+            inside = [x for x in samples if self._marks[0] - SAMPLE_S <= x.times.at <= self._marks[-1] + SAMPLE_S]
+            if len(inside) >= 2:
+                samples, window = inside, "training"
+        if len(samples) < 2 or samples[-1].times.total <= samples[0].times.total:
+            return None
+        a, b = samples[0], samples[-1]
+        total = b.times.total - a.times.total
+        # The trial's CPU: its live tree's, or, over the whole run, what this process reaped
+        # (the trial is reaped by the end, its tree is gone).
+        trial = b.trial - a.trial if window == "training" else b.times.children - a.times.children
+        others = min(0.95, max(0.0, (b.times.busy - a.times.busy - trial) / total))
+        steal = min(0.95, max(0.0, (b.times.steal - a.times.steal) / total))
+        return {"others": round(others, 4), "steal": round(steal, 4), "window": window,
+                "window_s": round(b.times.at - a.times.at, 1)}
+
+
+def _tree_cpu(pids: list[tuple[int, float]]) -> float:
+    """User + system seconds of the live processes ``pids`` and their descendants."""
+    total = 0.0
+    seen: set[int] = set()
+    for pid, _created in pids:
+        try:
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                if p.pid not in seen:
+                    seen.add(p.pid)
+                    t = p.cpu_times()
+                    total += t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return total
 
 
 def _next_factor() -> float | None:
