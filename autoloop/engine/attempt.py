@@ -216,11 +216,16 @@ class AttemptRunner:
         probe = Probe(s.device, self.slot.env) if s.machine_probe and self.slot.executor.name == "local" else None
         if probe is not None:
             spec.env.update(probe.start())   # empty but under the test knob AUTOLOOP_PROBE_SCALE
-        outcome = self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line, probe),
-                                         stop_event=self.night.stop.event,
-                                         on_start=lambda pids: self._on_start(pids, probe),
-                                         on_job=lambda job: self.slot.state.update(job=job))
-        self._machine = probe.finish() if probe is not None and not self.night.stop.is_set() else None
+        try:
+            outcome = self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line, probe),
+                                             stop_event=self.night.stop.event,
+                                             on_start=lambda pids: self._on_start(pids, probe),
+                                             on_job=lambda job: self.slot.state.update(job=job))
+        finally:
+            if probe is not None and self.night.stop.is_set():
+                probe.close()   # a stopped run's figures are not wanted: no second kernel then
+            elif probe is not None:
+                self._machine = probe.finish()
         return outcome
 
     def _precheck(self, plan: AttemptPlan, spec: TrialSpec) -> CheckResult:

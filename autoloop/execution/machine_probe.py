@@ -205,9 +205,7 @@ class Probe:
         """The record's ``extra.machine``: the kernel's rate before and after, the shares of
         the machine the neighbours and the hypervisor took during training, and ``speed``;
         None when nothing could be measured."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self.close()
         self._sample()
         after, _ = kernel_rate(self.device, self.env, short=self._factor is not None)
         rates = [r for r in (self.before, after) if r is not None]
@@ -224,6 +222,12 @@ class Probe:
         if self._factor is not None:
             found |= {"measured_speed": found["speed"], "speed": _r(self._factor * NOMINAL)}
         return found
+
+    def close(self) -> None:
+        """End the sampling thread (finish does; call it alone when the run's figures are not wanted)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def _shares(self) -> dict[str, float | str] | None:
         """others and steal over the training window (else the whole run), and which it was."""
