@@ -97,21 +97,41 @@ def summarize(rows: list[dict]) -> list[str]:
         forced = _forced(f, runs)
         raw_sd = statistics.stdev([r["val_bpb"] for r in a]) if len(a) > 1 else float("nan")
         adj_sd = statistics.stdev([forced.adjust(r["val_bpb"], get(r)) for r in a]) if len(a) > 1 else float("nan")
+        loo = _leave_one_out(runs, [i for i, r in enumerate(ok) if r["side"] == "A"])
+        loo_sd = statistics.stdev(loo) if len(loo) > 1 else float("nan")
         lines.append(f"  against ln({label}):")
         lines.append(f"    {f.note}")
-        lines.append(f"    A: stdev raw {raw_sd:.4f}, adjusted {adj_sd:.4f} (ratio {adj_sd / raw_sd:.2f})")
+        lines.append(f"    A: stdev raw {raw_sd:.4f}, adjusted {adj_sd:.4f} (ratio {adj_sd / raw_sd:.2f}); each run "
+                     f"adjusted by the fit of the others {loo_sd:.4f} (ratio {loo_sd / raw_sd:.2f})"
+                     + (f": target <= 0.5 {'met' if loo_sd <= raw_sd / 2 else 'NOT met'}" if "used" in label else ""))
         del adj
     used = fit([Run(r["side"], r["val_bpb"], r.get("speed")) for r in ok])
     forced = _forced(used, [Run(r["side"], r["val_bpb"], r.get("speed")) for r in ok])
     lines.append("\n  A against B (machine speed), mean of each side:")
+    means = {}
     for side in ("A", "B"):
         rs = [r for r in ok if r["side"] == side]
         if rs:
             raw = statistics.mean(r["val_bpb"] for r in rs)
             adj = statistics.mean(forced.adjust(r["val_bpb"], r.get("speed")) for r in rs)
             steps = statistics.mean(r["steps"] for r in rs)
+            means[side] = (raw, adj)
             lines.append(f"    {side}: {len(rs)} runs, val_bpb raw {raw:.4f}, adjusted {adj:.4f}, steps {steps:.0f}")
+    if len(means) == 2:
+        (ra, aa), (rb, ab) = means["A"], means["B"]
+        lines.append(f"    B better than A by {ra - rb:+.4f} raw, {aa - ab:+.4f} adjusted: "
+                     f"{'B still wins' if aa > ab else 'B does not win'} after adjustment")
     return lines
+
+
+def _leave_one_out(runs: list[Run], which: list[int]) -> list[float]:
+    """Each run in ``which`` adjusted by the slope fitted without it (an out-of-sample figure)."""
+    out = []
+    for i in which:
+        f = fit(runs[:i] + runs[i + 1:])
+        if f.slope is not None and runs[i].speed:
+            out.append(_forced(f, runs).adjust(runs[i].metric, runs[i].speed))
+    return out
 
 
 def _forced(f, runs):   # the fit's slope applied even where it would not be used: to show it

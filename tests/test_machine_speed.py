@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from helpers.git import init_repo
-from helpers.loop import assert_invariants, autoloop, queue_file
+from helpers.loop import assert_invariants, autoloop, autoloop_in_process, queue_file
 
 STAND_IN = (Path(__file__).parent / "trial_scripts" / "machine_speed.py").read_text()
 BASELINE_FACTORS = [1.0, 0.7, 1.3, 0.85, 1.15]
@@ -28,7 +28,13 @@ def night(tmp_path: Path, data_dir: Path, factors: list[float]) -> list[dict]:
                     "--command", f"{sys.executable} train.py", "--machine-probe", data_dir=data_dir,
                     env={"AUTOLOOP_PROBE_SCALE": ",".join(map(str, factors))})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return assert_invariants(repo)
+    ledger = assert_invariants(repo)
+    # raw and adjusted side by side where the person reads the night
+    status = autoloop_in_process(repo, "status", data_dir=data_dir).stdout
+    assert "machine speed: metric -0.1" in status and "adjusted" in status, status
+    autoloop_in_process(repo, "report", data_dir=data_dir)
+    assert "## Machine speed" in (repo / "results" / "report.md").read_text()
+    return ledger
 
 
 def verdicts(ledger: list[dict]) -> dict[str, list[str]]:
