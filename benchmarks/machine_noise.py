@@ -37,12 +37,23 @@ from autoloop.data import CorpusSpec, DataError, default_data_dir, load_data, pr
 from autoloop.execution.machine_probe import Probe  # noqa: E402
 from autoloop.execution.runner import TrialSpec, build_env, run_trial  # noqa: E402
 
+
+def _share(r: dict) -> float | None:
+    return max(0.05, 1 - r["others"] - r["steal"]) if "others" in r else None
+
+
+def _kernel(r: dict) -> float | None:
+    return _mean([r.get("probe_before"), r.get("probe_after")])
+
+
+# Each from the run's recorded parts, so that files written by earlier versions read alike.
 COVARIATES = {
-    "machine speed (used)": lambda r: r.get("speed"),
-    "kernel rate alone": lambda r: _mean([r.get("probe_before"), r.get("probe_after")]),
-    "share left alone": lambda r: 1 - r["others"] - r["steal"] if "others" in r else None,
-    "steps (oracle: also removes real speed-ups)": lambda r: r.get("steps"),
+    "CPUs left during training: machine_speed, used": _share,
+    "kernel rate x share left (the first design)": lambda r: (_kernel(r) or 0) * (_share(r) or 0) or None,
+    "kernel rate before/after alone": _kernel,
+    "steps (an oracle that would also remove real speed-ups)": lambda r: r.get("steps"),
 }
+USED = _share
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -105,15 +116,15 @@ def summarize(rows: list[dict]) -> list[str]:
                      f"adjusted by the fit of the others {loo_sd:.4f} (ratio {loo_sd / raw_sd:.2f})"
                      + (f": target <= 0.5 {'met' if loo_sd <= raw_sd / 2 else 'NOT met'}" if "used" in label else ""))
         del adj
-    used = fit([Run(r["side"], r["val_bpb"], r.get("speed")) for r in ok])
-    forced = _forced(used, [Run(r["side"], r["val_bpb"], r.get("speed")) for r in ok])
-    lines.append("\n  A against B (machine speed), mean of each side:")
+    used = fit([Run(r["side"], r["val_bpb"], USED(r)) for r in ok])
+    forced = _forced(used, [])
+    lines.append("\n  A against B, adjusted by the CPUs left during training, mean of each side:")
     means = {}
     for side in ("A", "B"):
         rs = [r for r in ok if r["side"] == side]
         if rs:
             raw = statistics.mean(r["val_bpb"] for r in rs)
-            adj = statistics.mean(forced.adjust(r["val_bpb"], r.get("speed")) for r in rs)
+            adj = statistics.mean(forced.adjust(r["val_bpb"], USED(r)) for r in rs)
             steps = statistics.mean(r["steps"] for r in rs)
             means[side] = (raw, adj)
             lines.append(f"    {side}: {len(rs)} runs, val_bpb raw {raw:.4f}, adjusted {adj:.4f}, steps {steps:.0f}")

@@ -13,10 +13,12 @@ is the same on every run and never imports the trial's code:
   (``others``: the neighbours' load, the jitter that happens *during* training), and the
   hypervisor's ``steal`` (a VM's host taking cycles); see :class:`Probe` for the window.
 
-``speed`` (what the ledger's ``machine_speed`` holds) is the kernel's rate times the share of
-the machine left to the trial during the run, ``1 - others - steal``, in kernel loops per
-second. Why both: on this kind of host the kernel alone sees the load before and after,
-not during, a 60 s run (benchmarks/machine_noise.py measures which explains the metric).
+``speed`` (what the ledger's ``machine_speed`` holds) is, on a CPU, the CPUs left to the trial
+during training, ``(1 - others - steal) x CPUs``; on a GPU, the CUDA kernel's rate times that
+share. Why the CPU kernel is recorded but not used: benchmarks/machine_noise.py on the loaded
+2-core host found the kernel before and after a 60 s run moving by up to 2.5x and explaining
+none of the metric's spread (it sees the load at two instants around training, not during
+it), while the share during training followed the steps each run made within a few percent.
 
 A background sampler running the kernel *during* training was not used: on a CPU trial it
 competes with train.py itself, so it would measure train.py's own threads, which differ from
@@ -218,7 +220,10 @@ class Probe:
         if shares is not None:
             found |= shares
             share = max(0.05, 1.0 - float(shares["others"]) - float(shares["steal"]))
-        found["speed"] = _r(sum(rates) / len(rates) * share)
+        if self.kernel.startswith("cuda"):   # the GPU's rate, times the host's share left (its input pipeline)
+            found["speed"] = _r(sum(rates) / len(rates) * share)
+        else:   # the CPUs left to the trial during training; the kernel around it is recorded, not used
+            found["speed"] = _r(share * cpu_count())
         if self._factor is not None:
             found |= {"measured_speed": found["speed"], "speed": _r(self._factor * NOMINAL)}
         return found
