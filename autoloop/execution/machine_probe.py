@@ -16,9 +16,9 @@ is the same on every run and never imports the trial's code:
 ``speed`` (what the ledger's ``machine_speed`` holds) is, on a CPU, the CPUs left to the trial
 during training, ``(1 - others - steal) x CPUs``; on a GPU, the CUDA kernel's rate times that
 share. Why the CPU kernel is recorded but not used: benchmarks/machine_noise.py on the loaded
-2-core host found the kernel before and after a 60 s run moving by up to 2.5x and explaining
-none of the metric's spread (it sees the load at two instants around training, not during
-it), while the share during training followed the steps each run made within a few percent.
+2-core host found the kernel before and after a 60 s run moving by up to 2.5x and leaving 0.40
+of the metric's spread against 0.23 for the share (it sees the load at two instants around
+training, not during it); the share during training followed each run's steps within ~10 %.
 
 A background sampler running the kernel *during* training was not used: on a CPU trial it
 competes with train.py itself, so it would measure train.py's own threads, which differ from
