@@ -46,8 +46,8 @@ from pathlib import Path
 
 import psutil
 
-SCALE_VAR = "AUTOLOOP_PROBE_SCALE"   # test-only: multiplies the measured speed
-CPU_LOOPS = 300_000                  # ~0.08 s of an idle core; fixed, never tuned per run (recorded, not used: see above)
+SCALE_VAR = "AUTOLOOP_PROBE_SCALE"   # test-only: the machine speed of each probed run, as factors
+CPU_LOOPS = 300_000                  # ~0.08 s of an idle core; fixed (recorded, not used on a CPU: see above)
 CUDA_MATMULS = 200                   # 4096 x 4096 bf16: ~0.1 s on an H100-class GPU
 PROBE_TIMEOUT_S = 60.0
 SAMPLE_S = 1.0                       # /proc/stat and the trial's CPU read this often during the run
