@@ -222,6 +222,9 @@ class Settings(BaseModel):
     noise_z: float = setting(2.0, "noise", "z of the noise rule", metavar="Z", gt=0)
     remeasure: bool = setting(
         False, "noise", "re-run the best commit --noise-runs times first and re-estimate the noise", run_only=True)
+    machine_probe: bool = setting(
+        True, "noise", "measure the machine's speed beside each local trial and decide on the metric adjusted to "
+        "the night's median speed where that shrinks the spread of repeated runs (docs/machine-speed.md)")
     # A single-run gain over sanity_bound x |best| is re-run before it can be kept (docs/safety.md).
     sanity_bound: float = setting(
         0.1, "noise", "re-run a trial whose gain exceeds X x |best| before keeping it, and keep it only if the "

@@ -29,13 +29,14 @@ merge comes in as a fact. ``tests/test_keep.py`` is its table.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from autoloop.core.classify import CrashClass
-from autoloop.core.decide import Direction, judge_metric, judge_runs, noise_estimate
+from autoloop.core.decide import Direction, Judgement, judge_metric, judge_runs, noise_estimate
 from autoloop.core.fidelity import ScoutRef, judge_scout
 from autoloop.core.guards import Guard, breaches, parse_guards
+from autoloop.core.machine_speed import Adjusted
 
 MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
 
@@ -108,6 +109,7 @@ class Facts:
     metrics: dict[str, float] = field(default_factory=dict)            # the NAME: value lines it printed
     baseline_metrics: dict[str, float] = field(default_factory=dict)   # the baseline's (relative guards)
     scout: ScoutRef | None = None           # kind scout: the best's scout runs and the scout noise
+    adjusted: Adjusted | None = None        # runs, best and noise at the night's median machine speed
 
 
 @dataclass(frozen=True)
@@ -192,9 +194,7 @@ def _invalid(f: Facts) -> Decision | None:
 
 def _judged(f: Facts) -> Decision:
     r = f.rules
-    j = judge_runs(list(f.runs), f.start[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
-                   rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
-    extra: dict[str, object] = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
+    j, extra = _judge(f)
     if r.guards:   # the guards in force, as the record states them (status and the report read them)
         extra["guards"] = [g.text for g in r.guards]
     broken = breaches(r.guards, f.metrics, f.baseline_metrics)
@@ -208,9 +208,9 @@ def _judged(f: Facts) -> Decision:
                             extra=extra)
     now = f.current[0]
     if now is None or now == f.start[0]:   # the best has not moved since the attempt started
-        if j.status == "keep":
-            return Decision("keep", "keep", j.reason, (f.commit, j.mean), noise=f.noise, confidence=j.confidence,
-                            extra=extra)
+        if j.status == "keep":   # the best's value stays the raw mean: the adjusted one moves with the night
+            return Decision("keep", "keep", j.reason, (f.commit, sum(f.runs) / len(f.runs)), noise=f.noise,
+                            confidence=j.confidence, extra=extra)
         # confirm: recorded as a discard of this run; the candidate stays checked out for the re-run.
         return Decision("discard", j.status, j.reason, _unmoved(f), noise=f.noise, confidence=j.confidence,
                         extra=extra)
@@ -233,3 +233,19 @@ def _judged(f: Facts) -> Decision:
     if action == "stale":
         extra["stale"] = True
     return Decision("discard", action, reason, f.current, noise=f.noise, confidence=j.confidence, extra=extra)
+
+
+def _judge(f: Facts) -> tuple[Judgement, dict[str, object]]:
+    """judge_runs on the raw runs, or, when the night's machine-speed fit is used, on the
+    runs and the best at the night's median speed; the raw verdict then goes into extra."""
+    r, a = f.rules, f.adjusted
+    raw = judge_runs(list(f.runs), f.start[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
+                     rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
+    extra: dict[str, object] = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
+    if a is None or a.best is None:
+        return raw, extra
+    j = judge_runs(list(a.runs), a.best, r.direction, r.min_delta, noise=a.noise, z=r.noise_z,
+                   rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
+    extra["adjusted"] = {"runs": list(a.runs), "best": a.best, "noise": a.noise, "fit": a.note,
+                         "raw": f"{raw.status}: {raw.reason}"}
+    return replace(j, reason=f"at the night's median machine speed: {j.reason} (raw: {raw.status})"), extra

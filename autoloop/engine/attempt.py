@@ -34,11 +34,12 @@ from autoloop.engine.night import Night
 from autoloop.engine.precheck import CheckContext, CheckResult, run_checks, training_limit
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import Tampering, harness_path
+from autoloop.execution.machine_probe import Probe
 from autoloop.execution.ranks import launch_command, throughput
 from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
 from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
 from autoloop.repo.workspace import Workspace
-from autoloop.store import queries
+from autoloop.store import queries, speed
 from autoloop.store.fidelity import scout_ref
 from autoloop.store.ledger import AttemptKind, LedgerRecord
 from autoloop.store.state import StateFile, fault_point
@@ -122,6 +123,7 @@ class AttemptRunner:
         self.console = slot.console or night.console
         self._progress_saved_at = 0.0
         self._checked = CheckResult()   # this attempt's --check results (precheck.py)
+        self._machine: dict[str, float | str] | None = None   # machine_probe's figures for this run
 
     def run(self, plan: AttemptPlan) -> Recorded:
         """Commit, run, check, record (see the module docstring); returns once the state is
@@ -198,6 +200,7 @@ class AttemptRunner:
     def _train(self, plan: AttemptPlan, commit: str) -> TrialOutcome:
         s, layout = self.settings, self.night.layout
         layout.runs.mkdir(parents=True, exist_ok=True)
+        self._machine = None
         result = layout.result(plan.trial, plan.attempt)
         budget, timeout = rung_limits(s, plan.kind)
         env = build_env(budget, plan.seed, result, self.night.data_dir, s.device, secrets.token_hex(8),
@@ -222,10 +225,21 @@ class AttemptRunner:
         self.slot.state.update(child_token=spec.env[TOKEN_VAR])
         self.console.line(f"{plan.label} {plan.kind}: {plan.candidate.description} [{commit[:7]}] "
                           f"training {format_duration(budget)}")
-        return self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line),
-                                      stop_event=self.night.stop.event,
-                                      on_start=lambda pids: self.slot.state.update(child_pids=pids),
-                                      on_job=lambda job: self.slot.state.update(job=job))
+        # The machine's speed beside the run (machine_probe.py): only where the trial runs here.
+        probe = Probe(s.device, self.slot.env) if s.machine_probe and self.slot.executor.name == "local" else None
+        if probe is not None:
+            spec.env.update(probe.start())   # empty but under the test knob AUTOLOOP_PROBE_SCALE
+        try:
+            outcome = self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line, probe),
+                                             stop_event=self.night.stop.event,
+                                             on_start=lambda pids: self._on_start(pids, probe),
+                                             on_job=lambda job: self.slot.state.update(job=job))
+        finally:
+            if probe is not None and self.night.stop.is_set():
+                probe.close()   # a stopped run's figures are not wanted: no second kernel then
+            elif probe is not None:
+                self._machine = probe.finish()
+        return outcome
 
     def _precheck(self, plan: AttemptPlan, spec: TrialSpec) -> CheckResult:
         """Run the --check commands (precheck.py), then apply the integrity rules to what
@@ -289,6 +303,8 @@ class AttemptRunner:
         extra.update(outcome.job)   # executor slurm: executor, cluster, job_id
         if before:
             extra["tampered_before_run"] = before.paths
+        if self._machine:
+            extra["machine"] = self._machine
         memory_mb = summary.get("peak_vram_mb") or outcome.peak_rss_mb
         return {
             "trial": plan.trial, "attempt": plan.attempt, "kind": plan.kind, "started_at": started,
@@ -301,7 +317,12 @@ class AttemptRunner:
             "log_path": layout.log_rel(plan.trial, plan.attempt), "outside_changes": list(cand.outside_changes),
             "extra": extra, "metrics": finite_metrics(summary), **throughput(summary, s.gpus_per_trial),
             "fidelity": "scout" if plan.kind == "scout" else "full",
+            "machine_speed": self._speed(),
         }
+
+    def _speed(self) -> float | None:
+        value = (self._machine or {}).get("speed")
+        return value if isinstance(value, float) else None
 
     def _facts(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification,
                after: Tampering) -> Facts:
@@ -312,14 +333,20 @@ class AttemptRunner:
                       if crash is None and theirs and ours and theirs != ours else None)
         runs = (*plan.prior_runs, outcome.metric) if outcome.metric is not None else plan.prior_runs
         cand = plan.candidate
-        baseline = queries.baseline(self.night.arbiter.records())
+        records = self.night.arbiter.records()
+        baseline = queries.baseline(records)
+        noise = self.night.arbiter.noise()
+        judged = crash is None and outcome.metric is not None and plan.noise_sample is None
+        adjusted = (speed.for_decision(records, commit, tuple(runs), self._speed(), cand.base, noise)
+                    if judged and plan.kind in ("candidate", "fix", "confirm") else None)
         return Facts(kind=plan.kind, commit=commit, runs=tuple(runs) if crash is None else (), crash=crash,
                      other_data=other_data, tampered=(*self._checked.tampered, *after.paths),
-                     start=(cand.base, cand.base_metric), noise=self.night.arbiter.noise(),
+                     start=(cand.base, cand.base_metric), noise=noise,
                      noise_sample=plan.noise_sample, can_confirm=plan.can_confirm, replays=plan.replays,
                      metrics=dict(outcome.summary), baseline_metrics=baseline.metrics if baseline else {},
                      scout=scout_ref(self.night.arbiter.records(), self.night.arbiter.best()[0])
-                     if plan.kind == "scout" else None)
+                     if plan.kind == "scout" else None,
+                     adjusted=adjusted)
 
     def _settle(self, plan: AttemptPlan, record: LedgerRecord, decision: Decision) -> None:
         """Git follows the record, then the state goes idle. A confirmation re-run follows at
@@ -334,8 +361,15 @@ class AttemptRunner:
         self.slot.state.enter("idle", candidate=None, child_pids=[], child_token=None, job=None, progress=None)
         self.console.line(verdict)
 
-    def _on_progress(self, label: str, line: str) -> None:
+    def _on_start(self, pids: list[tuple[int, float]], probe: Probe | None) -> None:
+        self.slot.state.update(child_pids=pids)
+        if probe is not None:
+            probe.watch(pids)
+
+    def _on_progress(self, label: str, line: str, probe: Probe | None = None) -> None:
         """Live line on the terminal; the state file too (for `autoloop status`), at most every 2 s."""
+        if probe is not None:
+            probe.mark()
         now, st = time.time(), self.slot.state.state
         self.console.status(live_line(
             label, "training", now - st.phase_started_at if st.phase_started_at else None, self.settings.budget,

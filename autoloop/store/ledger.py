@@ -157,6 +157,9 @@ class LedgerRecord(BaseModel):
     # The budget the run trained for: "scout" (--scout's short rung) or "full" (--budget);
     # ledgers written before the scout rung have only full runs.
     fidelity: Fidelity = "full"
+    # The machine's speed beside the run (execution/machine_probe.py; its parts in
+    # extra.machine): what store/speed.py fits the metric's dependence on. None: not measured.
+    machine_speed: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------

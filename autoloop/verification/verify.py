@@ -160,7 +160,7 @@ def plan_transfer(night: Night, plan: Plan, summary: Summary) -> Plan:
     """The transfer's variants, once the ablation is measured: the baseline, the best, and
     the best without each change the ablation confirmed, at the larger scale."""
     ws, records = night.ws, night.arbiter.records()
-    confirmed = {tuple(c.trials) for c in summary.changes if c.estimate and c.estimate.verdict == "confirmed"}
+    confirmed = {tuple(c.trials) for c in summary.changes if c.decisive and c.decisive.verdict == "confirmed"}
     base = [v for v in plan.variants if not v.scaled and (v.role != "without" or tuple(v.changes) in confirmed)]
     first = queries.next_trial(records)
     added: list[Variant] = []

@@ -24,6 +24,7 @@ from autoloop.core.contributions import Estimate, paired, ratio
 from autoloop.core.durations import format_duration
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
+from autoloop.store import speed
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import LedgerRecord
 
@@ -137,6 +138,12 @@ class ChangeVerdict:
     revert: Revert
     estimate: Estimate | None = None       # its contribution at the night's scale
     at_scale: Estimate | None = None       # at the larger scale (None: not run there)
+    adjusted: Estimate | None = None       # its contribution at the median machine speed (None: not adjusted)
+
+    @property
+    def decisive(self) -> Estimate | None:
+        """The estimate the verdict reads: adjusted where the night's machine-speed fit is used."""
+        return self.adjusted or self.estimate
 
     @property
     def holds(self) -> bool | None:
@@ -152,6 +159,8 @@ class Summary:
     changes: list[ChangeVerdict] = field(default_factory=list)
     gain_at_scale: Estimate | None = None
     left: int = 0                                  # runs still to do
+    gain_adjusted: Estimate | None = None          # the gain at the median machine speed (None: not adjusted)
+    machine: str | None = None                     # the machine-speed fit's one line (None: nothing probed)
 
     @property
     def ratio(self) -> float | None:
@@ -161,8 +170,10 @@ class Summary:
 def summarize(plan: Plan, records: list[LedgerRecord]) -> Summary:
     """The verdict of the runs recorded so far: a pure function of the plan and the ledger."""
     runs: dict[str, dict[int, float]] = {v.name: {} for v in plan.variants}
+    adjusted: dict[str, dict[int, float]] = {v.name: {} for v in plan.variants}
     crashed: dict[str, int] = {v.name: 0 for v in plan.variants}
     by_trial = {v.trial: v for v in plan.variants}
+    fit = speed.night_fit(records)
     for r in records:
         v = by_trial.get(r.trial)
         if v is None or r.kind != "verify" or (r.reason or "").startswith("interrupted"):
@@ -170,6 +181,7 @@ def summarize(plan: Plan, records: list[LedgerRecord]) -> Summary:
         repeat = (r.extra.get("verify") or {}).get("repeat")
         if r.metric is not None and r.status != "crash" and isinstance(repeat, int):
             runs[v.name][repeat] = r.metric
+            adjusted[v.name][repeat] = fit.adjust(r.metric, r.machine_speed)
         elif r.status == "crash":
             crashed[v.name] += 1
     d = plan.direction
@@ -177,8 +189,12 @@ def summarize(plan: Plan, records: list[LedgerRecord]) -> Summary:
     def find(role: str, changes: list[int], scaled: bool) -> Variant | None:
         return next((v for v in plan.variants if v.role == role and v.changes == changes and v.scaled == scaled), None)
 
-    def estimate(worse: Variant | None, better: Variant | None) -> Estimate | None:
-        return None if worse is None or better is None else paired(runs[worse.name], runs[better.name], d)
+    def estimate(worse: Variant | None, better: Variant | None, of: dict[str, dict[int, float]] = runs,
+                 ) -> Estimate | None:
+        return None if worse is None or better is None else paired(of[worse.name], of[better.name], d)
+
+    def adjusted_estimate(worse: Variant | None, better: Variant | None) -> Estimate | None:
+        return estimate(worse, better, adjusted) if fit.use else None
 
     best, best_s = find("best", [], False), find("best", [], True)
     gain = estimate(find("baseline", [], False), best)
@@ -192,10 +208,12 @@ def summarize(plan: Plan, records: list[LedgerRecord]) -> Summary:
         description = "; ".join(n.description for n in members)
         without, without_s = find("without", list(key), False), find("without", list(key), True)
         changes.append(ChangeVerdict(key, description, note.revert, estimate(without, best),
-                                     estimate(without_s, best_s)))
+                                     estimate(without_s, best_s), adjusted_estimate(without, best)))
     left = len(pending(plan, records, False)) + (len(pending(plan, records, True)) if plan.transfer_planned else 0)
     gain_s = estimate(find("baseline", [], True), best_s)
-    return Summary(plan, runs, crashed, gain, changes, gain_s, left)
+    probed = any(r.machine_speed is not None for r in records)
+    return Summary(plan, runs, crashed, gain, changes, gain_s, left,
+                   adjusted_estimate(find("baseline", [], False), best), fit.note if probed else None)
 
 
 _VERDICT_WORDS = {"confirmed": "confirmed", "within noise": "within noise (unproven)", "harmful": "harmful",
@@ -211,10 +229,15 @@ def change_line(c: ChangeVerdict) -> str:
     grouped = " (grouped: their edits overlap, taken out together)" if c.revert == "grouped" else ""
     est = c.estimate
     line = f"{who} {c.description}{grouped}: contribution {est.text() if est else '-'}, " \
-           f"{_VERDICT_WORDS[est.verdict] if est else 'not run'}"
+           f"{_VERDICT_WORDS[est.verdict] if est else 'not run'}" + _adjusted_text(c.adjusted)
     if c.at_scale is not None:
         line += f"; at scale {c.at_scale.text()}, {'holds' if c.holds else 'does not hold'}"
     return line
+
+
+def _adjusted_text(e: Estimate | None) -> str:
+    """Beside a raw estimate: the same at the night's median machine speed, which the verdict reads."""
+    return "" if e is None else f"; at the median machine speed {e.text()}, {_VERDICT_WORDS[e.verdict]}"
 
 
 def summary_lines(s: Summary) -> list[str]:
@@ -223,7 +246,9 @@ def summary_lines(s: Summary) -> list[str]:
               f"seeds {p.seeds[0]}..{p.seeds[-1]}, metric {'lower' if p.direction == 'min' else 'higher'} is better; "
               f"contribution = how much worse the best is without it (95% t-interval, paired by seed)"),
              (f"gain of the best over the baseline: {s.gain.text() if s.gain else '-'} "
-              f"({_VERDICT_WORDS[s.gain.verdict] if s.gain else 'not run'})")]
+              f"({_VERDICT_WORDS[s.gain.verdict] if s.gain else 'not run'})" + _adjusted_text(s.gain_adjusted))]
+    if s.machine:
+        lines.append(f"machine speed: {s.machine}")
     lines += ["  " + change_line(c) for c in s.changes]
     if p.transfer_planned and s.gain_at_scale is not None:
         r = s.ratio
@@ -254,5 +279,5 @@ def unproven(plan: Plan | None, records: list[LedgerRecord], tag: str, best: str
     left = len(pending(plan, records, False))
     if left:
         raise VerifyError(f"the verification is not finished ({left} run(s) left): autoloop verify --resume first")
-    return {trial: c.estimate.verdict for c in summary.changes
-            if c.estimate is not None and c.estimate.verdict != "confirmed" for trial in c.trials}
+    return {trial: c.decisive.verdict for c in summary.changes
+            if c.decisive is not None and c.decisive.verdict != "confirmed" for trial in c.trials}

@@ -83,6 +83,9 @@ def with_defaults(args: tuple[str, ...]) -> tuple[str, ...]:
         # Nor the sanity re-run of large gains (GOOD beats SLOW by far more than 10 %);
         # tests/test_integrity.py covers it.
         args = (*args, "--sanity-bound", "0")
+    if args and args[0] in ("run", "trial") and not {"--machine-probe", "--no-machine-probe"} & set(args):
+        # Nor the machine probe (about a second per attempt); tests/test_machine_speed.py covers it.
+        args = (*args, "--no-machine-probe")
     return args
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from autoloop.core.layout import Layout
 from autoloop.observe.console import parse_progress
 from autoloop.repo.gitview import record_diff
+from autoloop.review.machine import machine_data
 from autoloop.review.report import status_data
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
 from autoloop.store.queries import best_before, infer_direction, is_noise_sample, running_best
@@ -115,7 +116,9 @@ class WorkspaceViews:
         before = best_before(records)
         start = max(0, min(start, len(records)))
         shown = running_best(records)   # the chart's running-best line: noise samples do not step it
-        rows = [{**_row(i, r, before[i]), "running_best": shown[i]} for i, r in enumerate(records) if i >= start]
+        adjusted = _adjusted(records)
+        rows = [{**_row(i, r, before[i], adjusted), "running_best": shown[i]} for i, r in enumerate(records)
+                if i >= start]
         first = f"{records[0].trial}.{records[0].attempt}@{records[0].started_at}" if records else None
         return {"total": len(records), "start": start, "first": first, "rows": rows}
 
@@ -127,7 +130,7 @@ class WorkspaceViews:
         if found is None:
             raise NotFound(f"no attempt {trial}.{attempt} in the ledger")
         i, r = found
-        row = _row(i, r, before[i])
+        row = _row(i, r, before[i], _adjusted(records))
         diff = record_diff(self.root, r)
         row.update(
             diff=diff, diff_error=None if diff is not None else "no diff: the commit is not in this repository",
@@ -170,7 +173,14 @@ class WorkspaceViews:
         return {"now": time.time(), "attempts": out, "prepared": prepared}
 
 
-def _row(index: int, r: LedgerRecord, reference: float | None) -> dict[str, Any]:
+def _adjusted(records: list[LedgerRecord]) -> dict[str, float]:
+    """Each probed run's metric at the night's median machine speed, by label (review/machine.py)."""
+    found: dict[str, float] = (machine_data(records) or {}).get("adjusted", {})
+    return found
+
+
+def _row(index: int, r: LedgerRecord, reference: float | None,
+         adjusted: dict[str, float] | None = None) -> dict[str, Any]:
     delta = None
     if r.metric is not None and reference is not None and r.kind != "baseline":
         delta = r.metric - reference
@@ -184,5 +194,6 @@ def _row(index: int, r: LedgerRecord, reference: float | None) -> dict[str, Any]
         "hypothesis": hypothesis if isinstance(hypothesis, str) else None, "reason": r.reason,
         "commit": r.commit, "proposer": r.proposer, "worker": r.worker, "seconds": seconds,
         "started_at": r.started_at, "ended_at": r.ended_at, "noise_sample": is_noise_sample(r),
-        "memory_gb": r.memory_gb, "fidelity": r.fidelity,
+        "memory_gb": r.memory_gb, "fidelity": r.fidelity, "machine_speed": r.machine_speed,
+        "adjusted_metric": (adjusted or {}).get(trial_label(r.trial, r.attempt)),
     }

@@ -128,6 +128,8 @@ function renderSummary(s) {
     card('baseline', fmt(base.metric, 6), `${runs}${better} is better`),
     card('improvement', improvement, pct),
     card('noise', fmt(s.noise, 6), s.noise ? 'σ of the run-to-run spread' : 'no estimate yet'),
+    ...(s.machine ? [card('best at median machine speed', s.machine.use ? fmt(s.machine.best_adjusted, 6) : 'not adjusted',
+      s.machine.note)] : []),
     card('attempts', String(s.attempts), `${s.trials} trials: ${counted}`),
     card('crashes', String(counts.crash || 0), crashes || 'none'),
     card('pace', s.trials_per_hour ? `${s.trials_per_hour.toFixed(1)}/h` : '-', 'trials per hour'),
@@ -329,7 +331,8 @@ function renderTable() {
     return el('tr', { className: cls, 'data-label': r.label, onclick: () => openDetail(r) },
       el('td', { text: r.label }),
       el('td', { text: r.kind === 'baseline' || r.kind === 'verify' ? r.kind : r.noise_sample ? 'noise run' : r.status }),
-      el('td', { className: 'num', text: fmt(r.metric, 6) }),
+      el('td', { className: 'num', text: fmt(r.metric, 6),
+        title: r.adjusted_metric === null || r.adjusted_metric === undefined ? '' : `adjusted to the median machine speed: ${fmt(r.adjusted_metric, 6)}` }),
       el('td', { className: 'num', text: signed(r.delta, digits) }),
       el('td', { className: 'num', text: r.confidence === null ? '-' : r.confidence.toFixed(1) }),
       el('td', { text: r.crash || '-' }),
@@ -365,7 +368,8 @@ async function openDetail(row) {
   }
   if (state.selected !== row.label) return;   // another attempt was opened meanwhile
   const fields = [['description', a.description], ['hypothesis', a.hypothesis], ['reason', a.reason],
-    [a.metric_name, fmt(a.metric, 6)], ['Δ best before', signed(a.delta, 6)],
+    [a.metric_name, fmt(a.metric, 6)], ['adjusted to the median machine speed', a.adjusted_metric === null || a.adjusted_metric === undefined ? null : fmt(a.adjusted_metric, 6)],
+    ['machine speed', a.machine_speed], ['Δ best before', signed(a.delta, 6)],
     ['confidence', a.confidence === null ? '-' : `${a.confidence.toFixed(1)} σ`], ['crash', a.crash],
     ['kind', a.kind], ['proposer', a.proposer], ['worker', a.worker], ['commit', a.commit], ['parent', a.parent],
     ['seconds', a.seconds === null ? null : a.seconds.toFixed(1)], ['exit code', a.exit_code], ['signal', a.signal],
