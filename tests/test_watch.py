@@ -201,11 +201,12 @@ def test_watch_in_a_real_terminal(tmp_path, tiny_data_dir, tmux_env):
     out = tmp_path / "pane"
     out.mkdir()
     # The pane runs watch three times (ended by q, Ctrl-C, SIGTERM), saving each exit status
-    # and the terminal's settings before and after, then stays open.
+    # and the terminal's settings before and after (stty -g: the settings alone; stty -a also
+    # prints the window's size and wraps to its width, which moved under load), then stays open.
     watch = f"{sys.executable} -m autoloop.cli watch --interval 0.2"
-    runs = "".join(f"{watch}; echo $? > {out}/rc{n}.tmp; stty -a > {out}/after{n}; mv {out}/rc{n}.tmp {out}/rc{n}\n"
+    runs = "".join(f"{watch}; echo $? > {out}/rc{n}.tmp; stty -g > {out}/after{n}; mv {out}/rc{n}.tmp {out}/rc{n}\n"
                    for n in (1, 2, 3))
-    (out / "script.sh").write_text(f"cd {repo}\nstty -a > {out}/before\n{runs}echo pane-done; sleep 600\n")
+    (out / "script.sh").write_text(f"cd {repo}\nstty -g > {out}/before\n{runs}echo pane-done; sleep 600\n")
     tmux = Tmux(env)
     try:
         state = repo / "results" / "state.json"
