@@ -223,7 +223,7 @@ def test_only_changes_that_rewrote_the_same_lines_are_grouped(tmp_path):
 
 
 def test_a_rider_on_the_line_next_to_a_real_change_is_taken_out_alone_and_dropped(tmp_path, tiny_data_dir):
-    """The issue's case: LR (a real gain) and the lucky WARMUP rider on consecutive lines.
+    """The common case: LR (a real gain) and the lucky WARMUP rider on consecutive lines.
     Each is taken out alone (not "#1+#2 grouped"), the rider is flagged, and
     finalize --drop-unproven leaves it out."""
     source = adjacent(SOURCE)
