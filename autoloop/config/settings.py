@@ -159,7 +159,8 @@ class Settings(BaseModel):
         default_text="max(2 x budget, budget + 2m)")
     scout: float | None = setting(
         None, "trial", "train each proposal this long first; only one within the scout noise of the best's scout "
-        "result gets the full budget (docs/fidelity.md; off by default)", metavar="DURATION")
+        "result gets the full budget; about a tenth of the budget pays (docs/fidelity.md; off by default)",
+        metavar="DURATION")
     target: str = setting("train.py", "trial", "the one file a proposer may edit", metavar="FILE")
     command: str | None = setting(
         None, "trial", "trial command, e.g. 'uv run train.py'", metavar="CMD",
