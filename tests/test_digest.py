@@ -112,6 +112,8 @@ def test_directions_grouped_by_constant_with_range_best_delta_and_noise():
     assert "ideas about «replace relu mlp»: 1 try, 1 crashed" in tried
     assert "- trivial «NameError»: 1 (last #5; e.g. «NameError: name 'silu' is not defined»)" in digest
     assert "Noise: sigma 0.002000" in digest
+    # The baseline as status shows it: the mean of its runs, and no gain while it is the best.
+    assert "- Baseline 2.001000; best 2.001000 at bbbbbbb." in digest, digest
 
 
 def test_agent_text_cannot_break_the_digest_or_the_prompt():

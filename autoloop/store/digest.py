@@ -122,7 +122,7 @@ def research_digest(records: Sequence[LedgerRecord], *, direction: str = "min", 
 
 
 def _header(records: list[LedgerRecord], sign: float, metric: str, sigma: float | None, direction: str) -> list[str]:
-    base = queries.baseline(records)
+    base = queries.baseline_estimate(records)   # the mean of the baseline's runs, as status shows it
     best_commit, best = queries.best(records)
     owner = queries.best_record(records)
     better = "lower" if direction == "min" else "higher"
@@ -136,7 +136,7 @@ def _header(records: list[LedgerRecord], sign: float, metric: str, sigma: float 
     if base is None or best is None:
         lines.append("- No baseline yet.")
     else:
-        gain = best - base.metric if base.metric is not None else None
+        gain = best - base.metric if best_commit != base.commit else None
         where = f" from trial {owner.trial}" if owner is not None and owner.kind != "baseline" else ""
         lines.append(f"- Baseline {_num(base.metric)}; best {_num(best)} at {(best_commit or '-')[:7]}{where}"
                      + (f", {_delta(gain)} in all" if gain else "") + ".")
