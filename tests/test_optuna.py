@@ -262,3 +262,39 @@ def test_a_new_tag_archives_the_study_with_the_ledger(bowl_repo, tiny_data_dir):
     assert [t.user_attrs["autoloop"]["trial"] for t in trials if t.user_attrs["autoloop"].get("observed")] == [0]
     assert len([t for t in trials if not t.user_attrs["autoloop"].get("observed")]) >= 1
     assert all(r["proposer"] == "optuna" for r in candidates(read_ledger(bowl_repo)))
+
+
+def test_a_scouted_out_suggestion_is_told_pruned_not_its_scout_value():
+    """--scout: a suggestion stopped at the scout rung has only a scout run, whose number is on
+    another scale than the full runs around it; Optuna is told it was pruned, and the point
+    counts as not worth running again."""
+    from autoloop.proposers.optuna_search import OptunaProposer
+    from autoloop.proposers.outcomes import trial_outcomes
+    from autoloop.store.ledger import LedgerRecord
+
+    study = optuna.create_study(direction="minimize")
+    dist = {"LR": optuna.distributions.FloatDistribution(0.001, 0.1, log=True)}
+    asked = [study.ask(dist) for _ in range(2)]
+    for n, t in enumerate(asked, start=1):
+        t.set_user_attr("autoloop", {"trial": n, "values": {"LR": str(t.params["LR"])}})
+    base = "b" * 40
+
+    def rec(trial: int, metric: float, **kw) -> LedgerRecord:
+        return LedgerRecord(trial=trial, started_at=trial, ended_at=trial + 1, proposer="optuna", status="discard",
+                            description=f"LR {trial}", commit=str(trial) * 40, metric=metric, best=base,
+                            best_metric=2.0, **kw)
+
+    scout = {"kind": "scout", "fidelity": "scout"}
+    records = [rec(0, 2.0, kind="baseline").model_copy(update={"status": "keep", "commit": base}),
+               # trial 1: scouted out (its one run at the scout budget, far worse than a full run)
+               rec(1, 3.4, **scout, extra={"optuna": {"trial": asked[0].number}}),
+               # trial 2: promoted, then measured at the full budget
+               rec(2, 3.0, **scout, next="promote", extra={"optuna": {"trial": asked[1].number}}),
+               rec(2, 2.05, attempt=2, kind="candidate")]
+    outcomes = trial_outcomes(records)
+    assert outcomes[1].scouted_out and not outcomes[2].scouted_out and outcomes[2].value == 2.05
+    trials = study.get_trials(deepcopy=False)
+    assert OptunaProposer()._settle(optuna, study, trials, outcomes, in_flight=set())
+    done = {t.number: t for t in study.get_trials()}
+    assert done[asked[0].number].state == optuna.trial.TrialState.PRUNED and done[asked[0].number].value is None
+    assert done[asked[1].number].state == optuna.trial.TrialState.COMPLETE and done[asked[1].number].value == 2.05

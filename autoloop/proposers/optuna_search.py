@@ -237,7 +237,11 @@ class OptunaProposer:
             told = True
             o = outcomes.get(trial) if isinstance(trial, int) else None
             ours = o is not None and (o.first.extra.get("optuna") or {}).get("trial") == t.number
-            if o is not None and o.status == "measured" and ours:
+            if o is not None and o.status == "measured" and ours and o.scouted_out:
+                # Stopped at the scout rung (--scout): pruned, as Optuna names a trial cut short
+                # at a low fidelity; its scout value would read as a full run's, and worse.
+                study.tell(t.number, state=optuna.trial.TrialState.PRUNED)
+            elif o is not None and o.status == "measured" and ours:
                 study.tell(t.number, o.value)
             elif o is None or o.status == "interrupted" or (o.status != "measured" and not ours):
                 # Never measured: the same point goes first in the queue (once: a point that
@@ -259,7 +263,7 @@ class OptunaProposer:
                  if not t.user_attrs.get("duplicate") and not t.user_attrs.get("infeasible")}
         dists = None
         for trial, o in outcomes.items():
-            if (trial in owned or trial in in_flight or o.status != "measured" or not o.commit
+            if (trial in owned or trial in in_flight or o.status != "measured" or o.scouted_out or not o.commit
                     or (study.study_name, trial) in self._outside):
                 continue
             try:
@@ -288,10 +292,14 @@ class OptunaProposer:
         for t in trials:
             info = t.user_attrs.get("autoloop") or {}
             values = info.get("values")
-            if t.state not in (states.COMPLETE, states.FAIL) or not values or t.user_attrs.get("infeasible"):
+            settled = t.state in (states.COMPLETE, states.FAIL, states.PRUNED)
+            if not settled or not values or t.user_attrs.get("infeasible"):
                 continue
             if t.state == states.COMPLETE:
                 out[space.key(values)] = t.value
+                continue
+            if t.state == states.PRUNED:   # scouted out: not worth a full run, like a crash
+                out.setdefault(space.key(values), None)
                 continue
             o = outcomes.get(info["trial"]) if "trial" in info else None
             if o is not None and o.status in ("crash", "skip") and _optuna_trial(o) == t.number:

@@ -50,6 +50,9 @@ class TrialOutcome:
     seconds: float             # night time used: its attempts, plus its proposing time when recorded
     reason: str                # the last attempt's reason
     first: LedgerRecord        # its first attempt (where the proposer's own fields are)
+    # --scout: measured at the scout budget alone (scouted out), so its value is on another
+    # scale than the full-budget values around it: worse-looking than the change would be.
+    scouted_out: bool = False
 
 
 def record_proposer(record: LedgerRecord) -> str:
@@ -113,7 +116,7 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
         trial=trial, proposer=record_proposer(first), kind=first.kind, status=status, commit=commit,
         value=fmean(runs) if runs else None, runs=len(runs),
         kept=any(r.status == "keep" and not queries.is_noise_sample(r) for r in records),
-        gain=gain, seconds=seconds, reason=last.reason or "", first=first)
+        gain=gain, seconds=seconds, reason=last.reason or "", first=first, scouted_out=bool(runs) and not full)
 
 
 @dataclass
