@@ -190,7 +190,7 @@ def format_verdict(label: str, record: LedgerRecord, reference: float | None) ->
         return f"{label} crash ({record.crash or 'fundamental'}) {description}: {record.reason or '-'}"
     if record.status == "skip":
         return f"{label} skipped: {record.reason or description}"
-    status = "measured" if record.kind == "verify" else record.status   # verify.py: never judged
+    status: str = "measured" if record.kind == "verify" else record.status   # verify.py: never judged
     if "noise_samples" in record.extra:
         # A re-run of the best for the noise estimate: the best stays, so not a "keep" (read
         # as one, a first minute of samples looked like a run of wins).
