@@ -84,4 +84,7 @@ def test_gpu_plan_says_what_it_asks_and_why(monkeypatch):
                                                          "the default partition has GPUs)")
     explicit = build_settings({"executor": "slurm", "slurm_gpus_per_trial": 2})
     assert slurm_gpus.gpu_plan(explicit, "slurm")[0] == 2
+    cpu_ranks = build_settings({"executor": "slurm", "gpus_per_trial": 2, "device": "cpu"})   # ranks on the CPUs
+    assert slurm_gpus.gpu_plan(cpu_ranks, "slurm") == (0, "slurm: no GPU asked for: --device cpu runs the trial's "
+                                                          "2 rank(s) per node on its CPUs")
     assert SlurmExecutor.from_settings(build_settings({"executor": "slurm", "slurm_cluster": "local"}), ".").plan
