@@ -19,6 +19,7 @@ slot's work tree to commit now) and, phase by phase, each persisted before it st
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -230,7 +231,8 @@ class AttemptRunner:
         if probe is not None:
             spec.env.update(probe.start())   # empty but under the test knob AUTOLOOP_PROBE_SCALE
         try:
-            outcome = self.slot.executor.run(spec, on_progress=lambda line: self._on_progress(plan.label, line, probe),
+            progress = functools.partial(self._on_progress, plan.label, probe=probe, budget=budget)
+            outcome = self.slot.executor.run(spec, on_progress=progress,
                                              stop_event=self.night.stop.event,
                                              on_start=lambda pids: self._on_start(pids, probe),
                                              on_job=lambda job: self.slot.state.update(job=job))
@@ -366,14 +368,16 @@ class AttemptRunner:
         if probe is not None:
             probe.watch(pids)
 
-    def _on_progress(self, label: str, line: str, probe: Probe | None = None) -> None:
-        """Live line on the terminal; the state file too (for `autoloop status`), at most every 2 s."""
+    def _on_progress(self, label: str, line: str, probe: Probe | None = None, budget: float | None = None) -> None:
+        """Live line on the terminal; the state file too (for `autoloop status`), at most every 2 s.
+        ``budget``: the run's own (a scout run's is --scout), which train.py's percentage is of."""
         if probe is not None:
             probe.mark()
         now, st = time.time(), self.slot.state.state
+        elapsed = now - st.phase_started_at if st.phase_started_at else None
         self.console.status(live_line(
-            label, "training", now - st.phase_started_at if st.phase_started_at else None, self.settings.budget,
-            line, st.best_metric, st.deadline - now if st.deadline else None))
+            label, "training", elapsed, budget or self.settings.budget, line, st.best_metric,
+            st.deadline - now if st.deadline else None))
         if now - self._progress_saved_at >= PROGRESS_SAVE_S:
             self._progress_saved_at = now
             self.slot.state.update(progress=line)
