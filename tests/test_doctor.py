@@ -43,7 +43,7 @@ def test_a_healthy_repository_is_ready(tmp_path, tiny_data_dir):
     found = lines(proc)
     assert {n for n, (s, _) in found.items() if s == "fail"} == set()
     for name in ("config", "git", "git identity", "clean tree", "train.py", "data", "torch", "disk",
-                 "claude version", "claude auth", "plot", "slurm", "isolate"):
+                 "claude version", "claude auth", "plot", "slurm", "watch", "mcp", "isolate"):
         assert name in found, (name, proc.stdout)
     assert found["git identity"] == ("ok", "autoloop test <test@autoloop.invalid>")
     assert found["train.py"][1].startswith("parses; ") and "reports through autoloop.evaluate" in found["train.py"][1]

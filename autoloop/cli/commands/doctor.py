@@ -302,6 +302,11 @@ def _extras(settings: Settings) -> list[Check]:
     else:
         checks.append(ok("slurm", f"submitit {submitit}" if submitit else
                          "submitit not installed (needed only for --executor slurm: pip install 'autoloop[slurm]')"))
+    # The viewers' extras: never needed by a night, so never more than a line saying how to add them.
+    for name, module, what in (("watch", "rich", "autoloop watch"), ("mcp", "mcp", "autoloop mcp")):
+        version = _installed(module)
+        checks.append(ok(name, f"{module} {version}: {what} works" if version else
+                         f"{module} not installed (needed only for {what}: pip install 'autoloop[{name}]')"))
     return checks
 
 
