@@ -426,8 +426,11 @@ def test_run_verify_at_end_verifies_the_night_it_just_ran(tmp_path, tiny_data_di
 
 
 def test_verify_at_end_keeps_its_time_out_of_hours(tmp_path, tiny_data_dir):
-    """--hours 0.01 (36 s) fits the baseline; 100 repeats of three variants do not fit in
-    what is left, so no trial starts: the time is kept for the verification."""
+    """--hours 0.01 (36 s) fits the baseline; 100 repeats of three variants, and as many again
+    at scale for 100x the budget, do not fit in what is left, so no trial starts: the time is
+    kept for the verification. The stand-in answers at once (~0.1 s a run on an idle machine):
+    300 runs alone would fit in 36 s there, so the scale budget makes the estimate hours, not
+    seconds, on any machine."""
     from autoloop.core.durations import expected_seconds
 
     assert expected_seconds(0, 3, 10.0, {}, 300, None) == 0.0
@@ -438,7 +441,8 @@ def test_verify_at_end_keeps_its_time_out_of_hours(tmp_path, tiny_data_dir):
     queue.mkdir(parents=True)
     (queue / "01.patch").write_text(patch("LR 0.01 -> 0.02", SOURCE, with_constants(SOURCE, LR="0.02")))
     proc = autoloop(repo, "run", "--budget", "1", "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t",
-                    "--hours", "0.01", "--verify-at-end", "--repeats", "100", data_dir=tiny_data_dir)
+                    "--hours", "0.01", "--verify-at-end", "--repeats", "100", "--scale", "DEPTH=6",
+                    "--scale-budget", "100", data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "stopped: time is up: the rest of --hours is kept for the verification (--verify-at-end)" in proc.stdout
     assert "verify: no kept changes, nothing to verify" in proc.stdout
