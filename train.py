@@ -632,9 +632,11 @@ def main():
     print(f"total_seconds:    {time.time() - t_start:.1f}")
     print(f"peak_vram_mb:     {peak_memory_mb(device):.1f}")
     print(f"mfu_percent:      {f'{mfu:.2f}' if mfu is not None else 'unknown peak'}")
-    print(f"total_tokens_M:   {tokens / 1e6:.1f}")
+    # Three decimals, not autoresearch's one: the CPU's models are 0.1-1M parameters and a short
+    # run's tokens a fraction of a million, and `autoloop ladder` reads both as its compute.
+    print(f"total_tokens_M:   {tokens / 1e6:.3f}")
     print(f"num_steps:        {step}")
-    print(f"num_params_M:     {num_params / 1e6:.1f}")
+    print(f"num_params_M:     {num_params / 1e6:.3f}")
     print(f"depth:            {cfg['depth']}")
     print(f"tokens_per_sec:   {tokens_per_s:.0f}")
     print(f"world_size:       {WORLD_SIZE}", flush=True)

@@ -358,7 +358,8 @@ def test_recovery_cancels_the_job_of_a_killed_orchestrator(tmp_path, tiny_data_d
     finally:
         if orchestrator.poll() is None:
             orchestrator.kill()
-    proc = autoloop(repo, *night("--resume"), data_dir=tiny_data_dir)
+    # The subject is the orphaned job: its re-run would hang to the hard timeout.
+    proc = autoloop(repo, *night("--resume", "--no-rerun-interrupted"), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "recovery: cancelled local job" in proc.stdout
     assert not controller.is_running() or controller.status() == psutil.STATUS_ZOMBIE

@@ -516,8 +516,8 @@ def test_recovery_ends_a_daemon_that_escaped_everything_but_its_cgroup(night_tem
             os.kill(pid, signal.SIGKILL)
     try:
         assert not pid_dead(daemon) and state["child_token"]
-        resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--proposer", "queue",
-                           data_dir=tiny_data_dir, timeout=120)
+        resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--no-rerun-interrupted",
+                           "--proposer", "queue", data_dir=tiny_data_dir, timeout=120)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         assert pid_dead(daemon), "the escaped daemon outlived the recovery"
         assert "recovery: ended" in resumed.stdout
@@ -537,8 +537,8 @@ def test_recovery_sets_untracked_files_aside_never_deletes_them(night_templates,
     (repo / "mine").mkdir()
     (repo / "mine" / "notes.txt").write_text("my notes\n")
     try:
-        resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--proposer", "queue",
-                           data_dir=tiny_data_dir, timeout=120)
+        resumed = autoloop(repo, *RUN, *NIGHTS["stdout"][1], "--resume", "--no-rerun-interrupted",
+                           "--proposer", "queue", data_dir=tiny_data_dir, timeout=120)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         assert "recovery: untracked mine/notes.txt set aside in results/quarantine/1-1/recovery/" in resumed.stdout
         assert (repo / "results" / "quarantine" / "1-1" / "recovery" / "mine" / "notes.txt").read_text() == "my notes\n"

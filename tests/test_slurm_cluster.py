@@ -270,7 +270,8 @@ def test_resume_after_kill_9_cancels_the_orphaned_job(tmp_path, tiny_data_dir, c
         if orchestrator.poll() is None:
             orchestrator.kill()
     assert job["job_id"] in cluster.queue()   # the job outlived its orchestrator
-    proc = autoloop(repo, *night("--resume"), data_dir=tiny_data_dir)
+    # The subject is the orphaned job: its re-run would hang to the 60 s hard timeout.
+    proc = autoloop(repo, *night("--resume", "--no-rerun-interrupted"), data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"recovery: cancelled slurm job {job['job_id']} (was RUNNING" in proc.stdout, proc.stdout
     wait_for("squeue to drain", lambda: not cluster.queue(), 60)
