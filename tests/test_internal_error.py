@@ -77,3 +77,24 @@ def test_outside_a_repository_the_log_goes_to_the_temporary_folder(tmp_path):
     log = Path(match["log"])
     assert log.parent == tmp and not (here / "results").exists()
     _check_log(log.read_text())
+
+
+def test_a_disk_that_refuses_a_write_is_one_line_not_a_bug_and_resume_loses_nothing(tmp_path, tiny_data_dir):
+    """A full disk is the machine's trouble: one line naming the file and what to do, exit 1,
+    no bug-report log; the night resumed afterwards records every attempt once."""
+    from helpers.loop import GOOD, SLOW, assert_invariants, autoloop, queue_file, read_ledger, run_args
+
+    repo = init_repo(tmp_path / "repo", {"train.py": SLOW})
+    queue_file(repo, "01_good.py", GOOD, "restore learning rates")
+    # The second append to the ledger (the candidate's record, after the baseline's) fails.
+    proc = autoloop(repo, *run_args(), data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_WRITE": "ENOSPC:ledger.jsonl:2"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "autoloop: the disk refused a write results/ledger.jsonl: No space left on device; what was recorded "
+        "is safe: fix the disk (free space, a quota, a read-only mount), then autoloop run --resume"], proc.stderr
+    assert not list((repo / "results").glob("internal-error-*.log"))
+    assert [r["kind"] for r in read_ledger(repo)] == ["baseline"]
+    resumed = autoloop(repo, *run_args(), "--resume", data_dir=tiny_data_dir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    ledger = assert_invariants(repo)
+    assert [r["description"] for r in ledger if r["kind"] != "baseline"][-1] == "restore learning rates", ledger

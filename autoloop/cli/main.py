@@ -377,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug of ours: one line, the traceback in a log file
         if os.environ.get("AUTOLOOP_DEBUG"):
             raise
+        from autoloop.cli.disk_error import disk_error_line
+
+        line = disk_error_line(e)   # unless the disk refused a write: the machine's trouble
+        if line is not None:
+            print(line, file=sys.stderr)
+            return 1
         return _internal_error(e, argv, getattr(args, "directory", "."))
 
 
