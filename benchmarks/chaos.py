@@ -14,9 +14,12 @@ in turn, look-ahead on. Each cycle draws one fault and injects it while the orch
 * ``enospc_ledger``, ``eio_ledger``, ``enospc_tsv``, ``eio_tsv``: the n-th write of
                    ledger.jsonl or results.tsv fails (AUTOLOOP_FAULT_WRITE, store/atomic.py);
 * ``index_lock``   a stale .git/index.lock, as a git killed mid-command leaves, then kill9;
-* ``clock_jump``   the wall clock of the orchestrator stepped back 2 h, then forward 3 h,
-                   mid-run (libfaketime, Debian's ``faketime``; the machine's clock is not
-                   touched; skipped and said where it is missing).
+* ``clock_jump``   the wall clock of the orchestrator (and of all it starts) stepped back 2 h,
+                   then forward 3 h, mid-run, with --hours 1 (benchmarks/clockstep.c, an
+                   LD_PRELOAD library built here with cc; the machine's clock is not touched;
+                   skipped and said where no C compiler is). The cycle must end by itself,
+                   at its --max-trials, with no attempt timed out: a deadline, budget or
+                   timeout on the wall clock would end it early or cut a run off.
 
 After each cycle ``autoloop run --resume --hours 1e-9`` recovers and stops at rest, and every
 invariant of soak.py is checked. Printed: faults injected and survived (by kind), records
@@ -52,8 +55,7 @@ import soak
 REPO = soak.REPO
 FAULTS = ["kill9", "kill_trial", "agent_hang", "agent_crash", "agent_garbage", "full_disk", "enospc_ledger",
           "eio_ledger", "enospc_tsv", "eio_tsv", "index_lock", "clock_jump"]
-FAKETIME = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-                             "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1") if Path(p).exists()), None)
+CLOCKSTEP_C = Path(__file__).resolve().parent / "clockstep.c"
 AGENT = '''import os, sys, time
 mode = sys.argv[1]
 sys.stdin.read()
@@ -85,6 +87,7 @@ class Chaos:
         self.args, self.work, self.rng = args, work, random.Random(args.seed)
         self.repo = work / "repo"
         self.mounted = False
+        self.clockstep: Path | None = None
         self.injected: collections.Counter[str] = collections.Counter()
         self.survived: collections.Counter[str] = collections.Counter()
         self.skipped: collections.Counter[str] = collections.Counter()
@@ -103,6 +106,7 @@ class Chaos:
                 print(f"chaos: no tmpfs ({done.stderr.strip() or done.returncode}): full_disk is skipped")
         else:
             print("chaos: not root (or --tmpfs-mb 0): no tmpfs, full_disk is skipped")
+        self.clockstep = self.build_clockstep()
         soak.FAKE_TRAIN = train_source()
         self.initial = soak.make_repo(self.repo, self.args.attempts * 2 + 50, self.rng)
         (self.work / "agent.py").write_text(AGENT)
@@ -110,6 +114,18 @@ class Chaos:
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         if self.args.data_dir:
             self.env["AUTOLOOP_DATA_DIR"] = self.args.data_dir
+
+    def build_clockstep(self) -> Path | None:
+        """clockstep.so, built from benchmarks/clockstep.c; None (clock_jump skipped) without cc."""
+        cc = shutil.which("cc") or shutil.which("gcc")
+        lib = self.work / "clockstep.so"
+        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(CLOCKSTEP_C), "-ldl"],
+                              capture_output=True, text=True, check=False) if cc else None
+        if done is None or done.returncode != 0:
+            print(f"chaos: clockstep.c not built ({done.stderr.strip()[-200:] if done else 'no cc'}): "
+                  "clock_jump is skipped")
+            return None
+        return lib
 
     def teardown(self) -> None:
         for proc in soak.leftover_processes(self.work):
@@ -141,27 +157,44 @@ class Chaos:
             code, what = fault.split("_")
             env["AUTOLOOP_FAULT_WRITE"] = (f"{code.upper()}:{'ledger.jsonl' if what == 'ledger' else 'results.tsv'}"
                                            f":{self.rng.randint(2, 12)}")
-        clock = self.work / "faketime"
+        clock = self.work / "clockstep"
         if fault == "clock_jump":
-            clock.write_text("+0\n")
-            env.update(LD_PRELOAD=FAKETIME or "", FAKETIME_TIMESTAMP_FILE=str(clock), FAKETIME_NO_CACHE="1",
-                       FAKETIME_DONT_FAKE_MONOTONIC="1")
+            clock.write_text("0\n")
+            env.update(LD_PRELOAD=str(self.clockstep), CLOCKSTEP_FILE=str(clock))
+            extra += ["--hours", "1"]   # a deadline on the wall clock would pass at the step forward
         if fault == "index_lock":
             (self.repo / ".git" / "index.lock").write_bytes(b"")
         filler = self.repo / "results" / "filler"
-        proc = subprocess.Popen(self.command(workers, *resume, *extra), cwd=self.repo, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.inject(fault, proc, clock, filler)
-        try:
-            proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        out_path = self.work / "cycle.out"
+        with open(out_path, "w") as out:
+            proc = subprocess.Popen(self.command(workers, *resume, *extra), cwd=self.repo, env=env,
+                                    stdout=out, stderr=subprocess.PIPE, text=True)
+            self.inject(fault, proc, clock, filler)
+            try:
+                proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         err = proc.stderr.read() if proc.stderr else ""
         if proc.stderr:
             proc.stderr.close()
         filler.unlink(missing_ok=True)
-        return self.at_rest(fault, before, err)
+        stepped = self.clock_step_violation(proc.returncode, out_path.read_text(), before) \
+            if fault == "clock_jump" else None
+        ok, said = self.at_rest(fault, before, err)
+        if stepped:
+            self.examples.setdefault("clock_jump/wall_clock", stepped)
+            return False, stepped
+        return ok, said
+
+    def clock_step_violation(self, code: int | None, out: str, before: dict) -> str | None:
+        """What a stepped wall clock did to the cycle that it must not: an early end, a timeout."""
+        stopped = [line for line in out.splitlines() if " stopped: " in line]
+        if code != 0 or not stopped or "reached --max-trials" not in stopped[-1]:
+            return f"exit {code}: {(stopped or out.splitlines() or ['no output'])[-1][-150:]}"
+        timed_out = [k for k, r in keyed(soak.read_ledger(self.repo)).items()
+                     if k not in before and r["crash"] == "timeout"]
+        return f"timed out across the step: {timed_out[:3]}" if timed_out else None
 
     def inject(self, fault: str, proc: subprocess.Popen, clock: Path, filler: Path) -> None:
         rng = self.rng
@@ -185,10 +218,10 @@ class Chaos:
         elif fault == "clock_jump":
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=rng.uniform(1.0, 3.0))
-            clock.write_text("-2h\n")
+            clock.write_text("-7200\n")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=rng.uniform(1.0, 3.0))
-            clock.write_text("+3h\n")
+            clock.write_text("10800\n")
 
     def wait_for_trial(self, proc: subprocess.Popen) -> psutil.Process | None:
         deadline = time.monotonic() + 30
@@ -257,7 +290,7 @@ class Chaos:
             fault = self.args.faults[(i - 1) % len(self.args.faults)] if self.args.faults else self.rng.choice(FAULTS)
             if fault.startswith("agent_") and not soak.branch_exists(self.repo):
                 fault = "kill9"   # the agent proposes trials: the baseline comes first
-            if (fault == "full_disk" and not self.mounted) or (fault == "clock_jump" and FAKETIME is None):
+            if (fault == "full_disk" and not self.mounted) or (fault == "clock_jump" and self.clockstep is None):
                 self.skipped[fault] += 1
                 fault = "kill9"
             workers = 1 + i % 2
