@@ -523,12 +523,18 @@ def peak_flops(device_name):
     return None
 
 
+def matmul_params(model):
+    """The weights every token is multiplied by: the blocks' matrices and the head. The byte,
+    value and bigram tables are lookups (the bigram table alone is 65,536 x WIDTH), so they
+    are left out, as scaling laws leave embeddings out of N in C = 6 N D."""
+    matmuls = sum(p.numel() for n, p in model.blocks.named_parameters() if p.ndim == 2 and ".mix." not in n)
+    return matmuls + model.head.weight.numel()
+
+
 def flops_per_token(model, seq_len):
     """Training FLOPs per token: 6 per weight of every matmul (forward and backward), plus
     attention's 12 * layers * width * context (PaLM's convention, which counts the masked half)."""
-    matmuls = sum(p.numel() for n, p in model.blocks.named_parameters() if p.ndim == 2 and ".mix." not in n)
-    matmuls += model.head.weight.numel()
-    return 6 * matmuls + 12 * len(model.blocks) * model.embed.embedding_dim * seq_len
+    return 6 * matmul_params(model) + 12 * len(model.blocks) * model.embed.embedding_dim * seq_len
 
 
 def fail(message):
@@ -632,12 +638,13 @@ def main():
     print(f"total_seconds:    {time.time() - t_start:.1f}")
     print(f"peak_vram_mb:     {peak_memory_mb(device):.1f}")
     print(f"mfu_percent:      {f'{mfu:.2f}' if mfu is not None else 'unknown peak'}")
-    # Three decimals, not autoresearch's one: the CPU's models are 0.1-1M parameters and a short
-    # run's tokens a fraction of a million, and `autoloop ladder` reads both as its compute.
+    # Three decimals, not autoresearch's one: a CPU's models have under a million matmul weights
+    # and a short run's tokens are a fraction of a million; `autoloop ladder` reads both.
     print(f"total_tokens_M:   {tokens / 1e6:.3f}")
     print(f"num_steps:        {step}")
     print(f"num_params_M:     {num_params / 1e6:.3f}")
     print(f"depth:            {cfg['depth']}")
+    print(f"matmul_params_M:  {matmul_params(model) / 1e6:.3f}")   # N of C = 6 N D (autoloop ladder)
     print(f"tokens_per_sec:   {tokens_per_s:.0f}")
     print(f"world_size:       {WORLD_SIZE}", flush=True)
     if WORLD_SIZE > 1:

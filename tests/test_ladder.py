@@ -25,7 +25,7 @@ from helpers.loop import assert_invariants, autoloop, autoloop_in_process, read_
 
 from autoloop.core import ladder_fit as lf
 from autoloop.review.json_forms import schema
-from autoloop.review.ladder_report import write_png
+from autoloop.review.ladder_report import section, write_png
 from autoloop.store.ledger import LedgerRecord
 from autoloop.verification.ladder_plan import LadderError, LadderPlan, Side, summarize, summary_json, summary_lines
 from autoloop.verification.ladder_rungs import derived_rungs, given_rungs, multiplied, tuning_constants
@@ -180,6 +180,27 @@ def test_each_kind_of_change_gets_its_verdict(kind, verdict):
     summary = summarize(plan, records)
     assert summary.left == 0 and summary.measured
     assert summary.verdict.name == verdict, "\n".join(summary_lines(summary))
+
+
+def test_a_ladder_whose_compute_stays_flat_is_fitted_against_the_parameters(tmp_path):
+    """A fixed wall-clock budget on a device whose throughput falls as 1/N: every rung trains
+    about the same compute (as measured on the CPU), so the fit's axis is N, and it says so."""
+    plan, records = plan_for("shrink", [43, 44, 45], retune=False)
+    for rec in records:   # D = 1e12 / (6 N): C the same at every rung, give or take 10 %
+        n = rec.metrics["num_params_M"] * 1e6
+        rec.metrics["total_tokens_M"] = 1e12 / (6 * n) * (1 + 0.1 * (rec.trial % 3 == 0)) / 1e6
+    summary = summarize(plan, records)
+    assert summary.axis == "params" and summary.verdict.name == "SHRINKING", "\n".join(summary_lines(summary))
+    lines = summary_lines(summary)
+    assert re.match(r"compute does not grow along the rungs \(C 1(\.\d+)?e\+12 to 1\.\d+e\+12: the budget fixed at 1s",
+                    lines[-2]), lines[-2]
+    assert "at N=" in lines[-1] and "per decade of parameters" in lines[-1], lines[-1]
+    assert json.loads(summary_json(summary))["axis"] == "params"
+    assert "fitted against the parameters N" in "\n".join(section(summary, None))
+    write_png(summary, tmp_path / "ladder.png")
+    assert (tmp_path / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Compute that grows by a quarter or more per rung is the axis, as before.
+    assert lf.along_compute([1.0, 1.25, 2.0, 8.0]) and not lf.along_compute([1.0, 1.2, 2.0, 8.0])
 
 
 def test_a_learning_rate_whose_optimum_moves_with_size_is_retuned_and_its_exponent_found(tmp_path):

@@ -12,9 +12,10 @@ import pytest
 import torch
 from helpers.git import TRAIN_PY
 
-# autoresearch's fields in its order, then the ranks' throughput.
+# autoresearch's fields in its order, then the matmul weights (the ladder's N) and the ranks' throughput.
 SUMMARY_FIELDS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
-                  "total_tokens_M", "num_steps", "num_params_M", "depth", "tokens_per_sec", "world_size"]
+                  "total_tokens_M", "num_steps", "num_params_M", "depth", "matmul_params_M", "tokens_per_sec",
+                  "world_size"]
 
 
 def run_train(script: Path, env: dict, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -13,6 +13,11 @@ moves a tuning constant, the optimum multiplier per rung and its exponent agains
 * **The backtest**: the held-out rung's Δ must fall inside the line's 80 % interval at its
   compute, give or take 2 of its SEs; else the ladder is not predictive and nothing is
   extrapolated.
+* **The axis**: log-compute where the runs' compute grows along the rungs (each at least
+  COMPUTE_GROWTH times the one before), else log-parameters: a fixed wall-clock budget on a
+  device whose throughput falls as the model grows gives every rung about the same compute
+  (measured on a 2-core CPU: 4e11 to 5e11 FLOPs from DEPTH 1 to DEPTH 8), and a fit against
+  a flat axis would extrapolate nothing real.
 * **The optimum** of a swept constant at a rung: a parabola in log2(multiplier) through the
   mean metric of each multiplier, its vertex (clamped to the sweep); its SE from redrawing
   the means with the rung's pooled sd. The exponent: WLS of log10(optimum) on
@@ -21,6 +26,7 @@ moves a tuning constant, the optimum multiplier per rung and its exponent agains
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -33,11 +39,12 @@ EXTRAPOLATION_CAP = 30.0                   # never a number beyond this many tim
 SIGNIFICANT_SE = 2.0                       # a Δ beyond this many SEs is a Δ
 DRAWS = 2000                               # bootstrap draws
 LOW_Q, HIGH_Q = 0.10, 0.90                 # the 80 % interval
+COMPUTE_GROWTH = 1.25                      # compute is the axis only where each rung has this much more
 
 
 @dataclass(frozen=True)
 class RungDelta:
-    x: float                 # log10 of the rung's compute (6·N·D)
+    x: float                 # log10 of the rung's place on the axis: compute (6·N·D), else parameters
     mean: float | None       # Δ, positive: the change helps
     se: float | None         # its standard error (None: fewer than two pairs)
     n: int
@@ -158,22 +165,33 @@ def _d(r: RungDelta) -> str:
     return f"{r.mean:+.4g} ± {r.se:.2g}" if r.mean is not None and r.se is not None else "-"
 
 
-def delta_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta) -> Verdict:
-    """The verdict of a plain change: NOISE, SCALE-BOUND, not predictive, SHRINKING or HOLDS."""
+def along_compute(computes: Sequence[float]) -> bool:
+    """Whether compute grows along the rungs enough to be the fit's axis (else parameters)."""
+    return all(b >= COMPUTE_GROWTH * a for a, b in itertools.pairwise(computes))
+
+
+# The axis's name in the verdict's numbers, its symbol in the lines, and its unit.
+AXES = {"compute": ("C", "compute"), "params": ("N", "parameters")}
+
+
+def delta_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta, axis: str = "compute") -> Verdict:
+    """The verdict of a plain change: NOISE, SCALE-BOUND, not predictive, SHRINKING or HOLDS,
+    its places on ``axis`` ("compute" or "params", the rungs' x)."""
+    sym, unit = AXES[axis]
     usable = [r for r in fit_rungs if r.mean is not None and r.se is not None]
     if len(usable) < 2 or held.mean is None or held.se is None:
         return Verdict("INCOMPLETE", "INCOMPLETE: fewer than two fit rungs or no held-out Δ with an SE yet")
     every = [*usable, held]
     if not any(r.significant for r in every):
         top = max(every, key=lambda r: abs(r.mean or 0) / max(r.se or 1e-12, 1e-12))
-        return Verdict("NOISE", f"NOISE: no rung's Δ beyond 2 SE (the largest: {_d(top)} at C={sci(10 ** top.x)})",
-                       {"delta": top.mean, "se": top.se, "compute": 10 ** top.x})
+        return Verdict("NOISE", f"NOISE: no rung's Δ beyond 2 SE (the largest: {_d(top)} at {sym}={sci(10 ** top.x)})",
+                       {"delta": top.mean, "se": top.se, axis: 10 ** top.x})
     plus = [r for r in every if r.significant and (r.mean or 0) > 0]
     minus = [r for r in every if r.significant and (r.mean or 0) < 0]
     if plus and minus:
         return Verdict("SCALE-BOUND", f"SCALE-BOUND: the sign flips inside the ladder: Δ {_d(plus[0])} at "
-                       f"C={sci(10 ** plus[0].x)}, {_d(minus[0])} at C={sci(10 ** minus[0].x)}",
-                       {"plus_compute": 10 ** plus[0].x, "minus_compute": 10 ** minus[0].x})
+                       f"{sym}={sci(10 ** plus[0].x)}, {_d(minus[0])} at {sym}={sci(10 ** minus[0].x)}",
+                       {f"plus_{axis}": 10 ** plus[0].x, f"minus_{axis}": 10 ** minus[0].x})
     fit = fit_line([r.x for r in usable], [r.mean for r in usable if r.mean is not None],
                    [r.se for r in usable if r.se is not None], held.x)
     numbers: dict[str, float | None] = {"slope": fit.slope, "slope_low": fit.slope_interval[0],
@@ -181,18 +199,19 @@ def delta_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta) -> Verdict:
                                         "predicted_low": fit.pred_interval[0], "predicted_high": fit.pred_interval[1],
                                         "held_out": held.mean, "held_out_se": held.se}
     lo, hi = fit.pred_interval
-    back = f"held-out Δ {_d(held)} at C={sci(10 ** held.x)}, predicted {fit.pred:+.4g} (80 % {lo:+.4g}..{hi:+.4g})"
+    back = f"held-out Δ {_d(held)} at {sym}={sci(10 ** held.x)}, predicted {fit.pred:+.4g} (80 % {lo:+.4g}..{hi:+.4g})"
     if not predictive(fit, held):
         return Verdict("NOT-PREDICTIVE", f"ladder not predictive: {back}; nothing extrapolated", numbers)
     sign = 1.0 if sum((r.mean or 0) / (r.se or 1) ** 2 for r in every) > 0 else -1.0
     slo, shi = fit.slope_interval
-    slope = f"slope {fit.slope:+.4g} per decade of compute (80 % {slo:+.4g}..{shi:+.4g})"
+    slope = f"slope {fit.slope:+.4g} per decade of {unit} (80 % {slo:+.4g}..{shi:+.4g})"
     if max(sign * slo, sign * shi) < 0:   # the slope's whole interval points back toward zero
         x0 = -fit.intercept / fit.slope
         cap = EXTRAPOLATION_CAP * 10 ** held.x
         numbers["vanishes_at"] = 10 ** x0 if 10 ** x0 <= cap else None
-        where = (f"will vanish at about compute C={sci(10 ** x0)}" if 10 ** x0 <= cap else
-                 f"would vanish beyond {EXTRAPOLATION_CAP:.0f}× the largest rung run (C={sci(cap)}): not extrapolated")
+        where = (f"will vanish at about {unit} {sym}={sci(10 ** x0)}" if 10 ** x0 <= cap else
+                 f"would vanish beyond {EXTRAPOLATION_CAP:.0f}× the largest rung run ({sym}={sci(cap)}): "
+                 "not extrapolated")
         return Verdict("SHRINKING", f"SHRINKING: {where}; {slope}; {back}", numbers)
     harmful = " (harmful at every scale)" if sign < 0 else ""
     return Verdict("HOLDS", f"HOLDS{harmful}: Δ steady or growing, {slope}; {back}", numbers)

@@ -18,7 +18,7 @@ from autoloop.core.layout import Layout
 from autoloop.review.plot import PlotUnavailable
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import LedgerRecord
-from autoloop.verification.ladder_plan import LadderSummary, load_plan, summarize
+from autoloop.verification.ladder_plan import LadderSummary, RungResult, load_plan, summarize
 
 
 def _md(text: str) -> str:
@@ -42,6 +42,9 @@ def section(s: LadderSummary, picture: str | None, note: str | None = None) -> l
         held = " (held out)" if r.rung.held_out else ""
         out.append(f"| {r.rung.index + 1}{held} | {_md(r.rung.label())} | {r.rung.budget:g} s | {r.params:.3g} | "
                    f"{r.compute:.3g}{'' if s.measured else ' (nominal)'} | {delta} | {opt} |")
+    if s.axis == "params":
+        out += ["", "The compute did not grow along the rungs (the budget fixed, the device's throughput falling "
+                "as the model grows): Δ is fitted against the parameters N."]
     out += ["", f"**{_md(s.verdict.line)}**", ""]
     if picture:
         out += [f"![ladder]({picture})", ""]
@@ -88,15 +91,19 @@ def write_png(s: LadderSummary, path: Path) -> None:
 
 def _deltas(ax: Any, s: LadderSummary) -> None:
     rows = [r for r in s.rungs if r.delta.mean is not None]
+
+    def place(r: RungResult) -> float:   # on the fit's axis (ladder_plan.summarize)
+        return r.compute if s.axis == "compute" else r.params
+
     for r in rows:
         err = 2 * (r.delta.se or 0.0)
         face = "white" if r.rung.held_out else "#2c5aa0"
-        ax.errorbar([r.compute], [r.delta.mean], yerr=[err], fmt="o", color="#2c5aa0",
+        ax.errorbar([place(r)], [r.delta.mean], yerr=[err], fmt="o", color="#2c5aa0",
                     markerfacecolor=face, capsize=4)
     fit = [r for r in rows if not r.rung.held_out and r.delta.se is not None]
     if len(fit) >= 2:
-        xs = [math.log10(r.compute) for r in fit]
-        top = max(math.log10(r.compute) for r in rows)
+        xs = [math.log10(place(r)) for r in fit]
+        top = max(math.log10(place(r)) for r in rows)
         grid = [min(xs) + (top - min(xs)) * i / 10 for i in range(11)]
         lines = [fit_line(xs, [r.delta.mean or 0.0 for r in fit], [r.delta.se or 0.0 for r in fit], g) for g in grid]
         cs = [10 ** g for g in grid]
@@ -105,7 +112,8 @@ def _deltas(ax: Any, s: LadderSummary) -> None:
                         color="#d95f02", alpha=0.2, label="80 % interval")
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel("compute 6·N·D" + ("" if s.measured else " (nominal)"))
+    ax.set_xlabel(("compute 6·N·D" + ("" if s.measured else " (nominal)")) if s.axis == "compute" else
+                  "parameters N (the compute did not grow along the rungs)")
     ax.set_ylabel("Δ (± 2 SE); hollow: held out")
     ax.legend(loc="best")
 

@@ -30,6 +30,7 @@ from autoloop.core.ladder_fit import (
     RungDelta,
     RungOptimum,
     Verdict,
+    along_compute,
     delta_verdict,
     retune_verdict,
     rung_deltas,
@@ -147,10 +148,17 @@ class LadderSummary:
     verdict: Verdict
     left: int
     crashed: int
+    axis: str = "compute"                    # the fit's x: "compute", or "params" where compute does not grow
 
 
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
+
+
+def _params(m: dict[str, float]) -> float | None:
+    """N: the matmul weights train.py reports (matmul_params_M), else all its parameters."""
+    n = m.get("matmul_params_M") or m.get("num_params_M")
+    return n * 1e6 if n else None
 
 
 def _tokens(m: dict[str, float]) -> float | None:
@@ -176,26 +184,28 @@ def summarize(plan: LadderPlan, records: list[LedgerRecord]) -> LadderSummary:
             crashed += 1
             continue
         runs[side.rung].setdefault(side.label(), {})[int(info.get("repeat", -1))] = rec.metric
-        n, d = rec.metrics.get("num_params_M"), _tokens(rec.metrics)
+        n, d = _params(rec.metrics), _tokens(rec.metrics)
         if n and d:
-            sizes[side.rung][0].append(n * 1e6)
-            sizes[side.rung][1].append(6 * n * 1e6 * d)
+            sizes[side.rung][0].append(n)
+            sizes[side.rung][1].append(6 * n * d)
     measured = all(sizes[r.index][1] for r in plan.rungs)
-    xs, params = [], []
+    computes, params = [], []
     for r in plan.rungs:
-        c = _mean(sizes[r.index][1]) if measured else (r.compute_est or 4.0 ** r.index)
-        xs.append(math.log10(c or 1.0))
+        computes.append((_mean(sizes[r.index][1]) if measured else r.compute_est) or 4.0 ** r.index)
         params.append(_mean(sizes[r.index][0]) or r.params_est or 2.0 ** r.index)
+    # The nominal compute grows by the plan's construction; a measured one may not (ladder_fit).
+    axis = "compute" if not measured or along_compute(computes) else "params"
+    xs = [math.log10(v) for v in (computes if axis == "compute" else params)]
     change_side = "×1" if plan.retune else "change"
     pairs = [[(runs[r.index]["parent"][k], runs[r.index][change_side][k])
               for k in sorted(set(runs[r.index].get("parent", {})) & set(runs[r.index].get(change_side, {})))]
              for r in plan.rungs]
     deltas = rung_deltas(xs, pairs, plan.direction)
     optima = [_optimum(plan, runs[r.index], math.log10(p)) for r, p in zip(plan.rungs, params, strict=True)]
-    results = [RungResult(r, 10 ** x, p, d, runs[r.index], o)
-               for r, x, p, d, o in zip(plan.rungs, xs, params, deltas, optima, strict=True)]
+    results = [RungResult(r, c, p, d, runs[r.index], o)
+               for r, c, p, d, o in zip(plan.rungs, computes, params, deltas, optima, strict=True)]
     left = len(pending(plan, records))
-    return LadderSummary(plan, results, measured, _verdict(plan, results, left), left, crashed)
+    return LadderSummary(plan, results, measured, _verdict(plan, results, left, axis), left, crashed, axis)
 
 
 def _optimum(plan: LadderPlan, runs: dict[str, dict[int, float]], log_params: float) -> RungOptimum | None:
@@ -207,7 +217,7 @@ def _optimum(plan: LadderPlan, runs: dict[str, dict[int, float]], log_params: fl
     return rung_optimum(log_params, by_mult, plan.direction)
 
 
-def _verdict(plan: LadderPlan, results: list[RungResult], left: int) -> Verdict:
+def _verdict(plan: LadderPlan, results: list[RungResult], left: int, axis: str) -> Verdict:
     if left:
         return Verdict("INCOMPLETE", f"INCOMPLETE: {left} run(s) not done yet: autoloop ladder --resume runs them")
     fit, held = [r for r in results if not r.rung.held_out], next(r for r in results if r.rung.held_out)
@@ -217,7 +227,7 @@ def _verdict(plan: LadderPlan, results: list[RungResult], left: int) -> Verdict:
             return Verdict("INCOMPLETE", "INCOMPLETE: too few sweeps gave a metric to fit the optimum")
         target = math.log10(plan.target_params or held.params)
         return retune_verdict(plan.retune, optima, held.optimum, target)
-    return delta_verdict([r.delta for r in fit], held.delta)
+    return delta_verdict([r.delta for r in fit], held.delta, axis)
 
 
 # ------------------------------------------------------------------------------ what is shown
@@ -250,6 +260,11 @@ def summary_lines(s: LadderSummary) -> list[str]:
              f"({'lower' if p.direction == 'min' else 'higher'} is better); compute C = 6·N·D "
              f"{'from the runs' if s.measured else 'nominal (the runs print no num_params_M and total_tokens_M)'}"]
     lines += ["  " + rung_line(r, s.measured) for r in s.rungs]
+    if s.axis == "params":
+        lines.append(f"compute does not grow along the rungs (C {sci(min(r.compute for r in s.rungs))} to "
+                     f"{sci(max(r.compute for r in s.rungs))}: {budget_text(p)}, the device's throughput falls as "
+                     "the model grows): Δ is fitted against log N, the parameters; --budget-mode scaled grows "
+                     "the tokens with them")
     if s.crashed:
         lines.append(f"crashed runs (left out of the pairs): {s.crashed}")
     lines.append(s.verdict.line)
@@ -270,7 +285,7 @@ def summary_json(s: LadderSummary) -> str:
     return json.dumps({"schema": LADDER_SCHEMA, "version": LADDER_VERSION, "change": p.change,
                        "description": p.description, "commit": p.child, "parent": p.parent,
                        "direction": p.direction, "seeds": p.seeds, "budget": budget_text(p),
-                       "compute_measured": s.measured, "retune": p.retune, "rungs": rungs,
+                       "compute_measured": s.measured, "axis": s.axis, "retune": p.retune, "rungs": rungs,
                        "verdict": {"name": s.verdict.name, "line": s.verdict.line, "numbers": s.verdict.numbers},
                        "left": s.left, "crashed": s.crashed}, indent=1)
 
