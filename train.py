@@ -547,7 +547,9 @@ def fail(message):
 
 
 def main():
-    t_start = time.time()
+    # The monotonic clock for every duration: a wall clock stepped mid-run (NTP, a person) would
+    # stretch or cut the budget by the step.
+    t_start = time.perf_counter()
     torch.manual_seed(SEED)   # the same on every rank: all ranks start from the same weights
     device = pick_device()
     init_ranks(device)
@@ -580,9 +582,9 @@ def main():
     warmup_steps = 10 if cfg["compile"] else 1
 
     training_time, warmup_time, step, tokens, timed_tokens, smooth_loss = 0.0, 0.0, 0, 0, 0, None
-    first_loss, last_log = None, time.time()
+    first_loss, last_log = None, time.perf_counter()
     while (step < MAX_STEPS) if MAX_STEPS else (training_time < BUDGET_S):
-        t0 = time.time()
+        t0 = time.perf_counter()
         progress = step / MAX_STEPS if MAX_STEPS else training_time / BUDGET_S if BUDGET_S > 0 else 1.0
         lrm = set_schedules(optimizers, progress)
         x, y = next(batches)
@@ -597,7 +599,7 @@ def main():
         model.zero_grad(set_to_none=True)
 
         loss_value = loss.item()  # also synchronises the device, so dt is real
-        dt = time.time() - t0
+        dt = time.perf_counter() - t0
         # The first steps pay for compilation and warm-up; they do not count against the budget.
         if step >= warmup_steps:
             training_time += dt
@@ -613,8 +615,8 @@ def main():
         step += 1
         tokens += x.numel()   # the global batch: all ranks together
         smooth_loss = loss_value if smooth_loss is None else 0.9 * smooth_loss + 0.1 * loss_value
-        if time.time() - last_log >= LOG_EVERY_S:
-            last_log = time.time()
+        if time.perf_counter() - last_log >= LOG_EVERY_S:
+            last_log = time.perf_counter()
             log(f"step {step:05d} ({100 * min(progress, 1):.1f}%) | loss: {smooth_loss:.4f} | "
                 f"lrm: {lrm:.2f} | dt: {dt * 1000:.0f}ms | "
                 f"tok/sec: {x.numel() / max(dt, 1e-9):,.0f} | remaining: {max(0, BUDGET_S - training_time):.0f}s")
@@ -635,7 +637,7 @@ def main():
     print("---")
     print(f"val_bpb:          {val_bpb:.6f}")
     print(f"training_seconds: {training_time:.1f}")
-    print(f"total_seconds:    {time.time() - t_start:.1f}")
+    print(f"total_seconds:    {time.perf_counter() - t_start:.1f}")
     print(f"peak_vram_mb:     {peak_memory_mb(device):.1f}")
     print(f"mfu_percent:      {f'{mfu:.2f}' if mfu is not None else 'unknown peak'}")
     # Three decimals, not autoresearch's one: a CPU's models have under a million matmul weights

@@ -25,7 +25,7 @@ print(f"val_bpb: {A + B:.6f}")
 '''
 
 # Fields that measure time (or depend on when the run happened): not part of what the engine decides.
-TIMING = {"started_at", "ended_at", "wall_seconds", "training_seconds", "total_seconds", "memory_gb"}
+TIMING = {"started_at", "ended_at", "elapsed_s", "wall_seconds", "training_seconds", "total_seconds", "memory_gb"}
 
 
 def queue(repo: Path) -> None:

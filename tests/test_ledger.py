@@ -299,3 +299,16 @@ def test_append_accepts_a_dict_and_rejects_bad_records(tmp_path):
     with pytest.raises(ValidationError):
         ledger.append({"trial": 1})
     assert len(ledger.records()) == 1
+
+
+def test_durations_read_the_monotonic_seconds_not_the_stepped_stamps():
+    """A wall clock stepped forward 3 h mid-attempt puts ended_at - started_at hours off; the
+    attempt's elapsed_s (monotonic) is what the next attempt's estimate, against --hours, reads."""
+    stepped = [rec(trial=t, started_at=1000.0 * t, ended_at=1000.0 * t + 10800 + 5.0, elapsed_s=5.0,
+                   wall_seconds=4.0) for t in range(1, 4)]
+    assert queries.typical_attempt_seconds(stepped, 330.0) == 5.0
+    assert [queries.attempt_seconds(r) for r in stepped] == [5.0] * 3
+    # Written before the field (or cut off by a kill): the stamps' span, never below the run's own seconds.
+    old = [rec(trial=1, started_at=2000.0, ended_at=2010.0), rec(trial=2, started_at=3000.0, ended_at=2000.0)]
+    assert [queries.attempt_seconds(r) for r in old] == [320.0, 320.0]
+    assert queries.typical_attempt_seconds([rec(trial=1, wall_seconds=0.0, started_at=5.0, ended_at=1.0)], 9.0) == 0.0

@@ -133,7 +133,7 @@ class AttemptRunner:
         before = self.check_inputs(plan)
         if before.unrestorable:
             raise NightError(before.message)
-        started = time.time()
+        started, started_mono = time.time(), time.monotonic()
         cand = plan.candidate
         state.enter("committing", trial=plan.trial, attempt=plan.attempt, kind=plan.kind, description=cand.description,
                     proposer=cand.proposer, best=cand.base, best_metric=cand.base_metric,
@@ -150,6 +150,9 @@ class AttemptRunner:
         with self.night.arbiter.lock:
             after = self.check_inputs(plan)   # restored before the record is appended
             draft = self._draft(plan, commit, outcome, verdict, started, diff_lines, before)
+            # Its duration on the monotonic clock: started_at/ended_at are the wall clock, which
+            # NTP or a person can step by hours mid-attempt (benchmarks/chaos.py's clock_jump).
+            draft["elapsed_s"] = time.monotonic() - started_mono
             self._note_git_changes(draft, before, after)
             decision, merged = self.night.arbiter.decide(self._facts(plan, commit, outcome, verdict, after), ws)
             record = self.night.arbiter.record(draft, decision, self.slot.worker)

@@ -104,7 +104,7 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
         status = "interrupted"
     else:
         status = "crash"
-    seconds = sum(max(0.0, r.ended_at - r.started_at) for r in records)
+    seconds = sum(queries.attempt_seconds(r) for r in records)
     chosen = first.extra.get("portfolio")
     if isinstance(chosen, dict) and isinstance(chosen.get("propose_s"), (int, float)):
         seconds += chosen["propose_s"]

@@ -401,7 +401,7 @@ def time_split(records: list[LedgerRecord], evals: dict[tuple[int, int], float])
         training += train
         evaluation += ev
         trial_other += wall - train - ev
-        harness += max(0.0, (r.ended_at - r.started_at) - wall)
+        harness += max(0.0, queries.attempt_seconds(r) - wall)
         if prev_end is not None:
             gap = max(0.0, r.started_at - prev_end)
             between += gap
@@ -637,7 +637,8 @@ TIME_ROWS = (
      "trial process wall time (`wall_seconds`) minus the two rows above: interpreter start-up, imports, data "
      "loading, compilation and warm-up steps, and all of a crashed trial's time"),
     ("harness within attempts", "harness",
-     "attempt time (`started_at` to `ended_at`) minus the trial process: commit, git, judging, ledger"),
+     "attempt time (`elapsed_s`, else `started_at` to `ended_at`) minus the trial process: commit, git, judging, "
+     "ledger"),
     ("proposer and between attempts", "between",
      "gaps from one record's `ended_at` to the next one's `started_at`: the proposer (agent, mutator, queue), "
      "the scope check, and any time no loop was running"),

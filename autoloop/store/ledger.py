@@ -111,6 +111,9 @@ class LedgerRecord(BaseModel):
     kind: AttemptKind = "candidate"
     started_at: float
     ended_at: float
+    # The attempt's seconds on the monotonic clock (None: written before it, or an attempt a
+    # kill cut off); durations read it, never ended_at - started_at (queries.attempt_seconds).
+    elapsed_s: float | None = None
     proposer: str
     parent: str | None = None          # the best commit the candidate was built on
     commit: str | None = None          # the candidate commit (None when nothing was committed)

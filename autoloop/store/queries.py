@@ -180,9 +180,18 @@ def night_budget(records: list[LedgerRecord]) -> float | None:
     return None
 
 
+def attempt_seconds(r: LedgerRecord) -> float:
+    """How long an attempt took: its monotonic seconds, else (a ledger from before them, an
+    interrupted attempt) the span of its wall-clock stamps, never below zero. A stamp of a
+    stepped clock can put that span hours off; the run's own wall_seconds bound it from below."""
+    if r.elapsed_s is not None:
+        return r.elapsed_s
+    return max(0.0, r.ended_at - r.started_at, r.wall_seconds or 0.0)
+
+
 def typical_attempt_seconds(records: list[LedgerRecord], default: float) -> float:
     """What the next attempt will likely take: the median of the last ten that ran."""
-    walls = [r.ended_at - r.started_at for r in records[-10:] if r.status != "skip"]
+    walls = [attempt_seconds(r) for r in records[-10:] if r.status != "skip"]
     return statistics.median(walls) if walls else default
 
 
