@@ -235,8 +235,14 @@ except ImportError:   # run as a script without pytest
     pass
 
 if __name__ == "__main__":
+    # SIGTERM too, and SIGINT set explicitly: a shell's background job starts with SIGINT ignored.
+    def _end(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _end)
+    signal.signal(signal.SIGINT, _end)
     cluster = SlurmCluster().start()
-    print(f"export SLURM_CONF={cluster.conf}   # Ctrl-C ends the cluster", flush=True)
+    print(f"export SLURM_CONF={cluster.conf}   # Ctrl-C (or SIGTERM) ends the cluster", flush=True)
     try:
         signal.pause()
     except KeyboardInterrupt:
