@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -136,10 +137,12 @@ def test_gpus_per_trial_flag_and_a_bad_value(tmp_path):
 # Logs as torch 2.13's launcher ends them (the signal case captured on this machine; the others
 # in its format): a rank killed by a signal, out of memory on one rank (its traceback in the
 # error file record() wrote), a NameError without record() (the rank's stderr lines only), and
-# NCCL's watchdog aborting a rank that waited out a collective.
+# NCCL's watchdog aborting a rank that waited out a collective; and rank 1 killed while rank 0's
+# gloo collective raised "Connection reset by peer" before the launcher's next poll, so that the
+# launcher named rank 0 the root cause (captured on this machine with --monitor-interval 3).
 LOGS = Path(__file__).parent / "rank_logs"
-KILLED, OOM, NO_RECORD, NCCL_TIMEOUT = ((LOGS / f"{name}.log").read_text()
-                                       for name in ("killed", "oom", "no_record", "nccl_timeout"))
+KILLED, OOM, NO_RECORD, NCCL_TIMEOUT, PEER_LOST = (
+    (LOGS / f"{name}.log").read_text() for name in ("killed", "oom", "no_record", "nccl_timeout", "peer_lost"))
 
 
 def outcome(log: str) -> TrialOutcome:
@@ -151,7 +154,8 @@ def outcome(log: str) -> TrialOutcome:
     (OOM, "fundamental", "rank 1: CUDA out of memory (tried to allocate 2.00 GiB) (train.py:640)"),
     (NO_RECORD, "trivial", "rank 0: NameError: name 'y' is not defined (train.py:12)"),
     (NCCL_TIMEOUT, "fundamental", "rank 1: collective ALLREDUCE timed out (NCCL watchdog): a rank stopped taking part"),
-], ids=["signal", "oom-on-one-rank", "no-error-file", "nccl-watchdog"])
+    (PEER_LOST, "fundamental", "rank 1: killed by SIGKILL (likely the host out-of-memory killer)"),
+], ids=["signal", "oom-on-one-rank", "no-error-file", "nccl-watchdog", "peer-lost-named-first"])
 def test_a_failed_rank_is_judged_on_its_own_evidence(log, kind, reason):
     verdict = classify(outcome(log))
     assert (verdict.kind, verdict.reason) == (kind, reason)
@@ -162,6 +166,21 @@ def test_rank_failure_reads_the_root_cause_not_the_other_failures():
     failure = rank_failure(KILLED)
     assert (failure.rank, failure.exit_code, failure.signal, failure.lines) == (1, -9, "SIGKILL", [])
     assert rank_failure("Traceback (most recent call last):\nValueError: x\n") is None
+
+
+def test_a_root_cause_that_only_lost_its_peer_gives_way_to_the_rank_that_failed():
+    assert PEER_LOST.index("Failures:") < PEER_LOST.index("Root Cause") and "rank      : 0" in PEER_LOST
+    failure = rank_failure(PEER_LOST)
+    assert (failure.rank, failure.exit_code, failure.signal) == (1, -9, "SIGKILL")
+    # With no other failure listed, the lost peer is all there is: the root cause stands.
+    alone = re.sub(r"Failures:\n\[1\]:\n(?:  .*\n)+", "Failures:\n  <NO_OTHER_FAILURES>\n", PEER_LOST)
+    assert "SIGKILL" not in alone
+    failure = rank_failure(alone)
+    assert failure.rank == 0 and any("Connection reset by peer" in line for line in failure.lines)
+    # Ranks the launcher itself ended (SIGTERM) are consequences too, never the cause.
+    terminated = PEER_LOST.replace("exitcode  : -9", "exitcode  : -15").replace(
+        "Signal 9 (SIGKILL)", "Signal 15 (SIGTERM)")
+    assert rank_failure(terminated).rank == 0
     # A single-process trial keeps its old classification.
     assert classify(outcome("Traceback (most recent call last):\nNameError: name 'q' is not defined\n")).reason \
         == "NameError: name 'q' is not defined"
