@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -112,9 +113,18 @@ def summarize(rows: list[dict]) -> list[str]:
         loo_sd = statistics.stdev(loo) if len(loo) > 1 else float("nan")
         lines.append(f"  against ln({label}):")
         lines.append(f"    {f.note}")
-        lines.append(f"    A: stdev raw {raw_sd:.4f}, adjusted {adj_sd:.4f} (ratio {adj_sd / raw_sd:.2f}); each run "
-                     f"adjusted by the fit of the others {loo_sd:.4f} (ratio {loo_sd / raw_sd:.2f})"
-                     + (f": target <= 0.5 {'met' if loo_sd <= raw_sd / 2 else 'NOT met'}" if "used" in label else ""))
+        used_here = "used" in label
+        if math.isnan(loo_sd):
+            # The speed did not vary (an idle or dedicated machine): there is no fit to leave a run
+            # out of, and nothing for the adjustment to remove, so the target does not apply.
+            target = ": nothing to adjust on this machine; the target applies where its speed varies"
+            lines.append(f"    A: stdev raw {raw_sd:.4f}, adjusted {adj_sd:.4f}; no leave-one-out fit "
+                         f"(the speed did not vary){target if used_here else ''}")
+        else:
+            target = f": target <= 0.5 {'met' if loo_sd <= raw_sd / 2 else 'NOT met'}"
+            lines.append(f"    A: stdev raw {raw_sd:.4f}, adjusted {adj_sd:.4f} (ratio {adj_sd / raw_sd:.2f}); "
+                         f"each run adjusted by the fit of the others {loo_sd:.4f} (ratio {loo_sd / raw_sd:.2f})"
+                         f"{target if used_here else ''}")
         del adj
     used = fit([Run(r["side"], r["val_bpb"], USED(r)) for r in ok])
     forced = _forced(used, [])
