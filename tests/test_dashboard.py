@@ -228,6 +228,12 @@ class Namespace:
         self.holder.wait()
 
 
+# Every namespace uses the same /30, so two at once collide and the second test skips ("in use
+# on this machine": seen in one CI run, its two tests on the two xdist workers at once). The tests
+# that take one share an xdist group, which loadgroup runs on one worker, one after another.
+ONE_NAMESPACE_AT_A_TIME = pytest.mark.xdist_group("network_namespace")
+
+
 @pytest.fixture
 def namespace():
     if sys.platform != "linux" or os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("unshare")
@@ -241,6 +247,7 @@ def namespace():
     ns.close()
 
 
+@ONE_NAMESPACE_AT_A_TIME
 def test_remote_clients_need_the_token_and_loopback_is_not_reachable(night, namespace):
     with DashboardProcess(night.repo, "--host", "0.0.0.0") as dash:
         token = dash.url.split("token=", 1)[1]
@@ -253,6 +260,7 @@ def test_remote_clients_need_the_token_and_loopback_is_not_reachable(night, name
         assert namespace.get(f"http://{namespace.HOST}:{dash.port}/api/summary") == -1
 
 
+@ONE_NAMESPACE_AT_A_TIME
 def test_without_a_token_only_loopback_clients_are_served(night, namespace):
     """The rule behind the default, on a server listening everywhere with no token (the CLI
     never starts one like that): a real request from a non-loopback address is refused."""
