@@ -347,7 +347,10 @@ def main() -> int:
         return chaos.run()
     finally:
         chaos.teardown()
-        shutil.rmtree(work, ignore_errors=True) if not os.environ.get("CHAOS_KEEP") else print(f"kept {work}")
+        if os.environ.get("CHAOS_KEEP"):
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

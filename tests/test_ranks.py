@@ -166,6 +166,9 @@ def test_rank_failure_reads_the_root_cause_not_the_other_failures():
     failure = rank_failure(KILLED)
     assert (failure.rank, failure.exit_code, failure.signal, failure.lines) == (1, -9, "SIGKILL", [])
     assert rank_failure("Traceback (most recent call last):\nValueError: x\n") is None
+    # A single-process trial keeps its old classification.
+    assert classify(outcome("Traceback (most recent call last):\nNameError: name 'q' is not defined\n")).reason \
+        == "NameError: name 'q' is not defined"
 
 
 def test_a_root_cause_that_only_lost_its_peer_gives_way_to_the_rank_that_failed():
@@ -181,9 +184,6 @@ def test_a_root_cause_that_only_lost_its_peer_gives_way_to_the_rank_that_failed(
     terminated = PEER_LOST.replace("exitcode  : -9", "exitcode  : -15").replace(
         "Signal 9 (SIGKILL)", "Signal 15 (SIGTERM)")
     assert rank_failure(terminated).rank == 0
-    # A single-process trial keeps its old classification.
-    assert classify(outcome("Traceback (most recent call last):\nNameError: name 'q' is not defined\n")).reason \
-        == "NameError: name 'q' is not defined"
 
 
 # ------------------------------------------------------------------------------ for real, on the CPU
