@@ -261,6 +261,57 @@ def test_sigint_stops_both_workers_cleanly(repo, tiny_data_dir):
     assert "stopped: stopped by SIGINT" in status
 
 
+HELD = """\
+import os, pathlib, time
+# Held while the test's hold file exists, for the run of seed HOLD_SEED alone: the baseline
+# (seed 42) or its first noise run (43). No timing: the test ends the hold itself.
+HOLD_FILE, HOLD_SEED = {hold!r}, {seed!r}
+if os.environ["AUTOLOOP_SEED"] == HOLD_SEED:
+    give_up = time.time() + 60
+    while pathlib.Path(HOLD_FILE).exists() and time.time() < give_up:
+        time.sleep(0.05)
+print("val_bpb: 1.000000")
+"""
+
+
+@pytest.mark.parametrize("held, phase", [("42", "baseline"), ("43", "confirm")])
+def test_sigint_before_the_workers_start_ends_the_night_and_resume_goes_on(tmp_path, tiny_data_dir, held, phase):
+    """Ctrl-C while the baseline or a noise run trains, before the workers' worktrees exist:
+    exit 130, the run recorded as interrupted, and --resume goes on from there (it was an
+    internal error: 'workers start after the baseline', exit 70)."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    repo = init_repo(tmp_path / "repo", {"train.py": HELD.format(hold=str(hold), seed=held)})
+    queue(repo, "01_lower_a.py", fake(A=0.5))
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(tiny_data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    night = args("--noise-runs", "1", "--sanity-bound", "0", "--no-machine-probe")
+    proc = subprocess.Popen([sys.executable, "-m", "autoloop.cli", *night], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:   # the held run is training: the run says so itself
+        seen.append(line)
+        if "training" in line and ("#0 baseline:" if phase == "baseline" else "#0.2 confirm:") in line:
+            break
+    else:
+        pytest.fail("".join(seen))
+    os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: the whole foreground group
+    out = "".join(seen) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out
+    assert "internal error" not in out and "stopped: stopped by SIGINT" in out, out
+    [interrupted] = [r for r in read_ledger(repo) if r["status"] == "crash"]
+    assert interrupted["kind"] == phase and "SIGINT" in interrupted["reason"], interrupted
+    assert not list((repo / "worktrees").glob("w*"))
+    hold.unlink()
+    resumed = autoloop_in_process(repo, *night, "--resume", data_dir=tiny_data_dir)
+    assert resumed.returncode == 0 and "no more ideas" in resumed.stdout, resumed.stdout + resumed.stderr
+    ledger = assert_invariants(repo)   # HEAD at the best, a clean tree, the refs, ledger = TSV
+    [candidate] = [r for r in ledger if r["kind"] == "candidate"]
+    assert candidate["extra"]["source"] == "01_lower_a.py" and candidate["worker"] in (0, 1), candidate
+    assert not list((repo / "worktrees").glob("w*"))
+    assert ledger[0] == interrupted if phase == "baseline" else ledger[1] == interrupted
+
+
 def test_mutate_with_two_workers_never_tries_one_move_twice_on_one_best(repo, tiny_data_dir):
     proc = autoloop_in_process(repo, *[a if a != "queue" else "mutate" for a in args("--max-trials", "6")],
                                data_dir=tiny_data_dir)

@@ -108,7 +108,9 @@ class Scheduler:
                            + (f"{self.n} workers, " if self.n > 1 else "")
                            + f"proposer {self.proposer.name}, budget {format_duration(s.budget)}, timeout "
                            f"{format_duration(s.timeout_s)}{until}" + (f"; {devices}" if devices else ""))
-        reason = self._baseline() or self._trials(envs)
+        # A signal during the baseline or its noise runs ends the night there: with workers there
+        # is no best to make their worktrees at (a Ctrl-C 3 s into the baseline was an internal error).
+        reason = self._baseline() or self._signalled() or self._trials(envs)
         if not self.main.state.in_flight:   # an error mid-attempt leaves it for --resume to recover
             self.main.enter("stopped", stop_reason=reason, stopped_at=time.time())
         best, metric = night.arbiter.best()
@@ -190,10 +192,13 @@ class Scheduler:
             for slot in slots:
                 slot.ws.close()
             self._remove_worktrees()
-        if self.error is None and night.stop.is_set():
-            # A signal ends the run even when a slot had found another reason first.
-            return f"stopped by {night.stop.signal or 'request'}"
-        return self.reason or "stopped"
+        # A signal ends the run even when a slot had found another reason first.
+        return (self._signalled() if self.error is None else None) or self.reason or "stopped"
+
+    def _signalled(self) -> str | None:
+        """The stop reason of a signal (or a stop request) taken so far; None if none was."""
+        stop = self.night.stop
+        return f"stopped by {stop.signal or 'request'}" if stop.is_set() else None
 
     def _slots(self, envs: list[dict[str, str]]) -> list[Slot]:
         """One slot on the main checkout, or one per worker on its own worktree at the best."""

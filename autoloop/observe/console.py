@@ -87,7 +87,10 @@ class Console:
             except (AttributeError, ValueError):   # a closed or file-like stream without isatty
                 live = False
         self.live = live
-        self._lock = threading.Lock()
+        # Re-entrant: the SIGINT/SIGTERM handler prints a line, and Python runs it in the main
+        # thread between two bytecodes, also inside line() itself; a plain Lock deadlocked
+        # there (a Ctrl-C landing as the baseline's 'training' line was written hung the night).
+        self._lock = threading.RLock()
         self._live_shown = False
 
     def _text(self, text: str) -> str:
