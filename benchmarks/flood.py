@@ -4,13 +4,13 @@
 
 For a child writing MB of 1 KiB lines as fast as it can, then exiting:
 
-drained           MB/s from run_trial() called to returned (the child's own writing speed
+drained           MB/s from run_process() called to returned (the child's own writing speed
                   bounds it: compare with the bare pipe read into /dev/null)
 orchestrator CPU  CPU seconds of this process (the reader thread, sampling, the log) per
                   wall second and per GB drained
 log               the size of the log file afterwards, uncapped and capped
 timeout lag       a child flooding forever under a 2 s hard timeout: how long after the
-                  deadline run_trial returned (the flood must not stall the supervision)
+                  deadline run_process returned (the flood must not stall the supervision)
 
 Prints figures only; nothing is asserted (the numbers depend on the machine and its load).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from autoloop.execution.runner import READ_CHUNK, TrialSpec, run_trial
+from autoloop.execution.runner import READ_CHUNK, RunSpec, run_process
 
 FLOOD = ("import sys\nblock = (b'x' * 1023 + b'\\n') * 1024\nfor _ in range({mb}):\n"
          "    sys.stdout.buffer.write(block)\nsys.stdout.buffer.flush()\nprint('val_bpb: 1.0')\n")
@@ -43,10 +43,10 @@ def bare(mb: int) -> tuple[float, float]:
 
 
 def ours(workdir: Path, mb: int, cap_bytes: int | None) -> tuple[float, float, int, int]:
-    """(wall s, CPU s, log bytes, bytes cut) for run_trial on the same child."""
+    """(wall s, CPU s, log bytes, bytes cut) for run_process on the same child."""
     log = workdir / f"flood-{cap_bytes}.log"
     cpu, wall = time.process_time(), time.monotonic()
-    outcome = run_trial(TrialSpec(command=[sys.executable, "-c", FLOOD.format(mb=mb)], cwd=workdir,
+    outcome = run_process(RunSpec(command=[sys.executable, "-c", FLOOD.format(mb=mb)], cwd=workdir,
                                   log_path=log, log_cap_bytes=cap_bytes))
     elapsed, used = time.monotonic() - wall, time.process_time() - cpu
     assert outcome.metric == 1.0, outcome.log_tail
@@ -57,7 +57,7 @@ def timeout_lag(workdir: Path, cap_bytes: int) -> tuple[float, int]:
     """(seconds past the 2 s deadline, bytes drained) for a child that floods until killed."""
     forever = "import sys\nblock = (b'x' * 1023 + b'\\n') * 1024\nwhile True:\n    sys.stdout.buffer.write(block)\n"
     started = time.monotonic()
-    outcome = run_trial(TrialSpec(command=[sys.executable, "-c", forever], cwd=workdir,
+    outcome = run_process(RunSpec(command=[sys.executable, "-c", forever], cwd=workdir,
                                   log_path=workdir / "forever.log", budget_s=1, timeout_s=2, grace_s=1,
                                   log_cap_bytes=cap_bytes))
     assert outcome.killed_reason == "timeout", outcome
@@ -74,7 +74,7 @@ def main() -> None:
     print(f"{'bare pipe read, discarded'.ljust(25)}: {args.mb / wall:7.0f} MiB/s   CPU {cpu / wall:.2f} s/s, "
           f"{cpu / args.mb * 1024:.2f} s per GiB")
     with tempfile.TemporaryDirectory() as tmp:
-        caps = (("run_trial, no cap", None), (f"run_trial, cap {args.cap_mb:g} MiB", int(args.cap_mb * 2**20)))
+        caps = (("run_process, no cap", None), (f"run_process, cap {args.cap_mb:g} MiB", int(args.cap_mb * 2**20)))
         for label, cap in caps:
             wall, cpu, size, cut = ours(Path(tmp), args.mb, cap)
             print(f"{label.ljust(25)}: {args.mb / wall:7.0f} MiB/s   CPU {cpu / wall:.2f} s/s, "

@@ -3,7 +3,7 @@
 Runs the default train.py (side A) ``--runs`` times with one seed and budget, and a truly
 faster change (side B: ``--fast`` replaces constants, by default a shallower model) a few
 times in between, each through the runner with the machine probe around it exactly as an
-attempt does (execution/machine_probe.py). Prints each run (val_bpb, steps, tokens/s, the
+attempt does (execution/machine_speed.py). Prints each run (val_bpb, steps, tokens/s, the
 probe's figures), then the pooled fit of val_bpb on ln(machine speed) over the repeats
 (core/machine_speed.py): the spread of A's runs raw and adjusted, and, for comparison, the
 same fit against ln(steps) (which would also remove a real speed-up, so it is no option)
@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO))
 
 from autoloop.core.machine_speed import Run, fit  # noqa: E402
 from autoloop.data import CorpusSpec, DataError, default_data_dir, load_data, prepare  # noqa: E402
-from autoloop.execution.machine_probe import Probe  # noqa: E402
-from autoloop.execution.runner import TrialSpec, build_env, run_trial  # noqa: E402
+from autoloop.execution.machine_speed import Probe  # noqa: E402
+from autoloop.execution.runner import RunSpec, build_env, run_process  # noqa: E402
 
 
 def _share(r: dict) -> float | None:
@@ -74,12 +74,12 @@ def variant(text: str, fast: str) -> str:
 def run_once(side: str, folder: Path, budget: float, seed: int, n: int, data_dir: Path) -> dict:
     result = folder / f"result-{n}.json"
     env = build_env(budget, seed, result, data_dir, "cpu", f"bench{n}") | {"PYTHONPATH": str(REPO)}
-    spec = TrialSpec(command=[sys.executable, "train.py"], cwd=folder, env=env, log_path=folder / f"{n}.log",
+    spec = RunSpec(command=[sys.executable, "train.py"], cwd=folder, env=env, log_path=folder / f"{n}.log",
                      result_path=result, budget_s=budget, require_result=True,
                      timeout_s=budget + 1200)   # evaluation on a loaded 2-core host takes minutes
     probe = Probe(device="cpu")
     probe.start()
-    out = run_trial(spec, on_progress=probe.mark, on_start=probe.watch)
+    out = run_process(spec, on_progress=probe.mark, on_start=probe.watch)
     machine = probe.finish() or {}
     s = out.summary
     row = {"side": side, "n": n, "val_bpb": out.metric, "steps": s.get("num_steps"),

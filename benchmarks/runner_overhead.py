@@ -2,10 +2,10 @@
 
     python benchmarks/runner_overhead.py [--repeat 20] [--sample-seconds 10]
 
-launch -> first byte   run_trial() called -> first output line seen by on_progress
+launch -> first byte   run_process() called -> first output line seen by on_progress
                        (bare: Popen() called -> first line read from the pipe)
 exit -> outcome        the child's last instruction (it prints CLOCK_MONOTONIC, then os._exit)
-                       -> run_trial() returned (bare: pipe drained and wait() returned)
+                       -> run_process() returned (bare: pipe drained and wait() returned)
 sampling CPU           CPU seconds this process spends per wall second while a child sleeps
                        (sampling, timeout checks, the reader thread)
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from autoloop.execution.runner import TrialSpec, run_trial
+from autoloop.execution.runner import RunSpec, run_process
 
 FIRST_BYTE = "import sys; sys.stdout.write('step 0\\n'); sys.stdout.flush()"
 EXIT_STAMP = "import os, time; print('exit', time.monotonic(), flush=True); os._exit(0)"
@@ -31,7 +31,7 @@ EXIT_STAMP = "import os, time; print('exit', time.monotonic(), flush=True); os._
 def runner_first_byte(workdir: Path) -> float:
     seen: list[float] = []
     started = time.monotonic()
-    run_trial(TrialSpec(command=[sys.executable, "-c", FIRST_BYTE], cwd=workdir, log_path=workdir / "fb.log"),
+    run_process(RunSpec(command=[sys.executable, "-c", FIRST_BYTE], cwd=workdir, log_path=workdir / "fb.log"),
               on_progress=lambda line: seen.append(time.monotonic()))
     return seen[0] - started
 
@@ -47,7 +47,7 @@ def bare_first_byte(workdir: Path) -> float:
 
 
 def runner_exit_to_outcome(workdir: Path) -> float:
-    outcome = run_trial(TrialSpec(command=[sys.executable, "-c", EXIT_STAMP], cwd=workdir,
+    outcome = run_process(RunSpec(command=[sys.executable, "-c", EXIT_STAMP], cwd=workdir,
                                   log_path=workdir / "exit.log"))
     returned = time.monotonic()
     return returned - float(outcome.log_tail.split()[1])
@@ -63,7 +63,7 @@ def bare_exit_to_outcome(workdir: Path) -> float:
 
 def sampling_cpu(workdir: Path, seconds: float, interval: float) -> float:
     cpu, wall = time.process_time(), time.monotonic()
-    run_trial(TrialSpec(command=[sys.executable, "-c", f"import time; time.sleep({seconds})"], cwd=workdir,
+    run_process(RunSpec(command=[sys.executable, "-c", f"import time; time.sleep({seconds})"], cwd=workdir,
                         log_path=workdir / "sleep.log", sample_interval_s=interval))
     return (time.process_time() - cpu) / (time.monotonic() - wall)
 
@@ -92,12 +92,12 @@ def main() -> None:
             bare_times = [bare(workdir) for _ in range(args.repeat)]
             our_times = [ours(workdir) for _ in range(args.repeat)]
             print(f"{name}  bare subprocess: {ms(bare_times)}")
-            print(f"{' ' * len(name)}  run_trial:       {ms(our_times)}")
+            print(f"{' ' * len(name)}  run_process:       {ms(our_times)}")
         print(f"sampling CPU, child sleeping {args.sample_seconds:g} s:")
         print(f"  bare subprocess.run:          {bare_wait_cpu(workdir, args.sample_seconds):.4f} CPU-s per wall-s")
         for interval in (0.25, 0.05):
             cpu = sampling_cpu(workdir, args.sample_seconds, interval)
-            print(f"  run_trial, sampling every {interval:g} s: {cpu:.4f} CPU-s per wall-s")
+            print(f"  run_process, sampling every {interval:g} s: {cpu:.4f} CPU-s per wall-s")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from autoloop.core.classify import RULES, classify
-from autoloop.execution.runner import TrialOutcome
+from autoloop.execution.runner import RunOutcome
 
 
-def failed(log_tail: str, exit_code: int | None = 1, signal: int | None = None, **fields) -> TrialOutcome:
-    return TrialOutcome(exit_code=exit_code, signal=signal, log_tail=log_tail, log_path=Path("x.log"), **fields)
+def failed(log_tail: str, exit_code: int | None = 1, signal: int | None = None, **fields) -> RunOutcome:
+    return RunOutcome(exit_code=exit_code, signal=signal, log_tail=log_tail, log_path=Path("x.log"), **fields)
 
 
 FRAMES = '''\
@@ -160,21 +160,21 @@ def test_unknown_failures_are_fundamental_and_unclassified(log_tail, reason):
 
 def test_the_harness_end_states():
     base = {"log_path": Path("x.log"), "log_tail": FRAMES + "NameError: name 'x' is not defined\n"}
-    assert classify(TrialOutcome(signal=15, timed_out=True, killed_reason="timeout", timeout_s=600, **base)) == (
+    assert classify(RunOutcome(signal=15, timed_out=True, killed_reason="timeout", timeout_s=600, **base)) == (
         "timeout", "hard timeout 600 s exceeded")
-    assert classify(TrialOutcome(signal=15, killed_reason="max_rss", max_rss_gb=4.0, peak_rss_mb=4200, **base)) == (
+    assert classify(RunOutcome(signal=15, killed_reason="max_rss", max_rss_gb=4.0, peak_rss_mb=4200, **base)) == (
         "fundamental", "host memory cap 4.0 GiB exceeded (peak 4.10 GiB)")
     # A stop request outranks a timeout that happened to expire while stopping.
-    assert classify(TrialOutcome(signal=15, timed_out=True, killed_reason="stopped", **base)) == (
+    assert classify(RunOutcome(signal=15, timed_out=True, killed_reason="stopped", **base)) == (
         "fundamental", "interrupted")
 
 
 def test_exit_zero_is_judged_by_the_metric():
     base = {"exit_code": 0, "log_path": Path("x.log"), "log_tail": "---\nval_bpb: 1.1\n"}
-    assert classify(TrialOutcome(metric=1.1, **base)) == ("ok", "val_bpb 1.100000")
-    assert classify(TrialOutcome(**base)) == ("trivial", "no val_bpb reported")
-    assert classify(TrialOutcome(metric_name="loss", **base)) == ("trivial", "no loss reported")
-    assert classify(TrialOutcome(metric_error="val_bpb is nan", **base)) == ("fundamental", "val_bpb is nan")
+    assert classify(RunOutcome(metric=1.1, **base)) == ("ok", "val_bpb 1.100000")
+    assert classify(RunOutcome(**base)) == ("trivial", "no val_bpb reported")
+    assert classify(RunOutcome(metric_name="loss", **base)) == ("trivial", "no loss reported")
+    assert classify(RunOutcome(metric_error="val_bpb is nan", **base)) == ("fundamental", "val_bpb is nan")
 
 
 def test_the_table_is_data():

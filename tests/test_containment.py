@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from autoloop.execution import procs
-from autoloop.execution.runner import TOKEN_VAR, TrialSpec, run_trial
+from autoloop.execution.runner import TOKEN_VAR, RunSpec, run_process
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 CONTAINMENT, SAYS = procs.containment()
@@ -47,11 +47,11 @@ def test_the_containment_in_force_is_named():
 @needs_cgroups
 def test_an_escaping_daemon_is_ended_with_its_run(tmp_path):
     pid_file = tmp_path / "daemon.pid"
-    spec = TrialSpec(command=[sys.executable, str(SCRIPTS / "escaping_daemon.py"), str(pid_file)], cwd=tmp_path,
+    spec = RunSpec(command=[sys.executable, str(SCRIPTS / "escaping_daemon.py"), str(pid_file)], cwd=tmp_path,
                      log_path=tmp_path / "runs" / "1-1.log", timeout_s=60.0, grace_s=1.0, sample_interval_s=0.05)
     token = uuid.uuid4().hex   # the run's group is autoloop-<token>: checked by name, not by
     spec.env[TOKEN_VAR] = token   # counting groups (another suite on this machine makes its own)
-    outcome = run_trial(spec)
+    outcome = run_process(spec)
     daemon = int(pid_file.read_text())
     assert outcome.exit_code == 0
     assert dead(daemon), "the daemon outlived its run"
@@ -65,7 +65,7 @@ def test_every_kind_of_group_ends_a_forking_tree(kind):
     where = next((c for c in procs._candidates() if c.kind == kind), None)
     if where is None or procs._probe(where) is not None:
         pytest.skip(f"no writable {kind} hierarchy on this machine")
-    group = procs.TrialGroup(where, uuid.uuid4().hex)
+    group = procs.RunGroup(where, uuid.uuid4().hex)
     proc = subprocess.Popen([sys.executable, "-c", FORKER], preexec_fn=group.join, start_new_session=True)
     deadline = time.monotonic() + 30
     while len(group.pids()) < 6 and time.monotonic() < deadline:
@@ -83,7 +83,7 @@ def test_recovery_ends_the_group_of_a_run_left_by_a_kill(tmp_path):
     """kill -9 of the orchestrator: the run's cgroup outlives it, with the daemon; recovery
     finds it by the run's token and ends it."""
     token = uuid.uuid4().hex
-    group = procs.TrialGroup(CONTAINMENT, token)
+    group = procs.RunGroup(CONTAINMENT, token)
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=group.join,
                               start_new_session=True, env={})
     assert procs.end_leftovers([], token=token, grace_s=1.0) >= 1

@@ -28,7 +28,7 @@ from autoloop.config.settings import ConfigError, build_settings
 from autoloop.core.classify import classify
 from autoloop.execution import procs
 from autoloop.execution.executors import ExecutorError, LocalExecutor, make_executor
-from autoloop.execution.runner import TOKEN_VAR, TrialSpec
+from autoloop.execution.runner import TOKEN_VAR, RunSpec
 
 pytest.importorskip("submitit")
 
@@ -48,7 +48,7 @@ HANG = textwrap.dedent("""\
     print("step 00001 (1.0%) | loss: 9.0", flush=True)
     time.sleep(120)
     """)
-# Kills the job running it (its parent: the worker that runs run_trial on the node), then
+# Kills the job running it (its parent: the worker that runs run_process on the node), then
 # lingers as an orphan that only the executor's sweep can end.
 KILL_JOB = textwrap.dedent("""\
     import os, signal, time
@@ -58,13 +58,13 @@ KILL_JOB = textwrap.dedent("""\
     """)
 
 
-def spec_for(tmp_path: Path, script: str, name: str = "1-1", timeout: float = 60) -> TrialSpec:
+def spec_for(tmp_path: Path, script: str, name: str = "1-1", timeout: float = 60) -> RunSpec:
     work = tmp_path / "ws"
     work.mkdir(exist_ok=True)
     (work / "train.py").write_text(script)
     runs = tmp_path / "results" / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    return TrialSpec(command=[sys.executable, "train.py"], cwd=work, log_path=runs / f"{name}.log",
+    return RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=runs / f"{name}.log",
                      budget_s=1, timeout_s=timeout, sample_interval_s=0.05, grace_s=2)
 
 
@@ -196,7 +196,7 @@ def test_a_job_killed_on_its_node_is_a_classified_crash_and_leaves_nothing(tmp_p
 
 def test_a_job_function_that_raises_is_a_classified_crash(tmp_path):
     spec = spec_for(tmp_path, REPORT)
-    spec.log_path.mkdir()   # the node cannot open its log: run_trial raises there
+    spec.log_path.mkdir()   # the node cannot open its log: run_process raises there
     outcome = slurm(tmp_path).run(spec)
     verdict = classify(outcome)
     assert verdict.kind == "fundamental"
@@ -209,7 +209,7 @@ def test_stop_event_cancels_the_job_and_ends_the_trial(tmp_path):
     outcome = slurm(tmp_path).run(spec, on_progress=lambda line: stop.set(), stop_event=stop)
     assert outcome.killed_reason == "stopped" and outcome.job_error is None
     assert classify(outcome).reason == "interrupted"
-    assert "stop requested" in spec.log_path.read_text()   # run_trial on the node ended the tree
+    assert "stop requested" in spec.log_path.read_text()   # run_process on the node ended the tree
     assert outcome.leftover_processes == 0
 
 

@@ -16,7 +16,7 @@ To add a misbehaviour: one Fault(...) row. A misbehaviour the code does not hand
 goes in with `pending=` (a strict xfail naming what should happen), so its fix flips it.
 
 Covered elsewhere, at other levels, and not repeated here:
-  tests/test_runner.py   each trial script through run_trial and classify alone
+  tests/test_runner.py   each trial script through run_process and classify alone
   tests/test_loop.py     real torch training: a night; SIGKILL at every phase (fault points);
                          external SIGKILL mid-training; SIGINT/SIGTERM to the orchestrator
   tests/test_agent.py    an agent's trivial crash handed back as a fix request and fixed

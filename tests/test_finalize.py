@@ -167,7 +167,7 @@ def test_finalize_ends_with_the_results_commit_and_notes_the_final_commits(night
     """The last commit adds results.tsv (its rows equal the ledger's), report.md and
     progress.png, past .gitignore, on the final branch only; each kept-change commit carries
     the git note of the trial commit it replays."""
-    from autoloop.observe.notes import NOTES_REF, notes_by_commit
+    from autoloop.observe.git_notes import NOTES_REF, notes_by_commit
     from autoloop.store.ledger import format_tsv
 
     repo = night.repo

@@ -1,4 +1,4 @@
-"""Integrity of the measurement (autoloop/integrity.py, the sanity bound in decide.py).
+"""Integrity of the measurement (execution/integrity.py, the sanity bound in core/judge.py).
 
 The snapshot is tested on small folders of its own, then end to end: the real CLI in a real
 git repo with a fake train.py (``--command "python train.py"``: its metric is the
@@ -20,7 +20,7 @@ import pytest
 from helpers.git import REPO_ROOT, init_repo
 from helpers.loop import assert_invariants, autoloop, queue_file, read_ledger
 
-from autoloop.core.decide import judge_runs
+from autoloop.core.judge import judge_runs
 from autoloop.execution.integrity import (
     DATA_LABEL,
     InputsSnapshot,

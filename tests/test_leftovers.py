@@ -18,7 +18,7 @@ import pytest
 from helpers.loop import BUDGET, GOOD, assert_invariants, autoloop, queue_file, read_ledger, set_constants
 
 from autoloop.execution import procs
-from autoloop.execution.runner import TOKEN_VAR, TrialSpec, run_trial
+from autoloop.execution.runner import TOKEN_VAR, RunSpec, run_process
 
 CONTAINMENT, SAYS = procs.containment()
 needs_cgroups = pytest.mark.skipif(CONTAINMENT is None, reason=f"no writable cgroup here: {SAYS}")
@@ -70,7 +70,7 @@ def test_a_trial_killed_from_outside_leaves_no_cgroup(tmp_path, victim):
                       "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
                       "print(child.pid, flush=True)\nchild.wait()\nsys.exit(3)\n")
     token = os.urandom(16).hex()
-    spec = TrialSpec(command=[sys.executable, str(script)], cwd=tmp_path, log_path=tmp_path / "runs" / "1-1.log",
+    spec = RunSpec(command=[sys.executable, str(script)], cwd=tmp_path, log_path=tmp_path / "runs" / "1-1.log",
                      timeout_s=60.0, grace_s=1.0, sample_interval_s=0.05)
     spec.env[TOKEN_VAR] = token
 
@@ -81,7 +81,7 @@ def test_a_trial_killed_from_outside_leaves_no_cgroup(tmp_path, victim):
             main = next(pid for pid in pids if pid != int(text[0]))
             os.kill(main if victim == "main" else int(text[0]), signal.SIGKILL)
 
-    outcome = run_trial(spec, on_output=kill_when_started)
+    outcome = run_process(spec, on_output=kill_when_started)
     assert (outcome.signal == signal.SIGKILL) if victim == "main" else (outcome.exit_code == 3), outcome
     assert not group_path(token).exists(), "the killed trial's cgroup was left behind"
 
@@ -108,7 +108,7 @@ def test_kill_9_of_the_orchestrator_then_resume_leaves_no_cgroup(baselined_repo,
 def test_empty_groups_left_by_kills_are_swept_and_busy_or_new_ones_kept():
     """What no recovery reaches (a killed night never resumed): an empty group older than a
     minute goes at the next start; one with a member, or one just made, stays."""
-    old_empty, fresh_empty, old_busy = (procs.TrialGroup(CONTAINMENT, os.urandom(16).hex()) for _ in range(3))
+    old_empty, fresh_empty, old_busy = (procs.RunGroup(CONTAINMENT, os.urandom(16).hex()) for _ in range(3))
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                preexec_fn=old_busy.join, start_new_session=True)
     try:

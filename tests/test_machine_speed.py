@@ -71,7 +71,7 @@ import pytest  # noqa: E402
 
 from autoloop.core.keep import Facts, decide  # noqa: E402
 from autoloop.core.machine_speed import Adjusted, Run, adjusted_inputs, fit  # noqa: E402
-from autoloop.execution.machine_probe import Probe  # noqa: E402
+from autoloop.execution.machine_speed import Probe  # noqa: E402
 
 SPEEDS = [1.0, 0.7, 1.3, 0.85, 1.15]
 SEED_NOISE = [0.001, -0.002, 0.0015, 0.0, -0.0005]
@@ -137,9 +137,9 @@ def test_probe_measures_this_machine(monkeypatch):
     assert 0 <= found["others"] <= 0.95 and 0 <= found["steal"] <= 0.95
 
 
-# -- raw and adjusted side by side (review/machine.py) ----------------------------------------
+# -- raw and adjusted side by side (review/machine_speed.py) ----------------------------------------
 
-from autoloop.review.machine import machine_data, report_section, status_lines  # noqa: E402
+from autoloop.review.machine_speed import machine_data, report_section, status_lines  # noqa: E402
 from autoloop.store.ledger import LedgerRecord  # noqa: E402
 
 

@@ -30,7 +30,7 @@ from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.rank_failure import rank_failure
 from autoloop.execution.devices import rank_group_envs
 from autoloop.execution.ranks import launch_command, throughput
-from autoloop.execution.runner import TrialOutcome
+from autoloop.execution.runner import RunOutcome
 
 PY = sys.executable
 
@@ -145,8 +145,8 @@ KILLED, OOM, NO_RECORD, NCCL_TIMEOUT, PEER_LOST = (
     (LOGS / f"{name}.log").read_text() for name in ("killed", "oom", "no_record", "nccl_timeout", "peer_lost"))
 
 
-def outcome(log: str) -> TrialOutcome:
-    return TrialOutcome(exit_code=1, log_path=Path("x.log"), log_tail=log)
+def outcome(log: str) -> RunOutcome:
+    return RunOutcome(exit_code=1, log_path=Path("x.log"), log_tail=log)
 
 
 @pytest.mark.parametrize(("log", "kind", "reason"), [

@@ -1,6 +1,6 @@
 """Resources and isolation: the run-log cap, the free-disk stop, a flooding trial, --isolate.
 
-Real processes throughout: trial scripts from tests/trial_scripts/ through run_trial, and the
+Real processes throughout: trial scripts from tests/trial_scripts/ through run_process, and the
 real CLI on real git repos with a foreign ``--command`` (no torch) for the loop-level tests.
 """
 
@@ -29,16 +29,16 @@ from helpers.loop import assert_invariants, autoloop, read_tsv, run_args
 from autoloop.core.classify import classify
 from autoloop.execution import isolate
 from autoloop.execution.diskspace import low_disk_reason
-from autoloop.execution.runner import TrialSpec, run_trial
+from autoloop.execution.runner import RunSpec, run_process
 from autoloop.store.runlog import LINE_WINDOW, PIECE_INFIX, RunLog, finish_log
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 MARKER = re.compile(rb"\[autoloop: (\d+) bytes(?: \((\d+) lines\))? of output cut here\]\n")
 
 
-def spec_for(tmp_path: Path, script: str, *args: str, **fields) -> TrialSpec:
+def spec_for(tmp_path: Path, script: str, *args: str, **fields) -> RunSpec:
     fields = {"timeout_s": 120.0, "grace_s": 1.0, "sample_interval_s": 0.05, **fields}
-    return TrialSpec(command=[sys.executable, str(SCRIPTS / script), *args], cwd=tmp_path,
+    return RunSpec(command=[sys.executable, str(SCRIPTS / script), *args], cwd=tmp_path,
                      log_path=tmp_path / "runs" / f"{script}.log", **fields)
 
 
@@ -114,7 +114,7 @@ def test_log_under_the_cap_and_uncapped_log_are_the_output_itself(tmp_path):
 
 def test_capped_trial_keeps_the_metric_line_and_notes_the_cut(tmp_path):
     cap = 2**20
-    outcome = run_trial(spec_for(tmp_path, "flood.py", log_cap_bytes=cap))
+    outcome = run_process(spec_for(tmp_path, "flood.py", log_cap_bytes=cap))
     assert outcome.exit_code == 0 and outcome.metric == 1.75 and classify(outcome).kind == "ok"
     data = outcome.log_path.read_bytes()
     assert len(data) <= cap + 200
@@ -130,8 +130,8 @@ def test_kill_9_mid_trial_leaves_a_bounded_log_that_recovery_completes(tmp_path)
     and at most two spill pieces; finish_log (called by recovery) puts it together."""
     cap = 2**20
     log_path = tmp_path / "runs" / "1-1.log"
-    driver = (f"from pathlib import Path; import sys; from autoloop.execution.runner import TrialSpec, run_trial; "
-              f"run_trial(TrialSpec(command=[sys.executable, {str(SCRIPTS / 'slow_flood.py')!r}], "
+    driver = (f"from pathlib import Path; import sys; from autoloop.execution.runner import RunSpec, run_process; "
+              f"run_process(RunSpec(command=[sys.executable, {str(SCRIPTS / 'slow_flood.py')!r}], "
               f"cwd={str(tmp_path)!r}, log_path=Path({str(log_path)!r}), log_cap_bytes={cap}))")
     orchestrator = subprocess.Popen([sys.executable, "-c", driver])
     trials: list[psutil.Process] = []
@@ -299,9 +299,9 @@ needs_isolation = pytest.mark.skipif(not _AVAILABLE, reason=f"no network namespa
 
 @needs_isolation
 def test_isolated_trial_cannot_reach_the_host_network(tmp_path, listener):
-    open_outcome = run_trial(spec_for(tmp_path, "connect_out.py", str(listener)))
+    open_outcome = run_process(spec_for(tmp_path, "connect_out.py", str(listener)))
     assert open_outcome.metric == 2.0, open_outcome.log_tail
-    isolated = run_trial(spec_for(tmp_path, "connect_out.py", str(listener), isolate=True))
+    isolated = run_process(spec_for(tmp_path, "connect_out.py", str(listener), isolate=True))
     assert isolated.exit_code == 0 and isolated.metric == 1.0, isolated.log_tail
     assert "could not connect: [Errno 111] Connection refused" in isolated.log_tail  # lo is up, nobody listens
     assert f"net namespace: {os.readlink('/proc/self/ns/net')}" in open_outcome.log_tail
@@ -319,7 +319,7 @@ def test_unprivileged_fallback_through_a_user_namespace(tmp_path, listener, monk
     monkeypatch.setattr(isolate, "_unshare", no_privilege)  # the forked child inherits it
     assert isolate.isolation_available() == (True, "")
     probe = tmp_path / "owner-probe.txt"
-    outcome = run_trial(spec_for(tmp_path, "connect_out.py", str(listener), str(probe), isolate=True))
+    outcome = run_process(spec_for(tmp_path, "connect_out.py", str(listener), str(probe), isolate=True))
     assert outcome.metric == 1.0, outcome.log_tail
     assert f"user namespace: {os.readlink('/proc/self/ns/user')}" not in outcome.log_tail  # it took the fallback
     assert f"net namespace: {os.readlink('/proc/self/ns/net')}" not in outcome.log_tail
@@ -331,7 +331,7 @@ def test_isolation_unavailable_is_one_line_before_anything_runs(tmp_path, tiny_d
     ok, why = isolate.isolation_available()
     assert not ok and why.startswith("no permission to create a network namespace")
 
-    outcome = run_trial(spec_for(tmp_path, "connect_out.py", "1", isolate=True))  # no probe first
+    outcome = run_process(spec_for(tmp_path, "connect_out.py", "1", isolate=True))  # no probe first
     assert outcome.exit_code == 126 and outcome.launch_error.startswith("--isolate: cannot enter a network namespace")
     assert classify(outcome).kind == "fundamental"
 

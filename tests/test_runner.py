@@ -1,5 +1,5 @@
 """The runner on real processes: tiny trial programs from tests/trial_scripts/ that fail in
-one specific way each, run through run_trial and classified from what actually happened."""
+one specific way each, run through run_process and classified from what actually happened."""
 
 from __future__ import annotations
 
@@ -17,25 +17,25 @@ import pytest
 from autoloop.core.classify import classify
 from autoloop.execution.runner import (
     TAIL_BYTES,
-    TrialOutcome,
-    TrialSpec,
+    RunOutcome,
+    RunSpec,
     build_env,
     default_command,
     default_timeout,
-    run_trial,
+    run_process,
 )
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 
 
-def spec_for(tmp_path: Path, script: str, *args: str, **fields) -> TrialSpec:
+def spec_for(tmp_path: Path, script: str, *args: str, **fields) -> RunSpec:
     fields = {"timeout_s": 60.0, "grace_s": 1.0, "sample_interval_s": 0.05, **fields}
-    return TrialSpec(command=[sys.executable, str(SCRIPTS / script), *args], cwd=tmp_path,
+    return RunSpec(command=[sys.executable, str(SCRIPTS / script), *args], cwd=tmp_path,
                      log_path=tmp_path / "runs" / f"{script}.log", **fields)
 
 
-def run(tmp_path: Path, script: str, *args: str, **fields) -> TrialOutcome:
-    return run_trial(spec_for(tmp_path, script, *args, **fields))
+def run(tmp_path: Path, script: str, *args: str, **fields) -> RunOutcome:
+    return run_process(spec_for(tmp_path, script, *args, **fields))
 
 
 def wait_for(predicate, timeout: float = 20.0) -> None:
@@ -108,7 +108,7 @@ def test_sigkill_from_outside_is_fundamental(tmp_path):
 
     killer = threading.Thread(target=oom_killer)
     killer.start()
-    outcome = run_trial(spec)
+    outcome = run_process(spec)
     killer.join()
     assert outcome.signal == signal.SIGKILL and outcome.killed_reason is None
     assert classify(outcome) == ("fundamental", "killed by SIGKILL (likely the host out-of-memory killer)")
@@ -147,7 +147,7 @@ def test_stop_event_ends_the_tree(tmp_path):
     threading.Thread(target=lambda: (wait_for(lambda: spec.log_path.exists()
                                               and "ready" in spec.log_path.read_text()), stop.set())).start()
     started: list[list[tuple[int, float]]] = []
-    outcome = run_trial(spec, stop_event=stop, on_start=started.append)
+    outcome = run_process(spec, stop_event=stop, on_start=started.append)
     assert outcome.killed_reason == "stopped" and outcome.signal == signal.SIGTERM
     [[(pid, created)]] = started  # the main process, once, for recovery after a crash of the orchestrator
     assert not psutil.pid_exists(pid) and created <= outcome.ended_at
@@ -156,7 +156,7 @@ def test_stop_event_ends_the_tree(tmp_path):
 
 
 def test_command_not_found_is_an_outcome_not_a_traceback(tmp_path):
-    outcome = run_trial(TrialSpec(command="autoloop-no-such-command train.py", cwd=tmp_path,
+    outcome = run_process(RunSpec(command="autoloop-no-such-command train.py", cwd=tmp_path,
                                   log_path=tmp_path / "x.log"))
     assert outcome.exit_code == 127 and outcome.launch_error == "command not found: autoloop-no-such-command"
     assert classify(outcome) == ("fundamental", "command not found: autoloop-no-such-command")
@@ -164,7 +164,7 @@ def test_command_not_found_is_an_outcome_not_a_traceback(tmp_path):
 
 
 def test_missing_workspace_is_an_outcome(tmp_path):
-    outcome = run_trial(TrialSpec(cwd=tmp_path / "gone", log_path=tmp_path / "x.log"))
+    outcome = run_process(RunSpec(cwd=tmp_path / "gone", log_path=tmp_path / "x.log"))
     assert outcome.launch_error == f"workspace not found: {tmp_path / 'gone'}"
 
 
@@ -240,7 +240,7 @@ def test_log_streams_and_progress_is_reported_while_running(tmp_path):
         if len(seen) == 1:
             raise RuntimeError("a broken progress display must not end the trial")
 
-    outcome = run_trial(spec, on_progress=on_progress)
+    outcome = run_process(spec, on_progress=on_progress)
     expected = [f"step {i:05d} ({25 * i:.1f}%) | loss: {5.0 / i:.4f}" for i in range(1, 5)]
     lines = [line for line, _ in seen]
     # One call per read; lines 0.3 s apart arrive in reads of their own unless the machine stalls.
@@ -276,7 +276,7 @@ ENV_PROBE = ("import json, os; print(json.dumps({k: v for k, v in os.environ.ite
 def test_child_gets_the_environment_contract(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOLOOP_RESULT", "/somewhere/else.json")  # inherited: must not leak through
     env = build_env(2.5, 7, tmp_path / "r.json", data_dir=tmp_path / "data", device="cpu", nonce="abc")
-    outcome = run_trial(TrialSpec(command=[sys.executable, "-c", ENV_PROBE], cwd=tmp_path, env=env,
+    outcome = run_process(RunSpec(command=[sys.executable, "-c", ENV_PROBE], cwd=tmp_path, env=env,
                                   result_path=Path("r.json"), log_path=tmp_path / "env.log"))
     seen = json.loads(outcome.log_tail.splitlines()[0])
     assert seen["AUTOLOOP_BUDGET_S"] == "2.5" and seen["AUTOLOOP_SEED"] == "7"
@@ -285,7 +285,7 @@ def test_child_gets_the_environment_contract(tmp_path, monkeypatch):
     assert seen["AUTOLOOP_NONCE"] == "abc" and seen["PYTHONUNBUFFERED"] == "1"
     assert len(seen["AUTOLOOP_TRIAL_TOKEN"]) == 32
 
-    outcome = run_trial(TrialSpec(command=[sys.executable, "-c", ENV_PROBE], cwd=tmp_path,
+    outcome = run_process(RunSpec(command=[sys.executable, "-c", ENV_PROBE], cwd=tmp_path,
                                   log_path=tmp_path / "env2.log"))
     assert "AUTOLOOP_RESULT" not in json.loads(outcome.log_tail.splitlines()[0])
 
@@ -299,7 +299,7 @@ def test_build_env_leaves_unset_values_to_train_py():
 def test_defaults():
     assert default_timeout(300) == 600 and default_timeout(60) == 180
     assert default_command() == [sys.executable, "train.py"]
-    spec = TrialSpec(command="uv run train.py", cwd=Path("."), log_path=Path("x.log"))
+    spec = RunSpec(command="uv run train.py", cwd=Path("."), log_path=Path("x.log"))
     assert spec.command == ["uv", "run", "train.py"]
     with pytest.raises(ValueError):
-        TrialSpec(command=[], cwd=Path("."), log_path=Path("x.log"))
+        RunSpec(command=[], cwd=Path("."), log_path=Path("x.log"))

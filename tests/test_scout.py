@@ -23,7 +23,7 @@ from helpers.loop import (
     set_constants,
 )
 
-from autoloop.core.fidelity import MIN_PAIRS
+from autoloop.core.scout import MIN_PAIRS
 
 RUNGS = (Path(__file__).parent / "trial_scripts" / "rungs.py").read_text()
 ARGS = ["run", "--budget", "2", "--scout", "1", "--timeout", TIMEOUT, "--proposer", "queue", "--tag", "t",

@@ -129,12 +129,12 @@ def test_sigterm_of_the_orchestrator_cancels_the_running_job(tmp_path, tiny_data
 def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None, minutes: int = 5,
                  **parameters):
     """Run one trial job through SlurmExecutor in a thread; (thread, result holder, spec)."""
-    from autoloop.execution.runner import TrialSpec
+    from autoloop.execution.runner import RunSpec
 
     work = tmp_path / "ws"
     work.mkdir(exist_ok=True)
     (work / "train.py").write_text(script)
-    spec = TrialSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
+    spec = RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
                      budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
     executor = SlurmExecutor("slurm", tmp_path / "slurm", {"time": minutes, "gpus_per_node": 0, **parameters},
                              poll_s=0.2,

@@ -52,9 +52,9 @@ def test_multi_gpu_multi_node_trial_maps_to_sbatch_and_torchrun(tmp_path):
 
 def test_each_node_of_a_multi_node_trial_gets_its_share(tmp_path):
     from autoloop.execution.ranks import launch_command
-    from autoloop.execution.runner import TrialSpec
+    from autoloop.execution.runner import RunSpec
 
-    spec = TrialSpec(command=launch_command(["python", "train.py"], 4), cwd=tmp_path, log_path=tmp_path / "3-1.log",
+    spec = RunSpec(command=launch_command(["python", "train.py"], 4), cwd=tmp_path, log_path=tmp_path / "3-1.log",
                      result_path=tmp_path / "result.json", env={"AUTOLOOP_TRIAL_TOKEN": "abc"})
     env = {"SLURM_NODEID": "1", "SLURM_JOB_ID": "4123", "SLURM_JOB_NODELIST": "nohost-does-not-resolve"}
     second = slurm_gpus.this_node(spec, 2, env)

@@ -47,7 +47,7 @@ class Classification(NamedTuple):
 
 
 class Outcome(Protocol):
-    """What the rules read of a finished trial: the fields of execution's TrialOutcome (core
+    """What the rules read of a finished trial: the fields of execution's RunOutcome (core
     may not import it). ``job_error``, ``launch_error`` and ``timeout_s`` are read with a
     default, so an object without them still classifies."""
     exit_code: int | None
@@ -290,7 +290,7 @@ def _last_error(lines: list[str], exception_text: str, exit_code: int | None) ->
 
 
 def evidence_of(outcome: Outcome) -> Evidence:
-    """Everything the rules read, from a TrialOutcome (or any object with its fields)."""
+    """Everything the rules read, from a RunOutcome (or any object with its fields)."""
     lines = (outcome.log_tail or "").splitlines()
     state = _state(outcome)
     failed_rank = rank_failure(outcome.log_tail or "") if state == "failed" else None
@@ -324,7 +324,7 @@ def _one_line(text: str) -> str:
 
 
 def classify(outcome: Outcome) -> Classification:
-    """From a TrialOutcome (exit_code, signal, timed_out, killed_reason, metric,
+    """From a RunOutcome (exit_code, signal, timed_out, killed_reason, metric,
     metric_error, metric_name, log_tail) to ok | trivial | fundamental | timeout."""
     evidence = evidence_of(outcome)
     rule, found = next((rule, found) for rule in RULES if (found := rule.match(evidence)))  # the last always matches

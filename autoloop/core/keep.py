@@ -13,7 +13,7 @@ decision, and the next action of the trial:
 * ``stale``    as replay, but the change no longer merges, is already in the new best,
                or the best kept moving: recorded as a discard that says so;
 * ``promote``  a scout run (kind ``scout``, --scout) close enough to the best's scout
-               result: the same commit goes on to the full budget (core/fidelity.py).
+               result: the same commit goes on to the full budget (core/scout.py).
                A scout run is never a keep: every keep is decided at the full budget.
 
 A verification run (kind ``verify``, ``autoloop verify``) is measured, never judged: it is
@@ -21,7 +21,7 @@ a discard whose best is the best now, whatever its metric.
 
 The rows, in the order a person would ask: is the measurement valid at all (tampered
 inputs, a crash, other data)? is it the baseline or a noise sample? otherwise judge its
-runs against the best it started from (``decide.judge_runs``), and if the best moved
+runs against the best it started from (``judge.judge_runs``), and if the best moved
 meanwhile, turn a win into a replay or a stale. It does no I/O: git's verdict on the
 merge comes in as a fact. ``tests/test_keep.py`` is its table.
 """
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from autoloop.core.classify import CrashClass
-from autoloop.core.decide import Direction, Judgement, judge_metric, judge_runs, noise_estimate
-from autoloop.core.fidelity import ScoutRef, judge_scout
 from autoloop.core.guards import Guard, breaches, parse_guards
+from autoloop.core.judge import Direction, Judgement, judge_metric, judge_runs, noise_estimate
 from autoloop.core.machine_speed import Adjusted
+from autoloop.core.scout import ScoutRef, judge_scout
 
 MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
 
@@ -163,7 +163,7 @@ def _unmoved(f: Facts) -> Best:
 def _scouted(f: Facts) -> Decision:
     """A run at the scout budget: never a keep, the best unmoved. A run of the best itself
     is a sample of the rung (its reference, its noise); a candidate's is promoted to the
-    full budget or scouted out (fidelity.judge_scout)."""
+    full budget or scouted out (scout.judge_scout)."""
     if f.commit is not None and f.commit == f.start[0]:
         return Decision("discard", "discard", "scout run of the best (the scout rung's reference and noise)",
                         _unmoved(f), extra={"scout_sample": True})

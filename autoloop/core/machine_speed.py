@@ -2,7 +2,7 @@
 
 Repeats of one commit (the baseline's noise samples, confirmation re-runs, verification
 runs) differ only by their seed and by the machine they happened to get. Each run's
-``machine_speed`` comes from a reference probe beside it (execution/machine_probe.py), so
+``machine_speed`` comes from a reference probe beside it (execution/machine_speed.py), so
 over the repeats the metric is fitted as ``metric ~ a_commit + b * ln(speed)``: one
 intercept per commit, one pooled slope. The fit is *used* only where it shrinks the residual
 spread of the repeats (counted with the slope's lost degree of freedom) to at most

@@ -35,14 +35,14 @@ from autoloop.engine.night import Night
 from autoloop.engine.precheck import CheckContext, CheckResult, run_checks, training_limit
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import Tampering, harness_path
-from autoloop.execution.machine_probe import Probe
+from autoloop.execution.machine_speed import Probe
 from autoloop.execution.ranks import launch_command, throughput
-from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, build_env
+from autoloop.execution.runner import TOKEN_VAR, RunOutcome, RunSpec, build_env
 from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
 from autoloop.repo.workspace import Workspace
-from autoloop.store import queries, speed
-from autoloop.store.fidelity import scout_ref
+from autoloop.store import machine_speed, queries
 from autoloop.store.ledger import AttemptKind, LedgerRecord
+from autoloop.store.scout import scout_ref
 from autoloop.store.state import StateFile, fault_point
 
 AUDIT_VAR = "AUTOLOOP_AUDIT"   # "0": train.py's evaluation skips the audit slice (autoloop/evaluate.py)
@@ -201,7 +201,7 @@ class AttemptRunner:
         fault_point("committed", plan.trial)
         return commit
 
-    def _train(self, plan: AttemptPlan, commit: str) -> TrialOutcome:
+    def _train(self, plan: AttemptPlan, commit: str) -> RunOutcome:
         s, layout = self.settings, self.night.layout
         layout.runs.mkdir(parents=True, exist_ok=True)
         self._machine = None
@@ -209,7 +209,7 @@ class AttemptRunner:
         budget, timeout = rung_limits(s, plan.kind)
         env = build_env(budget, plan.seed, result, self.night.data_dir, s.device, secrets.token_hex(8),
                         harness_path=harness_path(layout.root) if self.night.inputs is not None else None)
-        spec = TrialSpec(
+        spec = RunSpec(
             command=launch_command(s.command_argv, s.gpus_per_trial), cwd=self.slot.ws.root, env=env | self.slot.env,
             log_path=layout.log(plan.trial, plan.attempt), result_path=result,
             budget_s=budget, timeout_s=timeout, metric=s.metric, max_rss_gb=s.max_rss_gb,
@@ -246,7 +246,7 @@ class AttemptRunner:
                 self._machine = probe.finish()
         return outcome
 
-    def _precheck(self, plan: AttemptPlan, spec: TrialSpec) -> CheckResult:
+    def _precheck(self, plan: AttemptPlan, spec: RunSpec) -> CheckResult:
         """Run the --check commands (precheck.py), then apply the integrity rules to what
         they left: a result file at the trial's path or changed inputs invalidate the
         attempt; files they wrote in the repository are put back before training."""
@@ -264,13 +264,13 @@ class AttemptRunner:
             self.console.line(f"{plan.label}: a check wrote {', '.join(checked.wrote)} in the repository; put back")
         return checked
 
-    def _unrun(self, spec: TrialSpec) -> TrialOutcome:
+    def _unrun(self, spec: RunSpec) -> RunOutcome:
         """The outcome of an attempt the checks ended before training: the failing check's
         run (its output is the log, the evidence), never a metric of its own."""
-        ran = self._checked.outcome or TrialOutcome(exit_code=0, log_path=spec.log_path)
+        ran = self._checked.outcome or RunOutcome(exit_code=0, log_path=spec.log_path)
         return ran.model_copy(update={"metric": None, "metric_error": None, "summary": {}, "result": None})
 
-    def _verdict(self, outcome: TrialOutcome) -> Classification:
+    def _verdict(self, outcome: RunOutcome) -> Classification:
         if self._checked.failed is not None:
             return self._checked.failed
         verdict = classify(outcome)
@@ -278,7 +278,7 @@ class AttemptRunner:
             verdict = verdict._replace(reason=f"interrupted ({self.night.stop.signal})")
         return verdict
 
-    def _draft(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification, started: float,
+    def _draft(self, plan: AttemptPlan, commit: str, outcome: RunOutcome, verdict: Classification, started: float,
                diff_lines: int, before: Tampering) -> dict[str, Any]:
         """The record's measured fields (the arbiter adds the decision's). Also puts back
         what the run wrote into the repository, so a kept commit leaves a clean tree."""
@@ -329,7 +329,7 @@ class AttemptRunner:
         value = (self._machine or {}).get("speed")
         return value if isinstance(value, float) else None
 
-    def _facts(self, plan: AttemptPlan, commit: str, outcome: TrialOutcome, verdict: Classification,
+    def _facts(self, plan: AttemptPlan, commit: str, outcome: RunOutcome, verdict: Classification,
                after: Tampering) -> Facts:
         """What the keep decision needs to know about this run (the arbiter adds the best now)."""
         crash = (verdict.kind, verdict.reason) if verdict.kind != "ok" else None
@@ -342,7 +342,7 @@ class AttemptRunner:
         baseline = queries.baseline(records)
         noise = self.night.arbiter.noise()
         judged = crash is None and outcome.metric is not None and plan.noise_sample is None
-        adjusted = (speed.for_decision(records, commit, tuple(runs), self._speed(), cand.base, noise)
+        adjusted = (machine_speed.for_decision(records, commit, tuple(runs), self._speed(), cand.base, noise)
                     if judged and plan.kind in ("candidate", "fix", "confirm") else None)
         return Facts(kind=plan.kind, commit=commit, runs=tuple(runs) if crash is None else (), crash=crash,
                      other_data=other_data, tampered=(*self._checked.tampered, *after.paths),

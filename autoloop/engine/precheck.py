@@ -1,6 +1,6 @@
 """--check: commands run in the candidate's tree before it trains (tests, a lint).
 
-Each check runs through the trial runner (``execution.runner.run_trial``): its own session
+Each check runs through the trial runner (``execution.runner.run_process``): its own session
 and cgroup, the whole tree ended, its pids and token in the state file so that recovery
 ends it after a kill. The checks and the training share the trial's one hard time limit.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from autoloop.config.settings import Settings
 from autoloop.core.classify import Classification
-from autoloop.execution.runner import TOKEN_VAR, StopSignal, TrialOutcome, TrialSpec, run_trial
+from autoloop.execution.runner import TOKEN_VAR, RunOutcome, RunSpec, StopSignal, run_process
 from autoloop.observe.console import Console, Prefixed
 from autoloop.store.state import StateFile
 
@@ -57,7 +57,7 @@ class CheckResult:
     """What the checks came to: ``failed`` set when training must not run."""
 
     failed: Classification | None = None
-    outcome: TrialOutcome | None = None      # the failing check's run (the record's evidence)
+    outcome: RunOutcome | None = None      # the failing check's run (the record's evidence)
     tampered: list[str] = field(default_factory=list)   # paths whose change invalidates the attempt
     wrote: list[str] = field(default_factory=list)      # repository files the checks wrote, put back
     seconds: float = 0.0
@@ -76,20 +76,20 @@ def run_checks(at: CheckContext, env: dict[str, str], result: Path, log: Path) -
     started = time.monotonic()
     for command in s.checks:
         left = s.timeout_s - (time.monotonic() - started)
-        spec = TrialSpec(command=shlex.split(command), cwd=at.root, env=check_env(env, result), log_path=log,
+        spec = RunSpec(command=shlex.split(command), cwd=at.root, env=check_env(env, result), log_path=log,
                          budget_s=s.budget, timeout_s=max(left, MIN_TRAINING_LIMIT_S), metric=s.metric,
                          max_rss_gb=s.max_rss_gb, log_cap_bytes=int(s.log_cap_mb * 2**20), isolate=s.isolate)
         spec.env[TOKEN_VAR] = secrets.token_hex(16)
         at.state.update(child_token=spec.env[TOKEN_VAR])
         at.console.line(f"{at.label} check: {command}")
-        outcome = run_trial(spec, stop_event=at.stop, on_start=lambda pids: at.state.update(child_pids=pids))
+        outcome = run_process(spec, stop_event=at.stop, on_start=lambda pids: at.state.update(child_pids=pids))
         failed = _failure(command, outcome)
         if failed is not None:
             return CheckResult(failed, outcome, seconds=time.monotonic() - started)
     return CheckResult(seconds=time.monotonic() - started)
 
 
-def _failure(command: str, outcome: TrialOutcome) -> Classification | None:
+def _failure(command: str, outcome: RunOutcome) -> Classification | None:
     """None when the check passed; else the attempt's crash, with the check's last words."""
     if outcome.killed_reason == "stopped":
         return Classification("fundamental", f"interrupted during --check {command!r}")

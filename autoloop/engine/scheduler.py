@@ -34,7 +34,7 @@ import time
 
 from autoloop.core.durations import expected_seconds, format_duration
 from autoloop.core.layout import Layout
-from autoloop.engine import lookahead, scouting
+from autoloop.engine import lookahead, scout
 from autoloop.engine.attempt import AttemptRunner, Candidate, Slot
 from autoloop.engine.candidate import Claimant, Claims
 from autoloop.engine.lookahead import Lookahead, Prepared
@@ -146,7 +146,7 @@ class Scheduler:
             self._noise_runs(runner)
         elif night.settings.remeasure:
             self._noise_runs(runner)
-        scouting.measure_scout(night, runner)   # the scout rung's noise and reference (--scout)
+        scout.measure_scout(night, runner)   # the scout rung's noise and reference (--scout)
         return None
 
     def _noise_runs(self, runner: AttemptRunner) -> None:

@@ -33,7 +33,7 @@ from autoloop.config.settings import Settings
 from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.guards import missing_in_baseline, parse_guards
 from autoloop.core.keep import skipped
-from autoloop.engine import scouting
+from autoloop.engine import scout
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
 from autoloop.engine.candidate import Claims, Skipped, fix_context, prepare, proposal_request
 from autoloop.engine.night import Night
@@ -138,12 +138,12 @@ class Trial:
     def after(self, done: Recorded) -> Step:
         """The next step, from the decision on the attempt just recorded."""
         record, action = done.record, done.decision.action
-        scouting.say_if_switched_off(self.night, record)
+        scout.say_if_switched_off(self.night, record)
         if self.night.stop.is_set():
             return Done("ran")
         if action == "promote":
             return Run(self._promotion(record, done.plan.candidate))
-        scouting.after_keep(self.night, self.runner, record)
+        scout.after_keep(self.night, self.runner, record)
         if action == "confirm":
             return Run(self._confirmation(done))
         if action == "replay":
@@ -160,17 +160,17 @@ class Trial:
     def first_plan(self, kind: AttemptKind, candidate: Candidate, attempt: int = 1) -> AttemptPlan:
         """A new proposal's first run: at the scout budget while scouting (the kind it will
         have at the full budget kept in its record), else at the full budget."""
-        if not scouting.active(self.night):
+        if not scout.active(self.night):
             return self.plan(kind, candidate, attempt)
         return self.plan("scout", replace(candidate, extra={**candidate.extra, "scout_of": kind}), attempt,
                          can_confirm=False)
 
-    def _promotion(self, scout: LedgerRecord, candidate: Candidate) -> AttemptPlan:
+    def _promotion(self, scouted: LedgerRecord, candidate: Candidate) -> AttemptPlan:
         """A scout run close enough to the best's: the same commit at the full budget, judged
         as the candidate (or fix) it is against the best the trial started from."""
-        kind: AttemptKind = "fix" if scout.extra.get("scout_of") == "fix" else "candidate"
-        full = Candidate(scout.commit, candidate.base, candidate.base_metric, scout.description, scout.proposer,
-                         scout.extra.get("source"), extra={**carried(scout.extra), "scouted": scout.attempt})
+        kind: AttemptKind = "fix" if scouted.extra.get("scout_of") == "fix" else "candidate"
+        full = Candidate(scouted.commit, candidate.base, candidate.base_metric, scouted.description, scouted.proposer,
+                         scouted.extra.get("source"), extra={**carried(scouted.extra), "scouted": scouted.attempt})
         return self.plan(kind, full, queries.next_attempt(self.night.arbiter.records(), self.number))
 
     def _confirmation(self, done: Recorded) -> AttemptPlan:
@@ -243,7 +243,7 @@ class Trial:
         again = Candidate(record.commit, record.parent, base_metric, record.description, record.proposer,
                           record.extra.get("source"), extra={**carried(record.extra), "rerun_of": record.attempt})
         attempt = queries.next_attempt(records, self.number)
-        if record.kind == "scout" and not scouting.active(self.night):
+        if record.kind == "scout" and not scout.active(self.night):
             # Scouting is off now (switched off, or --scout not given again): a sample of the
             # best has nothing left to measure, a candidate gets its full run.
             if record.commit == record.parent:

@@ -18,7 +18,7 @@ terminal's Ctrl-C goes to its whole foreground process group, and it must reach 
 orchestrator alone, which then ends its trials and records them with git still working.
 
 and contains each run in a cgroup of its own where the machine allows it (``containment``,
-:class:`TrialGroup`): a daemon that cleared its environment and left its session cannot
+:class:`RunGroup`): a daemon that cleared its environment and left its session cannot
 leave its cgroup.
 """
 
@@ -135,7 +135,7 @@ def adopting_orphans() -> Iterator[None]:
 class ProcessTree:
     """Every process of one trial (or agent call), remembered by (pid, start time) until it is gone."""
 
-    def __init__(self, root: subprocess.Popen[bytes], token: str, group: TrialGroup | None = None):
+    def __init__(self, root: subprocess.Popen[bytes], token: str, group: RunGroup | None = None):
         self._root = root
         self._token = token
         self._group = group   # its cgroup, where the machine allows one: holds what escaped the rest
@@ -551,7 +551,7 @@ def _rmdir(group: Path, timeout: float = 2.0) -> None:
             time.sleep(0.02)
 
 
-class TrialGroup:
+class RunGroup:
     """The cgroup of one run: its processes join it before exec; ``end`` kills all of them."""
 
     def __init__(self, where: Containment, token: str):
@@ -563,7 +563,7 @@ class TrialGroup:
         self._ended = False
 
     @classmethod
-    def open(cls, token: str) -> TrialGroup | None:
+    def open(cls, token: str) -> RunGroup | None:
         where = containment()[0]
         if where is None:
             return None

@@ -8,7 +8,7 @@ orchestrator's stop request. Ending a trial means ending everything it started: 
 process group, every descendant ever seen (by pid and start time, so a reused pid is never
 hit), and any process that still carries the trial's private token in its environment,
 which finds daemons that double-forked and left the session before any sample saw them.
-``run_trial`` returns only when none of them is alive.
+``run_process`` returns only when none of them is alive.
 
 With ``log_cap_bytes`` the log keeps the first and the last half of the output around one
 line saying how much was cut (``autoloop.store.runlog``); with ``isolate`` the trial runs in a
@@ -52,10 +52,10 @@ from pydantic import BaseModel, Field, field_validator
 
 from autoloop.core.durations import default_timeout
 from autoloop.execution.isolate import enter_network_namespace, isolation_available
-from autoloop.execution.procs import TOKEN_VAR, ProcessTree, TrialGroup, adopting_orphans
+from autoloop.execution.procs import TOKEN_VAR, ProcessTree, RunGroup, adopting_orphans
 from autoloop.store.runlog import RunLog
 
-__all__ = ["TOKEN_VAR", "TrialOutcome", "TrialSpec", "build_env", "default_timeout", "run_trial"]
+__all__ = ["TOKEN_VAR", "RunOutcome", "RunSpec", "build_env", "default_timeout", "run_process"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class StopSignal(Protocol):
 
     def is_set(self) -> bool: ...
 
-class TrialSpec(BaseModel):
+class RunSpec(BaseModel):
     # argv, e.g. [sys.executable, "train.py"]; a string such as "uv run train.py" is split like a shell would
     command: list[str] = Field(default_factory=default_command, min_length=1)
     cwd: Path                          # the workspace (git work tree)
@@ -115,7 +115,7 @@ class TrialSpec(BaseModel):
         return shlex.split(value) if isinstance(value, str) else value
 
 
-class TrialOutcome(BaseModel):
+class RunOutcome(BaseModel):
     exit_code: int | None = None       # None when killed by a signal
     signal: int | None = None          # signal number that ended the main process
     timed_out: bool = False
@@ -329,7 +329,7 @@ def _print_tolerance(text: str) -> float:
     return 0.5 * 10.0 ** exponent if isinstance(exponent, int) else 0.0
 
 
-def _read_metric(spec: TrialSpec, result_path: Path | None, nonce: str | None,
+def _read_metric(spec: RunSpec, result_path: Path | None, nonce: str | None,
                  stdout_text: str | None) -> tuple[float | None, str | None, dict[str, Any] | None]:
     """(metric, metric_error, result record): the result file first, stdout as the fallback,
     and a number only when it is finite and both sources agree."""
@@ -375,7 +375,7 @@ def _read_metric(spec: TrialSpec, result_path: Path | None, nonce: str | None,
 # One trial.
 
 
-def _child_env(spec: TrialSpec, result_path: Path | None, token: str) -> dict[str, str]:
+def _child_env(spec: RunSpec, result_path: Path | None, token: str) -> dict[str, str]:
     env = {**os.environ, **spec.env, TOKEN_VAR: token, "PYTHONUNBUFFERED": "1"}
     env.setdefault("PYTHONFAULTHANDLER", "1")
     if result_path is None:
@@ -385,7 +385,7 @@ def _child_env(spec: TrialSpec, result_path: Path | None, token: str) -> dict[st
     return env
 
 
-def _preexec(group: TrialGroup | None, isolate: bool) -> Callable[[], None] | None:
+def _preexec(group: RunGroup | None, isolate: bool) -> Callable[[], None] | None:
     """What the child does between fork and exec: join the run's cgroup (before it can fork
     anything), enter a network namespace of its own (--isolate)."""
     if group is None and not isolate:
@@ -399,19 +399,19 @@ def _preexec(group: TrialGroup | None, isolate: bool) -> Callable[[], None] | No
     return in_child
 
 
-def _launch_failure(spec: TrialSpec, log: RunLog, timeout_s: float, exit_code: int, error: str,
-                    group: TrialGroup | None = None) -> TrialOutcome:
+def _launch_failure(spec: RunSpec, log: RunLog, timeout_s: float, exit_code: int, error: str,
+                    group: RunGroup | None = None) -> RunOutcome:
     if group is not None:
         group.end()
     log.note(error)
     log.close()
     now = time.time()
-    return TrialOutcome(exit_code=exit_code, launch_error=error, metric_name=spec.metric,
+    return RunOutcome(exit_code=exit_code, launch_error=error, metric_name=spec.metric,
                         max_rss_gb=spec.max_rss_gb, timeout_s=timeout_s, log_path=spec.log_path,
                         log_tail=log.notes[-1], started_at=now, ended_at=now)
 
 
-def _supervise(proc: subprocess.Popen[bytes], tree: ProcessTree, log: RunLog, spec: TrialSpec, deadline: float,
+def _supervise(proc: subprocess.Popen[bytes], tree: ProcessTree, log: RunLog, spec: RunSpec, deadline: float,
                stop_event: StopSignal | None) -> tuple[str | None, int]:
     """Sample the tree until the main process exits or a limit ends it:
     (killed_reason, peak RSS of the tree in bytes)."""
@@ -442,10 +442,10 @@ def _supervise(proc: subprocess.Popen[bytes], tree: ProcessTree, log: RunLog, sp
         exit_watch.close()
 
 
-def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
+def run_process(spec: RunSpec, on_progress: Callable[[str], None] | None = None,
               stop_event: StopSignal | None = None,
               on_start: Callable[[list[tuple[int, float]]], None] | None = None,
-              on_output: Callable[[bytes], None] | None = None) -> TrialOutcome:
+              on_output: Callable[[bytes], None] | None = None) -> RunOutcome:
     """Run the trial to completion, timeout, memory cap or stop_event; return only when
     nothing it started is alive.
 
@@ -469,11 +469,11 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
     if not Path(spec.cwd).is_dir():
         return _launch_failure(spec, log, timeout_s, 127, f"workspace not found: {spec.cwd}")
 
-    group = TrialGroup.open(token)   # None where the machine has no cgroup for us
+    group = RunGroup.open(token)   # None where the machine has no cgroup for us
     with adopting_orphans():
         started_at, t0 = time.time(), time.monotonic()
         launched = _launch(spec, env, group, log, timeout_s)
-        if isinstance(launched, TrialOutcome):
+        if isinstance(launched, RunOutcome):
             return launched
         proc = launched
         reader = _Reader(_pipe(proc).fileno(), log, spec.metric, on_progress, on_output)
@@ -490,7 +490,7 @@ def run_trial(spec: TrialSpec, on_progress: Callable[[str], None] | None = None,
     return _finished(spec, proc, reader, log, result_path, env.get("AUTOLOOP_NONCE"), ran)
 
 
-def _fresh_result_path(spec: TrialSpec) -> Path | None:
+def _fresh_result_path(spec: RunSpec) -> Path | None:
     """Where the trial writes its result (absolute), with any stale one removed: a stale
     result must never be read as this trial's."""
     result_path = spec.result_path or (Path(spec.env["AUTOLOOP_RESULT"]) if spec.env.get("AUTOLOOP_RESULT") else None)
@@ -500,8 +500,8 @@ def _fresh_result_path(spec: TrialSpec) -> Path | None:
     return result_path
 
 
-def _launch(spec: TrialSpec, env: dict[str, str], group: TrialGroup | None, log: RunLog,
-            timeout_s: float) -> subprocess.Popen[bytes] | TrialOutcome:
+def _launch(spec: RunSpec, env: dict[str, str], group: RunGroup | None, log: RunLog,
+            timeout_s: float) -> subprocess.Popen[bytes] | RunOutcome:
     """The trial's main process, started; or the outcome of a launch that failed."""
     program = spec.command[0]
     stdin = open(spec.stdin_path, "rb") if spec.stdin_path is not None else None
@@ -536,7 +536,7 @@ def _pipe(proc: subprocess.Popen[bytes]) -> IO[bytes]:
     return proc.stdout
 
 
-def _end_the_rest(tree: ProcessTree, group: TrialGroup | None, log: RunLog, spec: TrialSpec) -> int:
+def _end_the_rest(tree: ProcessTree, group: RunGroup | None, log: RunLog, spec: RunSpec) -> int:
     """After the main process: end whatever of the run outlived it; how many processes."""
     leftovers = tree.end(spec.grace_s)  # daemons, workers: anything that outlived the main process
     if leftovers:
@@ -561,7 +561,7 @@ def _drain(reader: _Reader, proc: subprocess.Popen[bytes], log: RunLog) -> None:
 
 @dataclass(frozen=True)
 class _Ran:
-    """How the main process's run went, as run_trial saw it."""
+    """How the main process's run went, as run_process saw it."""
 
     killed_reason: str | None
     peak_bytes: int          # peak resident memory of the tree
@@ -570,12 +570,12 @@ class _Ran:
     leftovers: int           # processes ended after the main process
 
 
-def _finished(spec: TrialSpec, proc: subprocess.Popen[bytes], reader: _Reader, log: RunLog,
-              result_path: Path | None, nonce: str | None, ran: _Ran) -> TrialOutcome:
+def _finished(spec: RunSpec, proc: subprocess.Popen[bytes], reader: _Reader, log: RunLog,
+              result_path: Path | None, nonce: str | None, ran: _Ran) -> RunOutcome:
     tail = "\n".join(filter(None, [reader.tail(), *log.notes]))
     metric, metric_error, result = _read_metric(spec, result_path, nonce, reader.metric_text)
     code = proc.returncode
-    return TrialOutcome(
+    return RunOutcome(
         exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
         timed_out=ran.killed_reason == "timeout", killed_reason=ran.killed_reason, max_rss_gb=spec.max_rss_gb,
         metric_name=spec.metric, metric=metric, metric_error=metric_error, summary=_parse_summary(tail),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autoloop.observe.console import Console
-from autoloop.observe.notes import Notes, NotesError
+from autoloop.observe.git_notes import Notes, NotesError
 from autoloop.observe.trackers import TrackerError, Tracking, open_tracker
 from autoloop.store.ledger import LedgerRecord
 

@@ -48,7 +48,7 @@ from autoloop.config.settings import Settings
 from autoloop.core import module_constants
 from autoloop.core.durations import format_duration
 from autoloop.core.layout import RESULTS, Layout
-from autoloop.execution.runner import TOKEN_VAR, TrialOutcome, TrialSpec, run_trial
+from autoloop.execution.runner import TOKEN_VAR, RunOutcome, RunSpec, run_process
 from autoloop.observe.console import plain
 from autoloop.proposers.agent_watch import OutputWatch
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
@@ -266,7 +266,7 @@ class AgentProposer:
         return Proposal(description=description, source=files.log_rel, derived=derived,
                         extra={**spent, **({"hypothesis": hypothesis} if hypothesis else {})})
 
-    def _call(self, request: ProposalRequest, workspace: Path, files: _CallFiles, watch: OutputWatch) -> TrialOutcome:
+    def _call(self, request: ProposalRequest, workspace: Path, files: _CallFiles, watch: OutputWatch) -> RunOutcome:
         """Run the command once, its output read by ``watch``, under the loop's stop request."""
         values = {"prompt_file": str(files.prompt), "description_file": str(files.description),
                   "hypothesis_file": str(files.hypothesis), "target": request.target, "workspace": str(workspace),
@@ -280,8 +280,8 @@ class AgentProposer:
                     "AUTOLOOP_ATTEMPT": str(request.attempt)})
         if request.process_token:
             env[TOKEN_VAR] = request.process_token
-        outcome = run_trial(
-            TrialSpec(command=argv, cwd=workspace, env=env, log_path=files.log, stdin_path=files.prompt,
+        outcome = run_process(
+            RunSpec(command=argv, cwd=workspace, env=env, log_path=files.log, stdin_path=files.prompt,
                       budget_s=self.timeout_s, timeout_s=self.timeout_s, grace_s=self.grace_s,
                       log_cap_bytes=self.log_cap_bytes),
             stop_event=watch, on_start=request.on_start, on_output=watch.feed,
@@ -289,7 +289,7 @@ class AgentProposer:
         watch.finish()
         return outcome
 
-    def _check_ended(self, outcome: TrialOutcome, watch: OutputWatch, log: str, spent: dict[str, Any]) -> None:
+    def _check_ended(self, outcome: RunOutcome, watch: OutputWatch, log: str, spent: dict[str, Any]) -> None:
         """Raise ProposalFailed, with what the call cost, when it did not end on its own with 0."""
         ended_early = watch.reason()
         if ended_early:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from autoloop.core.layout import OPTUNA_STUDY, Layout
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 from autoloop.proposers.mutate import MutateError, _canon
-from autoloop.proposers.outcomes import TrialOutcome, trial_outcomes
+from autoloop.proposers.outcomes import TrialResult, trial_outcomes
 from autoloop.proposers.space import Key, Space, build_space
 from autoloop.repo.workspace import Workspace, WorkspaceError
 from autoloop.store import queries
@@ -225,7 +225,7 @@ class OptunaProposer:
 
     # -- settling open suggestions from the ledger --------------------------------------------
 
-    def _settle(self, optuna: ModuleType, study: Study, trials: list[FrozenTrial], outcomes: dict[int, TrialOutcome],
+    def _settle(self, optuna: ModuleType, study: Study, trials: list[FrozenTrial], outcomes: dict[int, TrialResult],
                 in_flight: set[int]) -> bool:
         """Tell every open suggestion its outcome from the ledger; whether any was told."""
         fail = optuna.trial.TrialState.FAIL
@@ -254,7 +254,7 @@ class OptunaProposer:
         return told
 
     def _observe(self, optuna: ModuleType, study: Study, space: Space, trials: list[FrozenTrial],
-                 outcomes: dict[int, TrialOutcome], in_flight: set[int], ws: Workspace, target: str) -> bool:
+                 outcomes: dict[int, TrialResult], in_flight: set[int], ws: Workspace, target: str) -> bool:
         """Add every measured point of the night that no suggestion made (the baseline, other
         proposers' trials) as a completed trial, when it lies inside the space; whether any was."""
         # A trial number is owned by the suggestion that ran as it, not by draws settled
@@ -285,7 +285,7 @@ class OptunaProposer:
 
     @staticmethod
     def _measured(optuna: ModuleType, trials: list[FrozenTrial], space: Space,
-                  outcomes: dict[int, TrialOutcome]) -> dict[Key, float | None]:
+                  outcomes: dict[int, TrialResult]) -> dict[Key, float | None]:
         """Point key -> its value (None: it crashed), for every point the night has run."""
         states = optuna.trial.TrialState
         out: dict[Key, float | None] = {}
@@ -307,7 +307,7 @@ class OptunaProposer:
         return out
 
     def _draw(self, optuna: ModuleType, study: Study, space: Space, trials: list[FrozenTrial],
-              outcomes: dict[int, TrialOutcome], request: ProposalRequest) -> Proposal | None:
+              outcomes: dict[int, TrialResult], request: ProposalRequest) -> Proposal | None:
         path = Path(request.workspace) / request.target
         source = path.read_bytes()
         measured = self._measured(optuna, trials, space, outcomes)
@@ -384,6 +384,6 @@ def _seed(seed: int, n_trials: int) -> int:
     return int(hashlib.sha256(f"autoloop-optuna:{seed}:{n_trials}".encode()).hexdigest()[:8], 16)
 
 
-def _optuna_trial(outcome: TrialOutcome) -> object:
+def _optuna_trial(outcome: TrialResult) -> object:
     """The Optuna trial number the proposal of this outcome was drawn as (None: not by Optuna)."""
     return (outcome.first.extra.get("optuna") or {}).get("trial")

@@ -37,7 +37,7 @@ def portfolio_skip_reason(member: str, why: str, seconds: float, failure: str) -
 
 
 @dataclass
-class TrialOutcome:
+class TrialResult:
     trial: int
     proposer: str              # who proposed it: the portfolio's choice, else the record's proposer
     kind: str                  # baseline | candidate
@@ -68,7 +68,7 @@ def record_proposer(record: LedgerRecord) -> str:
     return record.proposer
 
 
-def trial_outcomes(records: list[LedgerRecord], direction: str = "min") -> dict[int, TrialOutcome]:
+def trial_outcomes(records: list[LedgerRecord], direction: str = "min") -> dict[int, TrialResult]:
     """Trial number -> its outcome, for every trial of the night (the baseline's included;
     `autoloop verify`'s trials are measurements, not proposals: left out)."""
     by_trial: dict[int, list[tuple[LedgerRecord, float | None]]] = {}
@@ -79,7 +79,7 @@ def trial_outcomes(records: list[LedgerRecord], direction: str = "min") -> dict[
     return {trial: _outcome(trial, attempts, direction) for trial, attempts in by_trial.items()}
 
 
-def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], direction: str) -> TrialOutcome:
+def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], direction: str) -> TrialResult:
     records = [r for r, _ in attempts]
     first, last = records[0], records[-1]
     proposals = [r for r in records if r.kind != "confirm"]
@@ -112,7 +112,7 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
         m = _PORTFOLIO_SKIP.match(first.reason or "")
         if m:
             seconds += float(m["seconds"])
-    return TrialOutcome(
+    return TrialResult(
         trial=trial, proposer=record_proposer(first), kind=first.kind, status=status, commit=commit,
         value=fmean(runs) if runs else None, runs=len(runs),
         kept=any(r.status == "keep" and not queries.is_noise_sample(r) for r in records),

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, Proposer
-from autoloop.proposers.outcomes import TrialOutcome, portfolio_skip_reason, trial_outcomes
+from autoloop.proposers.outcomes import TrialResult, portfolio_skip_reason, trial_outcomes
 from autoloop.store.ledger import Ledger
 
 # What a member did long ago says less about what it will do next: the mutator runs out of
@@ -55,7 +55,7 @@ class Arm:
     weighted_seconds: float = 0.0   # night time charged
 
 
-def evidence(outcomes: dict[int, TrialOutcome], names: list[str], min_trial_s: float) -> dict[str, Arm]:
+def evidence(outcomes: dict[int, TrialResult], names: list[str], min_trial_s: float) -> dict[str, Arm]:
     """Each member's trials, keeps, gain and time, from the ledger's trial outcomes."""
     arms = {name: Arm(name) for name in names}
     mine = [o for o in outcomes.values() if o.proposer in arms and o.kind != "baseline"]

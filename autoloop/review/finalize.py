@@ -453,7 +453,7 @@ def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord]
 
 def _note_final_commits(root: Path, result: FinalizeResult, records: list[LedgerRecord]) -> None:
     """Each final commit gets the notes of the trial commit(s) it replays (never fatal)."""
-    from autoloop.observe.notes import Notes, NotesError, notes_by_commit
+    from autoloop.observe.git_notes import Notes, NotesError, notes_by_commit
 
     texts = notes_by_commit(records)
     notes = Notes(root)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
 from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
-from autoloop.review import fidelity, machine, throughput
+from autoloop.review import machine_speed, scout, throughput
 from autoloop.review.jobs import job_data, job_lines
 from autoloop.review.tradeoffs import guards_section, tradeoffs_section
 from autoloop.store import person_notes, queries
@@ -92,7 +92,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         **_look_ahead(results_dir, now),
         "best": _best(records, best_commit, best_metric),
         "noise": next((r.noise for r in reversed(records) if r.noise is not None), None),
-        "machine": machine.machine_data(records),   # raw and adjusted for the machine's speed
+        "machine": machine_speed.machine_data(records),   # raw and adjusted for the machine's speed
         # The baseline is the mean of its runs (the baseline's and its noise samples'), with their σ.
         "baseline": {"commit": base.commit if base else (baseline.commit if baseline else None),
                      "metric": base.metric if base else None, "sigma": base.sigma if base else None,
@@ -122,7 +122,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
                   "world_size": r.world_size, "tokens_per_s": r.tokens_per_s, "mfu_percent": r.mfu_percent}
                  for r in records[-5:]],
         "throughput": throughput.status_lines(records),
-        "rungs": fidelity.status_lines(records),   # --scout: the scout and the full rung
+        "rungs": scout.status_lines(records),   # --scout: the scout and the full rung
     }
 
 
@@ -320,7 +320,7 @@ def _aside_lines(data: dict[str, Any]) -> list[str]:
     lines = []
     if data.get("noise") is not None:
         lines.append(f"noise: σ {data['noise']:.6f} (the noise rule needs a gain beyond z x σ)")
-    lines += machine.status_lines(data.get("machine"))
+    lines += machine_speed.status_lines(data.get("machine"))
     if data.get("notes"):
         n = len(data["notes"])
         lines.append(f"notes: {n} in force, in every prompt (autoloop note to list them, --clear to drop them); "
@@ -457,8 +457,8 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += throughput.throughput_section(records)
     out += integrity_section(records)
     out += noise_section(records, baseline, metric)
-    out += fidelity.fidelity_section(records)
-    out += machine.report_section(records, metric)
+    out += scout.report_section(records)
+    out += machine_speed.report_section(records, metric)
     out += guards_section(records) + tradeoffs_section(records, metric, direction)
     out += time_section(time_split(records, evals))
     return "\n".join(out)
@@ -702,7 +702,7 @@ def verification_section(summary: Summary, picture: str | None, picture_note: st
         out.append(f"| {what}{' (grouped)' if c.revert == 'grouped' else ''} | {est.text() if est else '-'} | "
                    f"{est.verdict if est else 'not run'} | {c.at_scale.text() if c.at_scale else '-'} | "
                    f"{_HOLDS[c.holds]} |")
-    out += machine.verification_lines(summary)
+    out += machine_speed.verification_lines(summary)
     if summary.left:
         out += ["", f"_{summary.left} run(s) are not done yet: `autoloop verify --resume` runs them._"]
     out.append("")

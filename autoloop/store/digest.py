@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from autoloop.store import queries
-from autoloop.store.fidelity import full_rung_view
 from autoloop.store.ledger import LedgerRecord, trial_label
+from autoloop.store.scout import full_rung_view
 from autoloop.store.tradeoffs import guard_lines
 
 DEFAULT_BYTES = 8 * 1024

@@ -89,7 +89,7 @@ Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, 
 # What an attempt was: the unmodified baseline, a new idea, a fix of a trivial crash,
 # a re-run of an earlier candidate (noise confirmation, replay), or a run of
 # `autoloop verify` (verify.py: never judged against the best, never moving it), or a run at
-# the scout budget (--scout, core/fidelity.py: never a keep).
+# the scout budget (--scout, core/scout.py: never a keep).
 AttemptKind = Literal["baseline", "candidate", "fix", "confirm", "verify", "scout"]
 Fidelity = Literal["scout", "full"]
 
@@ -160,8 +160,8 @@ class LedgerRecord(BaseModel):
     # The budget the run trained for: "scout" (--scout's short rung) or "full" (--budget);
     # ledgers written before the scout rung have only full runs.
     fidelity: Fidelity = "full"
-    # The machine's speed beside the run (execution/machine_probe.py; its parts in
-    # extra.machine): what store/speed.py fits the metric's dependence on. None: not measured.
+    # The machine's speed beside the run (execution/machine_speed.py; its parts in
+    # extra.machine): what store/machine_speed.py fits the metric's dependence on. None: not measured.
     machine_speed: float | None = None
 
 

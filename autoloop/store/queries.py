@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import NamedTuple, TypedDict
 
-from autoloop.core.decide import noise_estimate
+from autoloop.core.judge import noise_estimate
 from autoloop.core.keep import Best as Best  # re-exported: the engine names it queries.Best
 from autoloop.store.ledger import LedgerRecord
 

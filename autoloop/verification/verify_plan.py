@@ -24,7 +24,7 @@ from autoloop.core.contributions import Estimate, paired, ratio
 from autoloop.core.durations import format_duration
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
-from autoloop.store import speed
+from autoloop.store import machine_speed
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import LedgerRecord
 
@@ -173,7 +173,7 @@ def summarize(plan: Plan, records: list[LedgerRecord]) -> Summary:
     adjusted: dict[str, dict[int, float]] = {v.name: {} for v in plan.variants}
     crashed: dict[str, int] = {v.name: 0 for v in plan.variants}
     by_trial = {v.trial: v for v in plan.variants}
-    fit = speed.night_fit(records)
+    fit = machine_speed.night_fit(records)
     for r in records:
         v = by_trial.get(r.trial)
         if v is None or r.kind != "verify" or (r.reason or "").startswith("interrupted"):

@@ -3,7 +3,7 @@
 Like the real train.py under a wall-clock budget, it "manages" more steps on a faster
 machine and by a change that trains faster: steps = 300 x machine x SPEEDUP, where machine
 is the factor the probe applied to this run (AUTOLOOP_PROBE_SCALE, passed on by the test
-knob of autoloop.execution.machine_probe), and val_bpb = 2 - 0.1 x ln(steps) plus a small
+knob of autoloop.execution.machine_speed), and val_bpb = 2 - 0.1 x ln(steps) plus a small
 noise drawn from the seed. SPEEDUP is the real change a test makes; LABEL changes nothing.
 """
 import math

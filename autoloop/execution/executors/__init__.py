@@ -1,7 +1,7 @@
 """Where a trial runs: ``local`` (the runner, in this process) or ``slurm`` (a job, via submitit).
 
 Every executor has the runner's contract: ``run(spec, on_progress, stop_event, on_start,
-on_job) -> TrialOutcome`` returns only when the trial is over, with the same timeout, log,
+on_job) -> RunOutcome`` returns only when the trial is over, with the same timeout, log,
 result-file and classification semantics. ``on_job`` gets a small dict naming the job
 (executor, cluster, job id, ...) as soon as it is submitted, so that the orchestrator can
 record it in state.json and cancel it on recovery (:func:`cancel_job`).
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autoloop.core.errors import AutoloopError
-from autoloop.execution.runner import TrialOutcome, TrialSpec, run_trial
+from autoloop.execution.runner import RunOutcome, RunSpec, run_process
 
 if TYPE_CHECKING:
     from autoloop.config.settings import Settings
@@ -35,9 +35,9 @@ class Executor(Protocol):
     name: str
     plan: str | None   # what each trial asks of where it runs, and why: said once at the start
 
-    def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
+    def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
-            on_job: OnJob | None = None) -> TrialOutcome: ...
+            on_job: OnJob | None = None) -> RunOutcome: ...
 
 
 class LocalExecutor:
@@ -46,10 +46,10 @@ class LocalExecutor:
     name = "local"
     plan: str | None = None
 
-    def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
+    def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
-            on_job: OnJob | None = None) -> TrialOutcome:
-        return run_trial(spec, on_progress=on_progress, stop_event=stop_event, on_start=on_start)
+            on_job: OnJob | None = None) -> RunOutcome:
+        return run_process(spec, on_progress=on_progress, stop_event=stop_event, on_start=on_start)
 
 
 def make_executor(settings: Settings, root: Path) -> Executor:
@@ -70,7 +70,7 @@ def cancel_job(job: dict[str, Any] | None) -> str | None:
     return cancel_recorded_job(job)
 
 
-def collect_finished_job(job: dict[str, Any] | None) -> TrialOutcome | None:
+def collect_finished_job(job: dict[str, Any] | None) -> RunOutcome | None:
     """The trustworthy outcome of an interrupted run's job that finished meanwhile, or None."""
     if not job or job.get("executor") != "slurm":
         return None

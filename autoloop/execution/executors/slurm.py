@@ -1,15 +1,15 @@
 """The ``slurm`` executor: each trial is a job submitted through submitit.
 
-The job runs :func:`run_on_node`, which calls ``runner.run_trial`` ON THE NODE: the hard
+The job runs :func:`run_on_node`, which calls ``runner.run_process`` ON THE NODE: the hard
 timeout, the streamed log in results/runs/, the result file and its nonce, the memory cap
 and the whole-tree kill are the same code as with the local executor. The job returns the
-TrialOutcome as a dict. So results/ (and the workspace) must be on a filesystem the nodes
+RunOutcome as a dict. So results/ (and the workspace) must be on a filesystem the nodes
 share with the login node that runs the loop.
 
 The orchestrator side submits, records the job (``on_job``: state.json, for recovery),
 follows the log for progress lines, cancels the job when the loop is stopped, and turns a
 job that ended without an outcome (cancelled by the scheduler, preempted, its node died,
-killed, or the job function raised) into a TrialOutcome with ``job_error`` set: classified
+killed, or the job function raised) into a RunOutcome with ``job_error`` set: classified
 as a crash whose reason names the job id and what submitit said, never lost.
 
 Clusters (``slurm_cluster``): ``slurm`` (sbatch), ``local`` (submitit's LocalExecutor: a
@@ -17,7 +17,7 @@ real subprocess per job on this machine, for tests and for trying a config) and 
 (submitit's DebugExecutor: the job function runs in this process).
 
 On the node, SIGTERM (scancel, the time limit, preemption) and SIGINT end the trial through
-run_trial's stop event, so its process tree is ended, not orphaned, and the outcome still
+run_process's stop event, so its process tree is ended, not orphaned, and the outcome still
 comes back. A job preempted or whose node failed is submitted again once (Slurm's own
 requeue is off): neither says anything of the trial.
 """
@@ -47,7 +47,7 @@ from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnSta
 from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters, this_node
 from autoloop.execution.executors.slurm_state import LIVE, QuietWatcher, base_state, describe, read_job, settled
 from autoloop.execution.procs import TOKEN_VAR, end_token_holders
-from autoloop.execution.runner import _PROGRESS_RE, TrialOutcome, TrialSpec, default_timeout, run_trial
+from autoloop.execution.runner import _PROGRESS_RE, RunOutcome, RunSpec, default_timeout, run_process
 
 if TYPE_CHECKING:
     from submitit import Job
@@ -104,9 +104,9 @@ def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
                 on_progress: OnProgress | None = None, on_start: OnStart | None = None,
                 nodes: int = 1) -> dict[str, Any]:
     """The job (one task per node): run the trial here, or this node's share of it when it
-    spans ``nodes`` nodes, and return its TrialOutcome as a dict (with ``node_signal`` when a
+    spans ``nodes`` nodes, and return its RunOutcome as a dict (with ``node_signal`` when a
     signal from the scheduler ended it). submitit's result is the first node's."""
-    spec = TrialSpec.model_validate_json(spec_json)
+    spec = RunSpec.model_validate_json(spec_json)
     if nodes > 1:
         spec = this_node(spec, nodes, os.environ)
     stop = stop_event or threading.Event()
@@ -126,7 +126,7 @@ def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             previous[sig] = signal.signal(sig, handler)
     try:
-        outcome = run_trial(spec, on_progress=on_progress, stop_event=stop, on_start=on_start)
+        outcome = run_process(spec, on_progress=on_progress, stop_event=stop, on_start=on_start)
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -224,9 +224,9 @@ class SlurmExecutor:
 
     # -- one trial ---------------------------------------------------------------------------
 
-    def run(self, spec: TrialSpec, on_progress: OnProgress | None = None,
+    def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
-            on_job: OnJob | None = None) -> TrialOutcome:
+            on_job: OnJob | None = None) -> RunOutcome:
         """The trial as a job; a job the cluster preempted, or whose node failed, is submitted
         again, ``REQUEUES`` times (sbatch --no-requeue: this loop requeues, not Slurm, see
         :func:`sbatch_parameters`)."""
@@ -243,14 +243,14 @@ class SlurmExecutor:
             outcome = outcome.model_copy(update={"job": {**outcome.job, "resubmitted": resubmitted}})
         return outcome
 
-    def _run_job(self, spec: TrialSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
-                 on_start: OnStart | None, on_job: OnJob | None) -> TrialOutcome:
+    def _run_job(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
+                 on_start: OnStart | None, on_job: OnJob | None) -> RunOutcome:
         spec, token = _for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         started_at, t0 = time.time(), time.monotonic()
         follower = _LogFollower(spec.log_path)
         if self.cluster == "debug":
-            # In this process: the stop event and callbacks reach run_trial directly.
+            # In this process: the stop event and callbacks reach run_process directly.
             job = self.submitit.submit(run_on_node, spec.model_dump_json(), stop_event, on_progress, on_start)
         else:
             try:
@@ -278,7 +278,7 @@ class SlurmExecutor:
                                  stopped=end.stopped, timed_out=timed_out and not end.stopped, note=error)
         return _node_outcome(job, end.data, info, end.stopped)
 
-    def _wait(self, job: Job[Any], spec: TrialSpec, t0: float, follower: _LogFollower,
+    def _wait(self, job: Job[Any], spec: RunSpec, t0: float, follower: _LogFollower,
               stop_event: threading.Event | None, on_progress: OnProgress | None, end: _JobEnd) -> None:
         """Wait for the job, cancelling it on a stop request or past the pending limit, and
         take its result into ``end`` (filled as it goes: what was done stays on an error)."""
@@ -296,7 +296,7 @@ class SlurmExecutor:
             end.failure = exc
         end.stopped = end.stopped or (stop_event is not None and stop_event.is_set())
 
-    def _look(self, job: Job[Any], spec: TrialSpec, t0: float, stop_event: threading.Event | None,
+    def _look(self, job: Job[Any], spec: RunSpec, t0: float, stop_event: threading.Event | None,
               end: _JobEnd) -> None:
         """One look at a job not done yet: cancel it on a stop request, or once past the pending limit."""
         if stop_event is not None and stop_event.is_set() and not end.stopped:
@@ -308,8 +308,8 @@ class SlurmExecutor:
                                    "slurm_pending_timeout): cancelled")
             self._cancel(job)
 
-    def _pending_too_long(self, spec: TrialSpec, t0: float) -> bool:
-        """The job has not started the trial (run_trial on the node creates its log first
+    def _pending_too_long(self, spec: RunSpec, t0: float) -> bool:
+        """The job has not started the trial (run_process on the node creates its log first
         thing, whatever the cluster) and has waited past the pending limit."""
         return (self.pending_timeout_s is not None and time.monotonic() - t0 > self.pending_timeout_s
                 and not spec.log_path.exists())
@@ -330,7 +330,7 @@ class SlurmExecutor:
 
     def _cancel(self, job: Job[Any]) -> None:
         if self.cluster == "local":
-            # SIGTERM to the controller reaches the job as SIGTERM: run_trial ends the tree and
+            # SIGTERM to the controller reaches the job as SIGTERM: run_process ends the tree and
             # the outcome comes back (submitit's cancel, SIGINT, SIGKILLs the job after 1 s).
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(job.job_id), signal.SIGTERM)
@@ -338,10 +338,10 @@ class SlurmExecutor:
             with contextlib.suppress(Exception):
                 job.cancel(check=False)
 
-    def _outcome(self, spec: TrialSpec, started_at: float, t0: float, follower: _LogFollower, info: dict[str, Any],
+    def _outcome(self, spec: RunSpec, started_at: float, t0: float, follower: _LogFollower, info: dict[str, Any],
                  job_error: str | None = None, launch_error: str | None = None, stopped: bool = False,
-                 timed_out: bool = False, note: str | None = None) -> TrialOutcome:
-        """A TrialOutcome for a job that gave none; the evidence goes into the trial's log too."""
+                 timed_out: bool = False, note: str | None = None) -> RunOutcome:
+        """A RunOutcome for a job that gave none; the evidence goes into the trial's log too."""
         note = note or launch_error
         if note:
             with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
@@ -349,7 +349,7 @@ class SlurmExecutor:
         tail = ""
         with contextlib.suppress(OSError):
             tail = "\n".join(spec.log_path.read_text(errors="replace").splitlines()[-200:])
-        return TrialOutcome(
+        return RunOutcome(
             exit_code=126 if launch_error else None, launch_error=launch_error, job_error=job_error,
             killed_reason="stopped" if stopped else ("timeout" if timed_out else None), timed_out=timed_out,
             max_rss_gb=spec.max_rss_gb, metric_name=spec.metric, log_path=spec.log_path, log_tail=tail,
@@ -374,7 +374,7 @@ class _JobEnd:
     pending_expired: str | None = None      # it waited in the queue past the limit: why it was cancelled
 
 
-def _for_the_node(spec: TrialSpec) -> tuple[TrialSpec, str]:
+def _for_the_node(spec: RunSpec) -> tuple[RunSpec, str]:
     """The spec with absolute paths (the node's working directory is not ours) and the
     timeout in force, and its process token, chosen here so that the trial's processes can
     be found from here."""
@@ -405,10 +405,10 @@ def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object
     return error, timed_out, state
 
 
-def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], stopped: bool) -> TrialOutcome:
+def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], stopped: bool) -> RunOutcome:
     """The outcome the node returned, with the job; a stop nobody here asked for is the scheduler's."""
     node_signal = data.pop("node_signal", None)
-    outcome = TrialOutcome.model_validate(data)
+    outcome = RunOutcome.model_validate(data)
     update: dict[str, Any] = {"job": info}
     ended_by_signal = outcome.killed_reason == "stopped" or outcome.signal is not None
     if ended_by_signal and stopped:
@@ -509,10 +509,10 @@ def nonce_digest(nonce: str | None) -> str | None:
     return hashlib.sha256(nonce.encode()).hexdigest() if nonce else None
 
 
-def collect_finished(job: dict[str, Any] | None) -> TrialOutcome | None:
+def collect_finished(job: dict[str, Any] | None) -> RunOutcome | None:
     """The outcome of a run's job that finished after a kill -9 of its orchestrator, when it
     can be trusted: the cluster says the job ended, the job itself returned an outcome
-    (submitit's result file: run_trial on the node checked the result's nonce), that outcome
+    (submitit's result file: run_process on the node checked the result's nonce), that outcome
     ended by itself with a metric, and its result carries the nonce recorded at submission.
     None otherwise (the trial is then recorded as interrupted)."""
     if submitit is None or not job or job.get("cluster") != "slurm" or not job.get("nonce_sha256"):
@@ -523,7 +523,7 @@ def collect_finished(job: dict[str, Any] | None) -> TrialOutcome | None:
     try:
         paths = submitit.SlurmJob(folder=job["folder"], job_id=str(job["job_id"])).paths
         status, data = pickle_load(paths.result_pickle)
-        outcome = TrialOutcome.model_validate({k: v for k, v in data.items() if k != "node_signal"})
+        outcome = RunOutcome.model_validate({k: v for k, v in data.items() if k != "node_signal"})
     except Exception:  # no result file, a failed job's, or not an outcome: nothing to collect
         return None
     if (status != "success" or outcome.metric is None or outcome.killed_reason or outcome.signal is not None

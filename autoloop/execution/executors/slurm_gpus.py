@@ -22,7 +22,7 @@ from typing import Any
 
 from autoloop.execution.procs import TOKEN_VAR
 from autoloop.execution.ranks import node_command
-from autoloop.execution.runner import TrialSpec
+from autoloop.execution.runner import RunSpec
 
 # Rendezvous ports are this plus the job id modulo 10000: clear of torchrun's default 29500,
 # which a user's own torchrun may hold, and below the usual ephemeral range (32768+).
@@ -93,7 +93,7 @@ def rendezvous_port(job_id: str) -> int:
     return RENDEZVOUS_BASE_PORT + int(digits) % 10000
 
 
-def this_node(spec: TrialSpec, nodes: int, environ: Mapping[str, str]) -> TrialSpec:
+def this_node(spec: RunSpec, nodes: int, environ: Mapping[str, str]) -> RunSpec:
     """This node's share of a trial whose job spans ``nodes`` nodes (one task per node): the
     launcher meets the others' at the allocation's first node (``SLURM_JOB_NODELIST``). The
     first node's share is the trial (its log, its result file, its process token); the others'

@@ -21,7 +21,7 @@ from typing import Any
 from autoloop.core.layout import Layout
 from autoloop.observe.console import parse_progress
 from autoloop.repo.gitview import record_diff
-from autoloop.review.machine import machine_data
+from autoloop.review.machine_speed import machine_data
 from autoloop.review.report import status_data
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
 from autoloop.store.queries import best_before, infer_direction, is_noise_sample, running_best
@@ -174,7 +174,7 @@ class WorkspaceViews:
 
 
 def _adjusted(records: list[LedgerRecord]) -> dict[str, float]:
-    """Each probed run's metric at the night's median machine speed, by label (review/machine.py)."""
+    """Each probed run's metric at the night's median machine speed, by label (review/machine_speed.py)."""
     found: dict[str, float] = (machine_data(records) or {}).get("adjusted", {})
     return found
 

@@ -8,11 +8,11 @@ chosen rho (a Gaussian copula: Pearson 2 sin(pi rho / 6)). Good ideas are rare: 
 plus ``--overhead`` seconds around the training (start-up, imports, data, evaluation).
 
 The decisions are the engine's own: ``core.keep.decide`` judges every full run (the noise
-rule, confirmations) and every scout run (``kind="scout"``: core/fidelity.py's margin from
-the measured scout noise), and ``core.fidelity.switched_off`` turns scouting off when the
+rule, confirmations) and every scout run (``kind="scout"``: core/scout.py's margin from
+the measured scout noise), and ``core.scout.switched_off`` turns scouting off when the
 rungs stop agreeing. The night starts as autoloop's does: the baseline and --noise-runs 2
 more runs of it, and with scouting two scout runs of it (the rung's noise and reference);
-each keep gets fresh scout runs of the new best as its reference (engine/scouting.py).
+each keep gets fresh scout runs of the new best as its reference (engine/scout.py).
 
 Printed per rho and mode over ``--nights`` nights (the same ideas and draws for both modes):
 trials, promoted share, the true gain of the final best over the baseline (in full-rung
@@ -20,8 +20,8 @@ sigmas; what a verification would find), that gain per device-hour, false keeps 
 changes whose true effect is not an improvement), good ideas found, and the nights on
 which scouting switched itself off.
 
-    python benchmarks/fidelity.py                          # rho 0.9 0.6 0.3, 40 nights each
-    python benchmarks/fidelity.py --nights 40 --overhead 25 --rho 0.9
+    python benchmarks/scout.py                          # rho 0.9 0.6 0.3, 40 nights each
+    python benchmarks/scout.py --nights 40 --overhead 25 --rho 0.9
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoloop.core.decide import noise_estimate
-from autoloop.core.fidelity import ScoutRef, pooled_sigma, switched_off
+from autoloop.core.judge import noise_estimate
 from autoloop.core.keep import Facts, Rules, decide
-from autoloop.engine.scouting import SAMPLES_AFTER_KEEP
+from autoloop.core.scout import ScoutRef, pooled_sigma, switched_off
+from autoloop.engine.scout import SAMPLES_AFTER_KEEP
 
 SIGMA = 1.0            # the full rung's run-to-run noise (the unit of every figure)
 BASE = 100.0           # the baseline's true full-rung metric (lower is better)

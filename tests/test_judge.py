@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from autoloop.core.decide import MetricVerdict, improvement, judge_metric, required_improvement
+from autoloop.core.judge import MetricVerdict, improvement, judge_metric, required_improvement
 
 
 def test_improvement_is_positive_when_better_in_either_direction():
@@ -91,7 +91,7 @@ def test_reasons_are_one_line():
 # ---------------------------------------------------------------------------------------------
 # Noise: estimate, confidence, the strict and noise keep rules, confirmation re-runs
 
-from autoloop.core.decide import confidence, effective_rule, judge_runs, noise_estimate  # noqa: E402
+from autoloop.core.judge import confidence, effective_rule, judge_runs, noise_estimate  # noqa: E402
 
 
 def test_noise_estimate_is_the_sample_stdev():

@@ -1,4 +1,4 @@
-"""The scout rung in the night (--scout; the rules: core/fidelity.py, docs/fidelity.md).
+"""The scout rung in the night (--scout; the rules: core/scout.py, docs/fidelity.md).
 
 Whether a proposal is scouted first (``active``: --scout set and the rung still predicting
 the full one), the scout runs of the best that give the rung its noise and its reference
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import threading
 
-from autoloop.core.fidelity import switched_off
+from autoloop.core.scout import switched_off
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate
 from autoloop.engine.night import Night
 from autoloop.store import queries
-from autoloop.store.fidelity import scout_pairs, scout_runs
 from autoloop.store.ledger import LedgerRecord
+from autoloop.store.scout import scout_pairs, scout_runs
 
 # Parallel slots that find the best without scout runs at once run them once.
 _measuring = threading.Lock()
@@ -56,7 +56,7 @@ def measure_scout(night: Night, runner: AttemptRunner, wanted: int | None = None
 
 
 # Scout samples of each new best: its reference (two: the mean halves the reference's own
-# noise in the margin; the promoting run is no reference, store/fidelity.py says why).
+# noise in the margin; the promoting run is no reference, store/scout.py says why).
 SAMPLES_AFTER_KEEP = 2
 
 

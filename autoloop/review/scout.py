@@ -1,12 +1,12 @@
-"""Both rungs of a --scout night, for status, the report and the dashboard (store/fidelity.py)."""
+"""Both rungs of a --scout night, for status, the report and the dashboard (store/scout.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from autoloop.core.fidelity import MIN_PAIRS, RHO_FLOOR
-from autoloop.store.fidelity import rungs
+from autoloop.core.scout import MIN_PAIRS, RHO_FLOOR
 from autoloop.store.ledger import LedgerRecord
+from autoloop.store.scout import rungs
 
 
 def status_lines(records: list[LedgerRecord]) -> list[str]:
@@ -26,7 +26,7 @@ def summary(records: list[LedgerRecord]) -> dict[str, Any] | None:
             "lines": found.lines()}
 
 
-def fidelity_section(records: list[LedgerRecord]) -> list[str]:
+def report_section(records: list[LedgerRecord]) -> list[str]:
     """report.md's "Scout and full rungs" section; nothing for a night that never scouted."""
     found = rungs(records)
     if found is None:

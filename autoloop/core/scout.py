@@ -14,7 +14,7 @@ is decided as always. Three rules, all pure:
   pairs exist and it is below ``RHO_FLOOR``, the scout rung stops predicting and
   scouting turns itself off for the rest of the night.
 
-The engine (engine/scouting.py, core/keep.py) and benchmarks/fidelity.py call these same
+The engine (engine/scout.py, core/keep.py) and benchmarks/scout.py call these same
 functions.
 """
 
@@ -24,10 +24,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoloop.core.decide import Direction, improvement
+from autoloop.core.judge import Direction, improvement
 
 # Promoted candidates with both rungs measured before the agreement may switch scouting
-# off: fewer pairs give a Spearman too noisy to act on (benchmarks/fidelity.py, 40 nights:
+# off: fewer pairs give a Spearman too noisy to act on (benchmarks/scout.py, 40 nights:
 # with 8, a landscape whose rungs agree at 0.9 is switched off on about one night in four,
 # one at 0.3 on nine in ten).
 MIN_PAIRS = 8
@@ -35,7 +35,7 @@ MIN_PAIRS = 8
 # MARGIN_Z scout sigmas (the reference's own noise allowed for) is scouted out. One-sided
 # and small: a change the full rung would keep must beat the best there by the noise rule's
 # z, so at the scout rung it rarely trails the best at all; a larger z lets through the
-# many changes that are a little worse (benchmarks/fidelity.py: 1.0 gave 1.52x the gain per
+# many changes that are a little worse (benchmarks/scout.py: 1.0 gave 1.52x the gain per
 # device-hour at rho 0.9 where 0.5 gave 1.65x, 1.5 gave 1.37x).
 MARGIN_Z = 0.5
 # Below this rank agreement (over the promoted, so range-restricted, candidates: where the

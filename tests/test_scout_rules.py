@@ -1,4 +1,4 @@
-"""The scout rung's pure rules (core/fidelity.py), its keep rows, and its ledger field."""
+"""The scout rung's pure rules (core/scout.py), its keep rows, and its ledger field."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from autoloop.core.fidelity import (
+from autoloop.core.keep import Facts, decide
+from autoloop.core.scout import (
     MARGIN_Z,
     MIN_PAIRS,
     ScoutRef,
@@ -18,9 +19,8 @@ from autoloop.core.fidelity import (
     spearman,
     switched_off,
 )
-from autoloop.core.keep import Facts, decide
-from autoloop.store.fidelity import scout_pairs
 from autoloop.store.ledger import LedgerRecord
+from autoloop.store.scout import scout_pairs
 
 
 def test_spearman_ranks_ties_and_degenerate_input():

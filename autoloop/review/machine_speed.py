@@ -1,7 +1,7 @@
 """The machine's speed beside the metric, for status, the report and the dashboard.
 
 Raw and adjusted side by side: the raw metric is what the runs measured; the adjusted one
-is the same at the night's median machine speed (store/speed.py), shown only where the
+is the same at the night's median machine speed (store/machine_speed.py), shown only where the
 night's fit is used for decisions; otherwise the fit's one line says why not.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoloop.store import queries, speed
+from autoloop.store import machine_speed, queries
 from autoloop.store.ledger import LedgerRecord, trial_label
 from autoloop.verification.verify_plan import Summary, variant_label
 
@@ -21,7 +21,7 @@ def machine_data(records: list[LedgerRecord]) -> dict[str, Any] | None:
     when no run was probed."""
     if not any(r.machine_speed is not None for r in records):
         return None
-    f, adjusted = speed.adjusted_metrics(records)
+    f, adjusted = machine_speed.adjusted_metrics(records)
     best_commit, best_metric = queries.best(records)
     best_adj = [adjusted[(r.trial, r.attempt)] for r in records
                 if r.commit == best_commit and (r.trial, r.attempt) in adjusted and r.kind != "verify"]

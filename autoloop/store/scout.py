@@ -1,4 +1,4 @@
-"""Questions asked of a ledger about the scout rung (--scout; core/fidelity.py's rules).
+"""Questions asked of a ledger about the scout rung (--scout; core/scout.py's rules).
 
 Pure functions of the records, like queries.py: the best's scout runs (the reference a
 scout result is judged against), the rung's noise, the (scout, full) pairs of the promoted
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoloop.core.fidelity import Agreement, ScoutRef, agreement, pooled_sigma, switched_off
+from autoloop.core.scout import Agreement, ScoutRef, agreement, pooled_sigma, switched_off
 from autoloop.store.ledger import LedgerRecord
 
 

@@ -12,7 +12,7 @@ from helpers.loop import read_ledger
 from helpers.night import build_night, realistic_steps
 from helpers.watch import cli_env, fake, fake_repo, queue, run_args, run_night
 
-from autoloop.observe.notes import NOTES_REF, Notes, attempt_block, blob_sha, notes_by_commit
+from autoloop.observe.git_notes import NOTES_REF, Notes, attempt_block, blob_sha, notes_by_commit
 from autoloop.store.ledger import LedgerRecord
 
 
