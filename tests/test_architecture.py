@@ -145,3 +145,54 @@ def test_the_architecture_document_lists_the_layers_in_order():
     text = (ROOT / "docs" / "architecture.md").read_text()
     listed = re.findall(r"^\| (\d+) \| `(\w+)` \|", text, re.MULTILINE)
     assert [layer for _, layer in listed] == LAYERS[::-1], listed
+
+
+def _table(text: str, heading: str) -> list[list[str]]:
+    """The rows of the first table under `## heading`, each a list of its cells."""
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows if not set(row) <= set("|-: ")]
+
+
+def _stems() -> dict[str, set[str]]:
+    """Every module's and package's own name, and the layers it names something in."""
+    found: dict[str, set[str]] = {}
+    for name in modules():
+        layer, leaf = layer_of(name), name.rsplit(".", 1)[-1]
+        if layer in (None, "contract") or leaf in ("__init__", "__main__") or name == f"autoloop.{layer}":
+            continue
+        found.setdefault(leaf, set()).add(layer)
+    return found
+
+
+def test_a_feature_across_layers_has_one_stem_and_its_row():
+    rows = _table((ROOT / "docs" / "architecture.md").read_text(), "Features across layers")
+    header, rows = rows[0], rows[1:]
+    assert header[0] == "feature" and set(header[1:]) <= set(LAYERS), header
+    listed = {}
+    for row in rows:
+        stem, cells = row[0], dict(zip(header[1:], row[1:], strict=True))
+        layers = {layer for layer, cell in cells.items() if cell}
+        assert all(cells[layer] in (f"`{stem}.py`", f"`{stem}/`") for layer in layers), row
+        listed[stem] = layers
+    across = {stem: layers for stem, layers in _stems().items() if len(layers) > 1}
+    assert listed == across, f"docs/architecture.md's feature table {listed} against the package {across}"
+
+
+def test_retired_words_do_not_come_back():
+    """The glossary's retired names: no identifier in the package, no module of that name."""
+    import io
+    import tokenize
+
+    rows = _table((ROOT / "docs" / "architecture.md").read_text(), "The house's words")[1:]
+    retired = [(name, "(as a module)" in cell.split(name, 1)[1][:16])
+               for cell in (row[-1] for row in rows) for name in re.findall(r"`(\w+)`", cell)]
+    assert len(retired) >= 5, retired
+    stems = _stems()
+    found = []
+    for module, path in modules().items():
+        names = {tok.string for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+                 if tok.type == tokenize.NAME}
+        found += [f"{module}: {name}" for name, as_module in retired if not as_module and name in names]
+    found += [f"a module named {name}" for name, as_module in retired if as_module and name in stems]
+    assert not found, "retired names in use:\n" + "\n".join(found)
