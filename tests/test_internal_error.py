@@ -98,3 +98,21 @@ def test_a_disk_that_refuses_a_write_is_one_line_not_a_bug_and_resume_loses_noth
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     ledger = assert_invariants(repo)
     assert [r["description"] for r in ledger if r["kind"] != "baseline"][-1] == "restore learning rates", ledger
+
+
+def test_a_ctrl_c_before_the_command_runs_is_exit_130_without_a_traceback(tmp_path):
+    """Ctrl-C while the command line still imports and builds its parser (the first half
+    second of `autoloop run`, before a night's own signal handling) printed Python's
+    KeyboardInterrupt traceback and exited -2. The parser raises it here as SIGINT would."""
+    script = ("import sys, signal\n"
+              "import autoloop.cli.main\n"
+              "cli = sys.modules['autoloop.cli.main']   # the package's `main` is the function\n"
+              "def build_parser():\n"
+              "    signal.raise_signal(signal.SIGINT)\n"
+              "cli.build_parser = build_parser\n"
+              "sys.exit(cli.main(['status']))\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=init_repo(tmp_path / "repo", {"train.py": "x = 1\n"}),
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert proc.stderr == "autoloop: interrupted\n", proc.stderr

@@ -358,6 +358,14 @@ def _add_init(sub: Subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:   # Ctrl-C before a command's own handling: in the imports, the parser
+        print("autoloop: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     from autoloop.core.errors import AutoloopError
 
     argv = sys.argv[1:] if argv is None else argv
