@@ -21,7 +21,8 @@ from autoloop.repo.gitview import record_diff
 from autoloop.review import attempts as attempt_rows
 from autoloop.review.dashboard.views import log_tail
 from autoloop.review.json_forms import status_payload, verify_status
-from autoloop.review.report import report_markdown, status_data, verification_section
+from autoloop.review.report import report_markdown, verification_section
+from autoloop.review.status import status_data
 from autoloop.store import person_notes, queries
 from autoloop.store.digest import research_digest
 from autoloop.verification.verify_plan import load_plan, summarize
