@@ -257,7 +257,7 @@ def test_low_disk_stops_the_loop_cleanly(tmp_path, tiny_data_dir):
 def test_low_disk_is_checked_before_every_trial(tmp_path, tiny_data_dir):
     """Between trials too, not only at start (where the test above sees it): the
     scheduler's stop conditions, asked before each trial, include the free space."""
-    from autoloop.config.settings import build_settings
+    from autoloop.config.loading import build_settings
     from autoloop.engine.opening import open_night
     from autoloop.engine.scheduler import Scheduler
     from autoloop.observe.console import Console

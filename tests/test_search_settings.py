@@ -8,7 +8,7 @@ import sys
 import pytest
 from helpers.git import TRAIN_PY, init_repo
 
-from autoloop.config.settings import ConfigError, load_settings
+from autoloop.config.loading import ConfigError, load_settings
 from autoloop.proposers import ProposerError, make_proposer
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autoloop.config.settings import load_settings
+from autoloop.config.loading import load_settings
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
 from autoloop.repo.gitview import record_diff
