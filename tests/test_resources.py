@@ -261,7 +261,7 @@ def test_low_disk_is_checked_before_every_trial(tmp_path, tiny_data_dir):
     from autoloop.engine.opening import open_night
     from autoloop.engine.scheduler import Scheduler
     from autoloop.observe.console import Console
-    from autoloop.proposers import make_proposer
+    from autoloop.proposers.choose import make_proposer
 
     repo = foreign_repo(tmp_path, QUIET_OR_FLOOD_TRAIN)
     reasons = []

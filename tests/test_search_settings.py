@@ -9,7 +9,8 @@ import pytest
 from helpers.git import TRAIN_PY, init_repo
 
 from autoloop.config.loading import ConfigError, load_settings
-from autoloop.proposers import ProposerError, make_proposer
+from autoloop.proposers.base import ProposerError
+from autoloop.proposers.choose import make_proposer
 
 
 def test_defaults(tmp_path):
