@@ -1,5 +1,5 @@
 """What `autoloop mcp`'s tools answer, as plain functions of one experiment repository (the
-server, mcp_server.py, only wires them to the protocol; the tests call both).
+server, server.py, only wires them to the protocol; the tests call both).
 
 Reading never writes and takes no lock: safe from another shell beside a running night.
 Every size is bounded (rows, texts, the diff, the log's tail). Whatever an agent or a
