@@ -20,9 +20,9 @@ from helpers.loop import BUDGET, GOOD, LR_ARGS, LRS, SLOW, assert_invariants, au
 
 from autoloop.cli.main import build_parser, settings_from
 from autoloop.config.settings import Settings
-from autoloop.proposers import ProposerError, make_proposer
 from autoloop.proposers.agent import PRESETS, AgentProposer, describe_change, split_command
-from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest
+from autoloop.proposers.base import FixContext, ProposalFailed, ProposalRequest, ProposerError
+from autoloop.proposers.choose import make_proposer
 from autoloop.store.ledger import LedgerRecord
 
 FAKE = Path(__file__).resolve().parent / "fake_agents"

@@ -16,8 +16,8 @@ from helpers.loop import GOOD, autoloop_in_process, queue_file, read_ledger, rea
 from helpers.night import build_night, realistic_steps
 
 from autoloop.core.contributions import Estimate
-from autoloop.review.client_setup import BEGIN, END, InstallError, install
 from autoloop.review.json_forms import schema, verify_payload
+from autoloop.review.mcp.client_setup import BEGIN, END, InstallError, install
 from autoloop.store.stop_request import request_stop
 from autoloop.verification.verify_plan import ChangeVerdict, Plan, Summary
 

@@ -225,7 +225,7 @@ def test_an_unknown_agent_command_is_only_found(tmp_path):
 
 @pytest.mark.parametrize("value,expected", [("90s", 90.0), ("2m", 120.0), (0, 0.0), ("0", 0.0), ("off", 0.0)])
 def test_stall_timeout_setting(tmp_path, value, expected):
-    from autoloop.config.settings import load_settings
+    from autoloop.config.loading import load_settings
 
     (tmp_path / "autoloop.toml").write_text(f"agent-stall-timeout = {json.dumps(value)}\nskip-preflight = true\n")
     settings = load_settings(tmp_path)
@@ -237,7 +237,7 @@ def test_stall_timeout_setting(tmp_path, value, expected):
     ("soon", "--agent-stall-timeout: cannot read 'soon' as a duration (use 300, 300s, 5m or 1h30m)"),
 ])
 def test_bad_stall_timeout_is_one_line(tmp_path, value, message):
-    from autoloop.config.settings import ConfigError, load_settings
+    from autoloop.config.loading import ConfigError, load_settings
 
     with pytest.raises(ConfigError) as info:
         load_settings(tmp_path, {"agent_stall_timeout": float(value) if value.lstrip("-").isdigit() else value})

@@ -7,7 +7,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from autoloop.config.settings import ConfigError, Settings, date_tag, format_duration, load_settings, parse_duration
+from autoloop.config.loading import ConfigError, load_settings
+from autoloop.config.settings import Settings, date_tag, format_duration, parse_duration
 
 
 def load(tmp_path, own: str | None = None, pyproject: str | None = None, **overrides) -> Settings:

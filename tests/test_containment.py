@@ -1,4 +1,4 @@
-"""Containment (autoloop.execution.procs): each run in a cgroup of its own, where the machine allows.
+"""Containment (autoloop.execution.cgroups): each run in a cgroup of its own, where the machine allows.
 
 Real cgroups, real processes: a daemon that calls setsid, double-forks and clears its
 environment is invisible to session, token and tree tracking; only its cgroup holds it.
@@ -17,11 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autoloop.execution import procs
+from autoloop.execution import cgroups, procs
 from autoloop.execution.runner import TOKEN_VAR, RunSpec, run_process
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
-CONTAINMENT, SAYS = procs.containment()
+CONTAINMENT, SAYS = cgroups.containment()
 needs_cgroups = pytest.mark.skipif(CONTAINMENT is None, reason=f"no writable cgroup here: {SAYS}")
 
 # A process that keeps forking children (a fork storm in miniature), to be ended whole.
@@ -56,16 +56,16 @@ def test_an_escaping_daemon_is_ended_with_its_run(tmp_path):
     assert outcome.exit_code == 0
     assert dead(daemon), "the daemon outlived its run"
     assert outcome.leftover_processes >= 1
-    assert not (CONTAINMENT.parent / f"{procs.GROUP_PREFIX}{token}").exists(), "the run's cgroup was left behind"
+    assert not (CONTAINMENT.parent / f"{cgroups.GROUP_PREFIX}{token}").exists(), "the run's cgroup was left behind"
 
 
 @pytest.mark.parametrize("kind", ["cgroup2", "freezer", "pids"])
 def test_every_kind_of_group_ends_a_forking_tree(kind):
     """Each containment this machine offers (v2, v1 freezer, v1 pids), for real."""
-    where = next((c for c in procs._candidates() if c.kind == kind), None)
-    if where is None or procs._probe(where) is not None:
+    where = next((c for c in cgroups._candidates() if c.kind == kind), None)
+    if where is None or cgroups._probe(where) is not None:
         pytest.skip(f"no writable {kind} hierarchy on this machine")
-    group = procs.RunGroup(where, uuid.uuid4().hex)
+    group = cgroups.RunGroup(where, uuid.uuid4().hex)
     proc = subprocess.Popen([sys.executable, "-c", FORKER], preexec_fn=group.join, start_new_session=True)
     deadline = time.monotonic() + 30
     while len(group.pids()) < 6 and time.monotonic() < deadline:
@@ -83,7 +83,7 @@ def test_recovery_ends_the_group_of_a_run_left_by_a_kill(tmp_path):
     """kill -9 of the orchestrator: the run's cgroup outlives it, with the daemon; recovery
     finds it by the run's token and ends it."""
     token = uuid.uuid4().hex
-    group = procs.RunGroup(CONTAINMENT, token)
+    group = cgroups.RunGroup(CONTAINMENT, token)
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=group.join,
                               start_new_session=True, env={})
     assert procs.end_leftovers([], token=token, grace_s=1.0) >= 1

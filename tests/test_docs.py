@@ -7,8 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+from autoloop.config.loading import build_settings
 from autoloop.config.reference import EXAMPLE_TOML, REGENERATE, configuration_markdown
-from autoloop.config.settings import build_settings
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -143,7 +143,7 @@ else:
 
 
 def test_nvlink_summary_reads_the_topology_matrix():
-    from autoloop.cli.commands.doctor import nvlink_summary
+    from autoloop.review.doctor import nvlink_summary
 
     assert nvlink_summary(TOPO_NVLINK) == "NVLink between all 8 GPUs (NV18)"
     assert nvlink_summary(TOPO_PCIE) == "no NVLink: the GPUs talk through SYS (PCIe/host)"

@@ -24,9 +24,9 @@ import pytest
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, autoloop, queue_file, queue_patch
 
-from autoloop.config.settings import ConfigError, build_settings
+from autoloop.config.loading import ConfigError, build_settings
 from autoloop.core.classify import classify
-from autoloop.execution import procs
+from autoloop.execution import cgroups
 from autoloop.execution.executors import ExecutorError, LocalExecutor, make_executor
 from autoloop.execution.runner import TOKEN_VAR, RunSpec
 
@@ -120,7 +120,7 @@ def test_sbatch_parameters_come_from_the_settings(tmp_path, fake_sbatch):
 def test_local_is_the_default_and_never_needs_submitit(tmp_path):
     assert isinstance(make_executor(build_settings({}), tmp_path), LocalExecutor)
     code = ("import sys; sys.modules['submitit'] = None\n"
-            "from autoloop.config.settings import build_settings\n"
+            "from autoloop.config.loading import build_settings\n"
             "from autoloop.execution.executors import make_executor\n"
             "print(type(make_executor(build_settings({}), '.')).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -191,7 +191,7 @@ def test_a_job_killed_on_its_node_is_a_classified_crash_and_leaves_nothing(tmp_p
     assert outcome.metric is None and outcome.job_error
     assert f"job {job_id}" in spec.log_path.read_text()   # the evidence is in the trial's log too
     assert not token_holders("token-of-the-killed-job")   # the orphaned trial was ended
-    assert procs.group_of_token("token-of-the-killed-job") is None   # and its cgroup removed
+    assert cgroups.group_of_token("token-of-the-killed-job") is None   # and its cgroup removed
 
 
 def test_a_job_function_that_raises_is_a_classified_crash(tmp_path):

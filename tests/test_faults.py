@@ -43,7 +43,7 @@ import pytest
 from helpers.git import git, init_repo
 from helpers.loop import assert_invariants, autoloop, queue_file, read_ledger, read_tsv
 
-from autoloop.execution import procs
+from autoloop.execution import cgroups
 
 SCRIPTS = Path(__file__).parent / "trial_scripts"
 AGENTS = Path(__file__).parent / "fake_agents"
@@ -213,7 +213,7 @@ ESCAPING_TRAIN = f'''import subprocess, sys
 subprocess.run([sys.executable, {str(SCRIPTS / "escaping_daemon.py")!r}, "results/fault.pid"], check=True)
 print("val_bpb: 1.25")
 '''
-CONTAINED = procs.containment()[0] is not None
+CONTAINED = cgroups.containment()[0] is not None
 
 
 def stopped_by_sigint(repo: Path, row: dict, tmp: Path) -> None:
@@ -264,7 +264,7 @@ FAULTS = [
     # -- train.py leaves things behind, or floods
     Fault("setsid-daemon-grandchild", "keep", None, "improved", train=DAEMON_TRAIN, check=daemon_ended),
     Fault("daemon-escapes-session-token-and-tree", "keep", None, "improved", train=ESCAPING_TRAIN, check=daemon_ended,
-          pending=None if CONTAINED else f"no writable cgroup here ({procs.containment()[1]}): it escapes"),
+          pending=None if CONTAINED else f"no writable cgroup here ({cgroups.containment()[1]}): it escapes"),
     Fault("stdout-flood", "discard", None, None, train=script("flood.py"), check=flood_read),
     # -- train.py turns on the orchestrator
     Fault("sigterms-the-orchestrator", "crash", "fundamental", "interrupted (SIGTERM)",

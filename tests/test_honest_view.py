@@ -20,7 +20,8 @@ import pytest
 from helpers.git import init_repo
 from helpers.loop import autoloop, read_ledger
 
-from autoloop.review.report import status_data, status_text, write_report
+from autoloop.review.report import write_report
+from autoloop.review.status import status_data, status_text
 from autoloop.store import queries
 from autoloop.store.ledger import Ledger
 

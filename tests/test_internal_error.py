@@ -19,10 +19,10 @@ from helpers.git import init_repo
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # status_data is imported by `autoloop status` when it runs, so the replacement is the one it calls.
 BUGGY_STATUS = ("import sys\n"
-                "import autoloop.review.report as report\n"
+                "import autoloop.review.status as status\n"
                 "def status_data(results):\n"
                 "    raise ZeroDivisionError('a bug on purpose')\n"
-                "report.status_data = status_data\n"
+                "status.status_data = status_data\n"
                 "from autoloop.cli.main import main\n"
                 "sys.exit(main(sys.argv[1:]))\n")
 LINE = re.compile(r"^autoloop: internal error: ZeroDivisionError: a bug on purpose "

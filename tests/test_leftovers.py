@@ -1,4 +1,4 @@
-"""Left-overs of a kill: no empty cgroup stays behind (autoloop.execution.procs), and an
+"""Left-overs of a kill: no empty cgroup stays behind (autoloop.execution.cgroups), and an
 attempt a kill interrupted while training is run again by --resume (engine.rerun).
 
 Real processes, real kills, real cgroups where this machine lets autoloop make them (the
@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from helpers.loop import BUDGET, GOOD, assert_invariants, autoloop, queue_file, read_ledger, set_constants
 
-from autoloop.execution import procs
+from autoloop.execution import cgroups
 from autoloop.execution.runner import TOKEN_VAR, RunSpec, run_process
 
-CONTAINMENT, SAYS = procs.containment()
+CONTAINMENT, SAYS = cgroups.containment()
 needs_cgroups = pytest.mark.skipif(CONTAINMENT is None, reason=f"no writable cgroup here: {SAYS}")
 
 
 def group_path(token: str) -> Path:
     assert CONTAINMENT is not None
-    return CONTAINMENT.parent / f"{procs.GROUP_PREFIX}{token}"
+    return CONTAINMENT.parent / f"{cgroups.GROUP_PREFIX}{token}"
 
 
 def start_long_trial(repo: Path, data_dir: Path, *extra: str) -> tuple[subprocess.Popen, dict]:
@@ -77,7 +77,7 @@ def test_a_trial_killed_from_outside_leaves_no_cgroup(tmp_path, victim):
     def kill_when_started(chunk: bytes) -> None:
         text = chunk.decode().split()
         if text and text[0].isdigit():
-            pids = procs.pids_in_group(group_path(token))
+            pids = cgroups.pids_in_group(group_path(token))
             main = next(pid for pid in pids if pid != int(text[0]))
             os.kill(main if victim == "main" else int(text[0]), signal.SIGKILL)
 
@@ -95,7 +95,7 @@ def test_kill_9_of_the_orchestrator_then_resume_leaves_no_cgroup(baselined_repo,
     assert group_path(token).exists()
     proc.kill()
     proc.wait()
-    assert procs.pids_in_group(group_path(token)), "the orphaned trial lives on in its group"
+    assert cgroups.pids_in_group(group_path(token)), "the orphaned trial lives on in its group"
     resumed = autoloop(repo, "run", "--budget", BUDGET, "--proposer", "queue", "--tag", "t", "--resume",
                        "--no-rerun-interrupted", data_dir=tiny_data_dir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -108,13 +108,13 @@ def test_kill_9_of_the_orchestrator_then_resume_leaves_no_cgroup(baselined_repo,
 def test_empty_groups_left_by_kills_are_swept_and_busy_or_new_ones_kept():
     """What no recovery reaches (a killed night never resumed): an empty group older than a
     minute goes at the next start; one with a member, or one just made, stays."""
-    old_empty, fresh_empty, old_busy = (procs.RunGroup(CONTAINMENT, os.urandom(16).hex()) for _ in range(3))
+    old_empty, fresh_empty, old_busy = (cgroups.RunGroup(CONTAINMENT, os.urandom(16).hex()) for _ in range(3))
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                preexec_fn=old_busy.join, start_new_session=True)
     try:
         for group in (old_empty, old_busy):
             os.utime(group.path, (time.time() - 3600, time.time() - 3600))
-        assert procs.sweep_empty_groups() >= 1
+        assert cgroups.sweep_empty_groups() >= 1
         assert not old_empty.path.exists()
         assert fresh_empty.path.exists() and old_busy.path.exists()
     finally:

@@ -11,7 +11,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoloop.config.settings import Settings, load_settings
+from autoloop.config.loading import load_settings
+from autoloop.config.settings import Settings
 from autoloop.core.durations import parse_duration
 from autoloop.core.errors import AutoloopError
 from autoloop.store.ledger import TSV_COLUMNS, Ledger, LedgerRecord, format_tsv

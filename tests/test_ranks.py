@@ -24,7 +24,7 @@ import pytest
 from helpers.git import init_repo
 from helpers.loop import read_ledger
 
-from autoloop.config.settings import build_settings
+from autoloop.config.loading import build_settings
 from autoloop.core.classify import classify
 from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.rank_failure import rank_failure

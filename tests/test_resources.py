@@ -257,11 +257,11 @@ def test_low_disk_stops_the_loop_cleanly(tmp_path, tiny_data_dir):
 def test_low_disk_is_checked_before_every_trial(tmp_path, tiny_data_dir):
     """Between trials too, not only at start (where the test above sees it): the
     scheduler's stop conditions, asked before each trial, include the free space."""
-    from autoloop.config.settings import build_settings
+    from autoloop.config.loading import build_settings
     from autoloop.engine.opening import open_night
     from autoloop.engine.scheduler import Scheduler
     from autoloop.observe.console import Console
-    from autoloop.proposers import make_proposer
+    from autoloop.proposers.choose import make_proposer
 
     repo = foreign_repo(tmp_path, QUIET_OR_FLOOD_TRAIN)
     reasons = []

@@ -8,8 +8,9 @@ import sys
 import pytest
 from helpers.git import TRAIN_PY, init_repo
 
-from autoloop.config.settings import ConfigError, load_settings
-from autoloop.proposers import ProposerError, make_proposer
+from autoloop.config.loading import ConfigError, load_settings
+from autoloop.proposers.base import ProposerError
+from autoloop.proposers.choose import make_proposer
 
 
 def test_defaults(tmp_path):

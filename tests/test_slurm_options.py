@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoloop.config.settings import build_settings
+from autoloop.config.loading import build_settings
 from autoloop.execution.executors import slurm_gpus, slurm_state
 
 pytest.importorskip("submitit")

@@ -14,7 +14,7 @@ from helpers.git import init_repo
 from helpers.loop import GOOD, SLOW, queue_file
 from helpers.night import build_night, realistic_steps
 
-from autoloop.review.report import status_data, status_json, status_text
+from autoloop.review.status import status_data, status_json, status_text
 from autoloop.store.state import RunState, save_state
 
 PROGRESS = "step 00123 (41.0%) | loss: 2.3450 | lrm: 1.00 | dt: 52ms | tok/sec: 78,769 | remaining: 177s"

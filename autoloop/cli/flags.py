@@ -18,7 +18,8 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from autoloop.config.fields import choices, default_text, meta
-from autoloop.config.settings import SECTIONS, Settings, flag_of, load_settings
+from autoloop.config.loading import load_settings
+from autoloop.config.settings import SECTIONS, Settings, flag_of
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, command: str, sections: tuple[str, ...] | None = None) -> None:

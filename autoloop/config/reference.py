@@ -17,7 +17,8 @@ from pydantic.fields import FieldInfo
 
 from autoloop.config import fields
 from autoloop.config.fields import default_text, meta
-from autoloop.config.settings import AUTOLOOP_TOML, PYPROJECT, SECTIONS, Settings, flag_of
+from autoloop.config.loading import AUTOLOOP_TOML, PYPROJECT
+from autoloop.config.settings import SECTIONS, Settings, flag_of
 from autoloop.core.durations import format_duration
 
 REGENERATE = "python -m autoloop.config.reference > docs/configuration.md"

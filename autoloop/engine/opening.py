@@ -41,10 +41,10 @@ from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.engine import recovery
 from autoloop.engine.arbiter import Arbiter
 from autoloop.engine.night import Night, Stop
+from autoloop.execution.cgroups import containment, sweep_empty_groups
 from autoloop.execution.executors import make_executor
 from autoloop.execution.integrity import open_snapshot
 from autoloop.execution.isolate import isolation_available
-from autoloop.execution.procs import containment, sweep_empty_groups
 from autoloop.observe.console import Console
 from autoloop.observe.observers import open_observers
 from autoloop.repo.workspace import Workspace

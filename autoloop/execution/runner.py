@@ -51,8 +51,9 @@ from typing import IO, Any, Protocol
 from pydantic import BaseModel, Field, field_validator
 
 from autoloop.core.durations import default_timeout
+from autoloop.execution.cgroups import RunGroup
 from autoloop.execution.isolate import enter_network_namespace, isolation_available
-from autoloop.execution.procs import TOKEN_VAR, ProcessTree, RunGroup, adopting_orphans
+from autoloop.execution.procs import TOKEN_VAR, ProcessTree, adopting_orphans
 from autoloop.store.runlog import RunLog
 
 __all__ = ["TOKEN_VAR", "RunOutcome", "RunSpec", "build_env", "default_timeout", "run_process"]

@@ -30,7 +30,7 @@ past ``.gitignore`` on that branch only, so a pull request of the final branch s
 night's rows as a diff beside the kept changes. Each kept-change commit gets the git note
 (``refs/notes/autoloop``, notes.py) of the trial commit(s) it replays.
 
-How: git plumbing only, on a temporary index file (``GIT_INDEX_FILE``): for each kept
+How: git plumbing only, on a temporary index file (``repo/plumbing.py``): for each kept
 change, the diff from its parent (the best commit it was built on) to its commit is
 applied to the new branch's tree (each changed path's blob is taken from the kept
 commit when the path there still equals the parent's, which is always the case when
@@ -45,20 +45,19 @@ finalizes what the ledger holds so far).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import git
-from git.exc import GitCommandError
 
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, final_branch_name, tag_of_branch
 from autoloop.core.revert import merge3
 from autoloop.observe.console import metric_digits
-from autoloop.repo.workspace import FALLBACK_EMAIL, FALLBACK_NAME, Repository
+from autoloop.repo.plumbing import PlumbingError, PrivateIndex
 from autoloop.store import queries
 from autoloop.store.ledger import Ledger, LedgerRecord
 from autoloop.store.queries import best_before, is_kept_change
@@ -173,92 +172,16 @@ def commit_message(changes: list[KeptChange]) -> str:
     return "\n".join([subject.strip(), "", *body, "", *trailers]) + "\n"
 
 
-# ------------------------------------------------------------------------------ git
-
-
-class _Git:
-    """The few git commands finalize needs, with a private index file."""
-
-    def __init__(self, root: Path, index: Path):
-        try:
-            self.repo = Repository(root, search_parent_directories=True)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise FinalizeError(f"not a git repository: {root}") from None
-        self.index_env = {"GIT_INDEX_FILE": str(index)}
-
-    def __call__(self, *args: str, env: dict[str, str] | None = None, strip: bool = True) -> str:
-        try:
-            return str(self.repo.git.execute(["git", *args], env={**self.index_env, **(env or {})},
-                                             strip_newline_in_stdout=strip))
-        except GitCommandError as err:
-            lines = [line.strip() for line in str(err.stderr or "").splitlines() if line.strip()]
-            why = lines[-1].removeprefix("stderr:").strip().strip("'").strip() if lines else f"exit code {err.status}"
-            why = why.removeprefix("fatal: ").removeprefix("error: ")
-            raise FinalizeError(f"git {args[0]} failed: {why}") from None
-
-    def resolve(self, rev: str) -> str | None:
-        try:
-            return str(self.repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}"))
-        except GitCommandError:
-            return None
-
-    def entry(self, path: str) -> tuple[str, str] | None:
-        """(mode, blob) of path in the private index, None when absent."""
-        out = self("ls-files", "-s", "-z", "--", path, strip=False)
-        for item in out.split("\0"):
-            meta, _, name = item.partition("\t")
-            if name == path:
-                mode, blob, _stage = meta.split()
-                return mode, blob
-        return None
-
-    def changes(self, parent: str, commit: str) -> list[tuple[str, str, str, str, str, str]]:
-        """(old mode, new mode, old blob, new blob, status, path) of each path changed."""
-        out = self("diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", parent, commit, strip=False)
-        parts = out.split("\0")
-        entries = []
-        for i in range(0, len(parts) - 1, 2):
-            meta, path = parts[i], parts[i + 1]
-            if not meta.startswith(":"):
-                continue
-            old_mode, new_mode, old_blob, new_blob, status = meta[1:].split()
-            entries.append((old_mode, new_mode, old_blob, new_blob, status[0], path))
-        return entries
-
-    def blob_text(self, blob: str) -> str | None:
-        """A blob (or rev:path) as text; None when it is not UTF-8 text."""
-        data = self.repo.git.cat_file("blob", blob, stdout_as_string=False, strip_newline_in_stdout=False)
-        try:
-            text = bytes(data).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        return None if "\0" in text else text
-
-    def text(self, rev: str, path: str) -> str:
-        try:
-            return str(self.repo.git.show(f"{rev}:{path}", strip_newline_in_stdout=False))
-        except GitCommandError:
-            return ""   # absent at rev (an added or deleted file)
-
-    def ident_env(self, sha: str | None) -> dict[str, str]:
-        """Author of the original commit; committer: the user, or that author when git has
-        no identity configured (a commit must never fail on 'Please tell me who you are').
-        Without a commit (the results commit): the user, else autoloop's fallback identity."""
-        if sha is None:
-            name, email, env = FALLBACK_NAME, FALLBACK_EMAIL, {}
-        else:
-            name, email, date = self.repo.git.log("-1", "--format=%an%x00%ae%x00%ad", "--date=raw", sha).split("\0")
-            env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date}
-        try:
-            self.repo.git.var("GIT_COMMITTER_IDENT")
-        except GitCommandError:
-            env.update(GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email)
-            if sha is None:
-                env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email)
-        return env
-
-
 # ------------------------------------------------------------------------------ finalize
+
+
+@contextlib.contextmanager
+def _git_failure_is_finalize_error() -> Iterator[None]:
+    """A git command of the private index that fails stops finalize with its one line."""
+    try:
+        yield
+    except PlumbingError as e:
+        raise FinalizeError(str(e)) from None
 
 
 def _ledger_dir(results: Layout, tag: str, current_tag: str | None) -> Path:
@@ -282,8 +205,8 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
     root = Path(root).resolve()
     results = Layout.of(root)
     current_tag = load_state(results.root).tag
-    with tempfile.TemporaryDirectory(prefix="autoloop-finalize-") as tmp:
-        g = _Git(root, Path(tmp) / "index")
+    with tempfile.TemporaryDirectory(prefix="autoloop-finalize-") as tmp, _git_failure_is_finalize_error():
+        g = PrivateIndex(root, Path(tmp) / "index")
         tag = _which_tag(g, results, tag, current_tag)
         ledger_dir = _ledger_dir(results, tag, current_tag)
         records = Ledger(ledger_dir).records()
@@ -292,26 +215,22 @@ def finalize(root: Path, tag: str | None = None, branch: str | None = None,
         ref = _new_branch_ref(g, branch, baseline, changes)
         parent, made = _build(g, baseline, _groups(g, changes, squash_overlapping), Path(tmp))
         best = next((r.best for r in reversed(records) if r.best), None)
-        differs = []
-        if best and g.resolve(best):
-            out = g("diff-tree", "-r", "--name-only", "-z", "--no-commit-id", parent, best, strip=False)
-            differs = [p for p in out.split("\0") if p]
+        differs = g.changed_paths(parent, best) if best and g.resolve(best) else []
         result = FinalizeResult(branch, baseline, made, best, differs, tag, dropped=dropped)
         if results_commit:
             parent = _results_commit(g, result, records, ledger_dir, parent, Path(tmp))
         # Create the branch only if it still does not exist (old value: none).
-        g("update-ref", "-m", f"autoloop finalize {tag}", ref, parent, "0" * len(parent))
+        g.create_ref(ref, parent, f"autoloop finalize {tag}")
         _note_final_commits(root, result, records)
         return result
 
 
-def _which_tag(g: _Git, results: Layout, tag: str | None, current_tag: str | None) -> str:
+def _which_tag(g: PrivateIndex, results: Layout, tag: str | None, current_tag: str | None) -> str:
     """The tag asked for, else that of results/, else that of the checked-out autoloop/TAG branch."""
     if tag is None:
         tag = current_tag
     if tag is None:
-        head = g.repo.head.reference.name if not g.repo.head.is_detached else ""
-        tag = tag_of_branch(head)
+        tag = tag_of_branch(g.head_branch())
     if tag is None and not results.ledger.exists():
         raise FinalizeError(f"no ledger at {results.ledger}: nothing to finalize "
                             "(run autoloop run first)")
@@ -343,12 +262,10 @@ def _select(records: list[LedgerRecord], ledger_dir: Path, tag: str,
     return baseline, changes, dropped
 
 
-def _new_branch_ref(g: _Git, branch: str, baseline: str, changes: list[KeptChange]) -> str:
+def _new_branch_ref(g: PrivateIndex, branch: str, baseline: str, changes: list[KeptChange]) -> str:
     """refs/heads/<branch>, once the name is valid and free and every commit it needs is here."""
-    try:
-        g.repo.git.check_ref_format("--branch", branch)
-    except GitCommandError:
-        raise FinalizeError(f"invalid branch name {branch!r}") from None
+    if not g.valid_branch_name(branch):
+        raise FinalizeError(f"invalid branch name {branch!r}")
     ref = f"refs/heads/{branch}"
     if g.resolve(ref):
         raise FinalizeError(f"branch {branch} already exists; pass --branch NAME or delete it "
@@ -362,7 +279,7 @@ def _new_branch_ref(g: _Git, branch: str, baseline: str, changes: list[KeptChang
 Ranges = dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]]   # path -> (old, new) changed lines
 
 
-def _groups(g: _Git, changes: list[KeptChange], squash_overlapping: bool) -> list[list[KeptChange]]:
+def _groups(g: PrivateIndex, changes: list[KeptChange], squash_overlapping: bool) -> list[list[KeptChange]]:
     """The changes, grouped: each alone, or runs of overlapping ones squashed."""
     groups: list[list[KeptChange]] = []
     ranges: dict[int, Ranges] = {}
@@ -379,9 +296,9 @@ def _groups(g: _Git, changes: list[KeptChange], squash_overlapping: bool) -> lis
     return groups
 
 
-def _build(g: _Git, baseline: str, groups: list[list[KeptChange]], tmp: Path) -> tuple[str, list[FinalCommit]]:
+def _build(g: PrivateIndex, baseline: str, groups: list[list[KeptChange]], tmp: Path) -> tuple[str, list[FinalCommit]]:
     """The commits, one per group, on a private index starting from the baseline's tree; the last one's sha."""
-    g("read-tree", f"{baseline}^{{tree}}")
+    g.read_tree(baseline)
     parent = g.resolve(baseline)
     if parent is None:   # _new_branch_ref resolved it already; a commit does not vanish in between
         raise FinalizeError(f"commit {baseline[:12]} named in the ledger is not in this repository")
@@ -389,10 +306,9 @@ def _build(g: _Git, baseline: str, groups: list[list[KeptChange]], tmp: Path) ->
     for group in groups:
         for change in group:
             _apply(g, change, tmp)
-        tree = g("write-tree")
+        tree = g.write_tree()
         message = commit_message(group)
-        env = g.ident_env(group[-1].commit)
-        sha = g("commit-tree", tree, "-p", parent, "-m", message.rstrip("\n"), env=env)
+        sha = g.commit_tree(tree, parent, message.rstrip("\n"), g.ident_env(group[-1].commit))
         made.append(FinalCommit(sha, group, message))
         parent = sha
     return parent, made
@@ -401,7 +317,7 @@ def _build(g: _Git, baseline: str, groups: list[list[KeptChange]], tmp: Path) ->
 RESULTS_PREFIX = "results"
 
 
-def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord], ledger_dir: Path,
+def _results_commit(g: PrivateIndex, result: FinalizeResult, records: list[LedgerRecord], ledger_dir: Path,
                     parent: str, tmp: Path) -> str:
     """One commit on top of ``parent`` adding the night's results.tsv, report.md and
     progress.png (blobs written straight into the private index: .gitignore does not apply)."""
@@ -431,10 +347,9 @@ def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord]
     for name, data in files.items():
         path = tmp / f"blob-{name.replace('/', '-')}"
         path.write_bytes(data)
-        blob = g("hash-object", "-w", "--", str(path))
-        g("update-index", "--add", "--cacheinfo", f"100644,{blob},{RESULTS_PREFIX}/{name}")
+        g.set_entry("100644", g.write_blob(path), f"{RESULTS_PREFIX}/{name}")
         result.results_paths.append(f"{RESULTS_PREFIX}/{name}")
-    tree = g("write-tree")
+    tree = g.write_tree()
     judged = [r for r in records if r.status != "skip"]
     kept = len(result.commits)
     metric = records[-1].metric_name
@@ -446,7 +361,7 @@ def _results_commit(g: _Git, result: FinalizeResult, records: list[LedgerRecord]
             f"{len({r.trial for r in judged})} trials, {kept} kept change commit{'s' if kept != 1 else ''} above",
             "", "Adds " + ", ".join(result.results_paths) + ", rebuilt from results/ledger.jsonl."]
     message = "\n".join([subject, "", *body])
-    sha = g("commit-tree", tree, "-p", parent, "-m", message, env=g.ident_env(None))
+    sha = g.commit_tree(tree, parent, message, g.ident_env(None))
     result.results = FinalCommit(sha, [], message + "\n")
     return sha
 
@@ -466,7 +381,7 @@ def _note_final_commits(root: Path, result: FinalizeResult, records: list[Ledger
         result.warnings.append(f"git notes of the final commits not written: {e}")
 
 
-def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:
+def _apply(g: PrivateIndex, change: KeptChange, tmp: Path) -> None:
     """Apply one kept change (parent -> commit) to the private index."""
     rec = change.record
     for old_mode, new_mode, old_blob, new_blob, status, path in g.changes(change.parent, change.commit):
@@ -474,9 +389,9 @@ def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:
         was = None if status == "A" else (old_mode, old_blob)
         if now == was or (now is not None and now[1] == old_blob):
             if status == "D":
-                g("update-index", "--force-remove", "--", path)
+                g.remove_entry(path)
             else:
-                g("update-index", "--add", "--cacheinfo", f"{new_mode},{new_blob},{path}")
+                g.set_entry(new_mode, new_blob, path)
         elif now is not None and status != "D" and now[1] == new_blob:
             continue   # already there
         elif now is not None and status == "M" and _replay(g, change, path, now, tmp):
@@ -484,16 +399,15 @@ def _apply(g: _Git, change: KeptChange, tmp: Path) -> None:
         else:
             # The path moved on since this change's parent: apply the change as a patch.
             patch = tmp / "change.patch"
-            patch.write_text(g("diff", "--binary", "--full-index", change.parent, change.commit, "--", path,
-                               strip=False))
+            patch.write_text(g.patch(change.parent, change.commit, path))
             try:
-                g("apply", "--cached", str(patch))
-            except FinalizeError as e:
+                g.apply_cached(patch)
+            except PlumbingError as e:
                 raise FinalizeError(f"the kept change of trial {_label(rec)} ({rec.description.splitlines()[0]}) "
                                     f"does not apply on top of the earlier kept changes: {e}") from None
 
 
-def _replay(g: _Git, change: KeptChange, path: str, now: tuple[str, str], tmp: Path) -> bool:
+def _replay(g: PrivateIndex, change: KeptChange, path: str, now: tuple[str, str], tmp: Path) -> bool:
     """A text file's change replayed onto the index's version (``core.revert.merge3``: no
     context lines, by constant where it can, as verify takes changes out), written to the
     index; False when the texts are not text, and a conflict stops finalize."""
@@ -508,6 +422,5 @@ def _replay(g: _Git, change: KeptChange, path: str, now: tuple[str, str], tmp: P
                             f"apply on top of the earlier kept changes: it rewrites lines of {path} they changed")
     blob_file = tmp / "replayed"
     blob_file.write_bytes(merged.encode("utf-8"))
-    blob = g("hash-object", "-w", "--", str(blob_file))
-    g("update-index", "--add", "--cacheinfo", f"{now[0]},{blob},{path}")
+    g.set_entry(now[0], g.write_blob(blob_file), path)
     return True

@@ -43,7 +43,7 @@ def template_text(name: str) -> str:
 
 def init_experiment(path: Path, clients: list[str] | None = None) -> Path:
     """``clients``: coding agents whose MCP configuration and instructions go in the first commit."""
-    from autoloop.review.client_setup import install
+    from autoloop.review.mcp.client_setup import install
 
     path = path.resolve()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):

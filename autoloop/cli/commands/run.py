@@ -12,7 +12,7 @@ def run(args: argparse.Namespace) -> int:
     from autoloop.engine.opening import open_night
     from autoloop.engine.scheduler import Scheduler
     from autoloop.observe.console import Console
-    from autoloop.proposers import make_proposer
+    from autoloop.proposers.choose import make_proposer
 
     settings = settings_from(args)
     console = Console()

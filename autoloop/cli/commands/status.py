@@ -10,7 +10,7 @@ from autoloop.cli.paths import repo_root
 def run(args: argparse.Namespace) -> int:
     from autoloop.core.layout import Layout
     from autoloop.review.json_forms import status_payload
-    from autoloop.review.report import status_data, status_json, status_text
+    from autoloop.review.status import status_data, status_json, status_text
 
     data = status_data(Layout.of(repo_root(args.directory)).root)
     print(status_json(status_payload(data)) if args.json else status_text(data))

@@ -22,7 +22,7 @@ from autoloop.core.layout import Layout
 from autoloop.observe.console import parse_progress
 from autoloop.repo.gitview import record_diff
 from autoloop.review.machine_speed import machine_data
-from autoloop.review.report import status_data
+from autoloop.review.status import status_data
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
 from autoloop.store.queries import best_before, infer_direction, is_noise_sample, running_best
 from autoloop.store.state import load_state, worker_state_name

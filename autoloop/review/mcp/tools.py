@@ -1,5 +1,5 @@
 """What `autoloop mcp`'s tools answer, as plain functions of one experiment repository (the
-server, mcp_server.py, only wires them to the protocol; the tests call both).
+server, server.py, only wires them to the protocol; the tests call both).
 
 Reading never writes and takes no lock: safe from another shell beside a running night.
 Every size is bounded (rows, texts, the diff, the log's tail). Whatever an agent or a
@@ -14,14 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autoloop.config.settings import load_settings
+from autoloop.config.loading import load_settings
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
 from autoloop.repo.gitview import record_diff
 from autoloop.review import attempts as attempt_rows
 from autoloop.review.dashboard.views import log_tail
 from autoloop.review.json_forms import status_payload, verify_status
-from autoloop.review.report import report_markdown, status_data, verification_section
+from autoloop.review.report import report_markdown, verification_section
+from autoloop.review.status import status_data
 from autoloop.store import person_notes, queries
 from autoloop.store.digest import research_digest
 from autoloop.verification.verify_plan import load_plan, summarize

@@ -1,7 +1,7 @@
 """`autoloop mcp`: the night's state and its steering as an MCP server over stdio, built on the
 official Python SDK (``pip install autoloop[mcp]``).
 
-The tools are mcp_tools.AgentView's reads and steering.py's writes; this module only names
+The tools are tools.AgentView's reads and steering.py's writes; this module only names
 them for the protocol and turns autoloop's refusals into tool errors a client shows. The
 write tools are listed always (a client learns they exist) but answer only when the server
 was started with --allow-write. Everything an agent wrote comes back as data in JSON fields,
@@ -18,8 +18,8 @@ from typing import Any, Literal
 from autoloop import __version__
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
-from autoloop.review import steering
-from autoloop.review.mcp_tools import UNTRUSTED, AgentView
+from autoloop.review.mcp import steering
+from autoloop.review.mcp.tools import UNTRUSTED, AgentView
 from autoloop.store import person_notes
 from autoloop.store.state import load_state
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoloop.config.settings import load_settings
+from autoloop.config.loading import load_settings
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
 from autoloop.execution.procs import run_own_group
