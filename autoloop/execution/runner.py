@@ -1,14 +1,14 @@
-"""Run one trial process: budget, hard timeout, whole-tree kill, peak memory, streamed log.
+"""Run one supervised process: budget, hard timeout, whole-tree kill, peak memory, streamed log.
 
-A trial is one command (``python train.py`` by default) started in a session of its own.
-While it runs, a reader thread streams its merged stdout/stderr to the log file and keeps
-only a bounded tail in memory; the calling thread samples the process tree every
-``sample_interval_s`` for memory and enforces the hard timeout, the memory cap and the
-orchestrator's stop request. Ending a trial means ending everything it started: the
-process group, every descendant ever seen (by pid and start time, so a reused pid is never
-hit), and any process that still carries the trial's private token in its environment,
-which finds daemons that double-forked and left the session before any sample saw them.
-``run_process`` returns only when none of them is alive.
+A *run* is one command started in a session of its own: a trial's training (``python
+train.py`` by default), an agent call, a ``--check`` command. While it runs, a reader
+thread streams its merged stdout/stderr to the log file and keeps only a bounded tail in
+memory; the calling thread samples the process tree every ``sample_interval_s`` for memory
+and enforces the hard timeout, the memory cap and the orchestrator's stop request. Ending a
+run means ending everything it started: the process group, every descendant ever seen (by
+pid and start time, so a reused pid is never hit), and any process that still carries the
+run's private token in its environment, which finds daemons that double-forked and left the
+session before any sample saw them. ``run_process`` returns only when none of them is alive.
 
 With ``log_cap_bytes`` the log keeps the first and the last half of the output around one
 line saying how much was cut (``autoloop.store.runlog``); with ``isolate`` the trial runs in a
@@ -87,6 +87,8 @@ class StopSignal(Protocol):
     def is_set(self) -> bool: ...
 
 class RunSpec(BaseModel):
+    """What one run is: its command, where and with what, and the limits it runs under."""
+
     # argv, e.g. [sys.executable, "train.py"]; a string such as "uv run train.py" is split like a shell would
     command: list[str] = Field(default_factory=default_command, min_length=1)
     cwd: Path                          # the workspace (git work tree)
@@ -117,6 +119,8 @@ class RunSpec(BaseModel):
 
 
 class RunOutcome(BaseModel):
+    """How one run ended: its exit, a kill and why, its metric (or why there is none), its peaks."""
+
     exit_code: int | None = None       # None when killed by a signal
     signal: int | None = None          # signal number that ended the main process
     timed_out: bool = False
