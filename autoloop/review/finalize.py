@@ -28,7 +28,7 @@ The branch ends with one more commit (``--no-results`` leaves it out) that adds
 ``results/progress.png`` (without matplotlib: no picture, and the report says why), forced
 past ``.gitignore`` on that branch only, so a pull request of the final branch shows the
 night's rows as a diff beside the kept changes. Each kept-change commit gets the git note
-(``refs/notes/autoloop``, notes.py) of the trial commit(s) it replays.
+(``refs/notes/autoloop``, observe/git_notes.py) of the trial commit(s) it replays.
 
 How: git plumbing only, on a temporary index file (``repo/plumbing.py``): for each kept
 change, the diff from its parent (the best commit it was built on) to its commit is
