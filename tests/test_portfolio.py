@@ -141,7 +141,7 @@ class Scripted:
 
 def request(tmp_path, trial=1, fix=None) -> ProposalRequest:
     return ProposalRequest(workspace=tmp_path, target="train.py", program_text="", metric_name="val_bpb",
-                           direction="min", best_metric=1.0, best_commit="b" * 40, trial=trial, attempt=1, seed=42,
+                           direction="min", parent_metric=1.0, parent="b" * 40, trial=trial, attempt=1, seed=42,
                            fix=fix, results_dir=tmp_path / "results")
 
 

@@ -67,11 +67,11 @@ class Arbiter:
             current = self.best()
             merged = None
             facts = replace(facts, current=current, rules=self.rules)
-            now, start = current[0], facts.start[0]
-            # The best moved (another worker kept) since it started; only the baseline starts from none.
-            if (now and start and now != start and facts.commit and facts.noise_sample is None
+            now, parent = current[0], facts.parent[0]
+            # The best moved (another worker kept) since it started; only the baseline has no parent.
+            if (now and parent and now != parent and facts.commit and facts.noise_sample is None
                     and facts.kind not in ("baseline", "verify", "scout")):
-                merged = ws.merge_change(start, now, facts.commit)
+                merged = ws.merge_change(parent, now, facts.commit)
                 merge: Merge = ("conflict" if merged is None
                                 else "already_in" if merged == ws.file_at(now, ws.target) else "clean")
                 facts = replace(facts, merge=merge)

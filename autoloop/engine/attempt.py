@@ -51,13 +51,13 @@ PROGRESS_SAVE_S = 2.0    # the state file gets the latest progress line at most 
 
 @dataclass(frozen=True)
 class Candidate:
-    """What an attempt runs: a change on top of ``base`` (the best it was built on), with
+    """What an attempt runs: a change on top of ``parent`` (the best it was built on), with
     what it tries and where it came from. ``commit`` None: the edit is in the slot's work
     tree and is committed as the attempt's first step. ``extra`` goes into the record."""
 
     commit: str | None
-    base: str | None
-    base_metric: float | None
+    parent: str | None
+    parent_metric: float | None
     description: str
     proposer: str
     source: str | None = None
@@ -136,13 +136,13 @@ class AttemptRunner:
         started, started_mono = time.time(), time.monotonic()
         cand = plan.candidate
         state.enter("committing", trial=plan.trial, attempt=plan.attempt, kind=plan.kind, description=cand.description,
-                    proposer=cand.proposer, best=cand.base, best_metric=cand.base_metric,
+                    proposer=cand.proposer, best=cand.parent, best_metric=cand.parent_metric,
                     # A candidate committed before (a look-ahead's) is named at once: a kill before
                     # the checkout still records it, under its trial ref.
                     candidate=cand.commit if plan.kind == "candidate" else None, attempt_started_at=started)
         commit = self._commit(plan)
         ws.save_trial_ref(self.night.tag, plan.trial, plan.attempt, commit)
-        diff_lines = ws.diff_lines(cand.base, commit) if cand.base and commit != cand.base else 0
+        diff_lines = ws.diff_lines(cand.parent, commit) if cand.parent and commit != cand.parent else 0
         state.enter("running", candidate=commit)
         outcome = self._train(plan, commit)
         state.enter("judging")
@@ -313,7 +313,7 @@ class AttemptRunner:
         memory_mb = summary.get("peak_vram_mb") or outcome.peak_rss_mb
         return {
             "trial": plan.trial, "attempt": plan.attempt, "kind": plan.kind, "started_at": started,
-            "ended_at": time.time(), "proposer": cand.proposer, "parent": cand.base, "commit": commit,
+            "ended_at": time.time(), "proposer": cand.proposer, "parent": cand.parent, "commit": commit,
             "description": cand.description, "metric_name": s.metric, "metric": outcome.metric if ok else None,
             "memory_gb": (memory_mb or 0) / 1024, "training_seconds": summary.get("training_seconds"),
             "total_seconds": summary.get("total_seconds"), "wall_seconds": outcome.wall_seconds,
@@ -342,11 +342,11 @@ class AttemptRunner:
         baseline = queries.baseline(records)
         noise = self.night.arbiter.noise()
         judged = crash is None and outcome.metric is not None and plan.noise_sample is None
-        adjusted = (machine_speed.for_decision(records, commit, tuple(runs), self._speed(), cand.base, noise)
+        adjusted = (machine_speed.for_decision(records, commit, tuple(runs), self._speed(), cand.parent, noise)
                     if judged and plan.kind in ("candidate", "fix", "confirm") else None)
         return Facts(kind=plan.kind, commit=commit, runs=tuple(runs) if crash is None else (), crash=crash,
                      other_data=other_data, tampered=(*self._checked.tampered, *after.paths),
-                     start=(cand.base, cand.base_metric), noise=noise,
+                     parent=(cand.parent, cand.parent_metric), noise=noise,
                      noise_sample=plan.noise_sample, can_confirm=plan.can_confirm, replays=plan.replays,
                      metrics=dict(outcome.summary), baseline_metrics=baseline.metrics if baseline else {},
                      scout=scout_ref(self.night.arbiter.records(), self.night.arbiter.best()[0])
@@ -357,7 +357,7 @@ class AttemptRunner:
         """Git follows the record, then the state goes idle. A confirmation re-run follows at
         once on the same commit: it stays checked out, and the state stays on this recorded
         attempt, so a kill now restores the best on --resume."""
-        verdict = format_verdict(plan.label, record, plan.candidate.base_metric if record.status != "crash" else None)
+        verdict = format_verdict(plan.label, record, plan.candidate.parent_metric if record.status != "crash" else None)
         if decision.action == "confirm" and not self.night.stop.is_set():
             self.console.line(verdict)
             return

@@ -36,7 +36,7 @@ def record_finished_job(night: Night, state: RunState, tampered: Tampering, work
     if theirs and night.fingerprint and theirs != night.fingerprint:
         return None
     decision = decide(Facts(kind=kind, commit=state.candidate, runs=(outcome.metric,),
-                            start=(state.best, state.best_metric), current=night.arbiter.best(),
+                            parent=(state.best, state.best_metric), current=night.arbiter.best(),
                             noise=night.arbiter.noise(), can_confirm=False))
     if decision.action not in ("keep", "discard"):
         return None   # a replay onto a best that moved meanwhile needs the loop: interrupted

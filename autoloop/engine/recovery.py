@@ -228,7 +228,7 @@ def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: 
     reason = (f"interrupted (orchestrator stopped during {state.phase})"
               + (f"; {tampered_reason(tampered.paths)}" if tampered else ""))
     decision = decide(Facts(kind=state.kind or "candidate", commit=candidate, crash=("fundamental", reason),
-                            start=(state.best, state.best_metric), current=night.arbiter.best()))
+                            parent=(state.best, state.best_metric), current=night.arbiter.best()))
     now = time.time()
     record = night.arbiter.record({
         "trial": state.trial, "attempt": state.attempt or 1, "kind": state.kind or "candidate",
