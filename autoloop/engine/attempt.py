@@ -1,7 +1,8 @@
 """One attempt: commit, run, check the inputs, record (docs/failures.md).
 
-An :class:`AttemptRunner` belongs to one worker :class:`Slot` (a work tree, a state file, a
-device). ``run(plan)`` takes a :class:`Candidate` (what to run: a commit, or the edit in the
+An :class:`AttemptRunner` belongs to one worker :class:`~autoloop.engine.slot.Slot` (a work
+tree, a state file, a device). ``run(plan)`` takes a
+:class:`~autoloop.engine.candidate.Candidate` (what to run: a commit, or the edit in the
 slot's work tree to commit now) and, phase by phase, each persisted before it starts:
 
 1. checks the measurement's protected inputs (a proposer may have changed them: restored,
@@ -22,7 +23,7 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from autoloop.config.settings import Settings
@@ -31,40 +32,22 @@ from autoloop.core.durations import default_timeout, format_duration
 from autoloop.core.errors import NightError
 from autoloop.core.guards import finite_metrics
 from autoloop.core.keep import Decision, Facts, tampered_reason
+from autoloop.engine.candidate import Candidate
 from autoloop.engine.night import Night
 from autoloop.engine.precheck import CheckContext, CheckResult, run_checks, training_limit
-from autoloop.execution.executors import Executor
+from autoloop.engine.slot import Slot
 from autoloop.execution.integrity import Tampering, harness_path
 from autoloop.execution.machine_speed import Probe
 from autoloop.execution.ranks import launch_command, throughput
 from autoloop.execution.runner import TOKEN_VAR, RunOutcome, RunSpec, build_env
-from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
-from autoloop.repo.workspace import Workspace
+from autoloop.observe.console import format_verdict, live_line
 from autoloop.store import machine_speed, queries
 from autoloop.store.ledger import AttemptKind, LedgerRecord
 from autoloop.store.scout import scout_ref
-from autoloop.store.state import StateFile, fault_point
+from autoloop.store.state import fault_point
 
 AUDIT_VAR = "AUTOLOOP_AUDIT"   # "0": train.py's evaluation skips the audit slice (autoloop/evaluate.py)
 PROGRESS_SAVE_S = 2.0    # the state file gets the latest progress line at most this often
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """What an attempt runs: a change on top of ``parent`` (the best it was built on), with
-    what it tries and where it came from. ``commit`` None: the edit is in the slot's work
-    tree and is committed as the attempt's first step. ``extra`` goes into the record."""
-
-    commit: str | None
-    parent: str | None
-    parent_metric: float | None
-    description: str
-    proposer: str
-    source: str | None = None
-    outside_changes: tuple[str, ...] = ()
-    git_events: tuple[str, ...] = ()
-    replay_of: str | None = None          # the commit whose change this is, replayed on a new best
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -92,19 +75,6 @@ class Recorded:
     record: LedgerRecord
     decision: Decision
     merged: str | None = None
-
-
-@dataclass
-class Slot:
-    """One worker slot: where its attempts run. The single loop is one slot on the main
-    checkout (worker None); N parallel workers are N slots, each on a worktree of its own."""
-
-    ws: Workspace
-    state: StateFile
-    worker: int | None
-    executor: Executor
-    env: dict[str, str] = field(default_factory=dict)   # added to its trials' environment (device, threads)
-    console: Console | Prefixed | None = None
 
 
 def rung_limits(s: Settings, kind: AttemptKind) -> tuple[float, float]:

@@ -6,7 +6,7 @@ branch switches and resets undone, its work saved under refs), reverts and quara
 every change outside the target (the scope check), and screens what is left
 (``screen``: the one place a prepared change is checked before it may run; the duplicate
 gate is there). What comes out
-is a :class:`~autoloop.engine.attempt.Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
+is a :class:`Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
 None when the proposer has no more ideas. :class:`Claims` tells a proposer what the other
 slots are proposing at the same moment.
 """
@@ -27,8 +27,8 @@ from autoloop.config.settings import Settings
 from autoloop.core import duplicate_gate
 from autoloop.core.errors import NightError
 from autoloop.core.layout import Layout
-from autoloop.engine.attempt import Candidate, Slot
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.observe.console import Console, Prefixed
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, ProposalRequest, Proposer
 from autoloop.repo import reconcile
@@ -72,6 +72,24 @@ class Claims:
     def release(self, worker: Claimant) -> None:
         with self._lock:
             self._claims.pop(worker, None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """What an attempt runs: a change on top of ``parent`` (the best it was built on), with
+    what it tries and where it came from. ``commit`` None: the edit is in the slot's work
+    tree and is committed as the attempt's first step. ``extra`` goes into the record."""
+
+    commit: str | None
+    parent: str | None
+    parent_metric: float | None
+    description: str
+    proposer: str
+    source: str | None = None
+    outside_changes: tuple[str, ...] = ()
+    git_events: tuple[str, ...] = ()
+    replay_of: str | None = None          # the commit whose change this is, replayed on a new best
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,8 +187,9 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
         # The agent said what it did in its commits rather than in the description file.
         description = (f"{request.fix.description} (fix: {outcome.commit_message})" if request.fix
                        else outcome.commit_message)
-    return Candidate(None, request.parent, request.parent_metric, description, proposer.name, proposal.source,
-                     outside, events, extra={**proposal.extra, **timing})
+    return Candidate(commit=None, parent=request.parent, parent_metric=request.parent_metric, description=description,
+                     proposer=proposer.name, source=proposal.source, outside_changes=outside, git_events=events,
+                     extra={**proposal.extra, **timing})
 
 
 def _start_proposing(night: Night, slot: Slot, proposer: Proposer, request: ProposalRequest,

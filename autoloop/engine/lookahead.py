@@ -39,9 +39,9 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from autoloop.core.layout import Layout, prepared_ref
-from autoloop.engine.attempt import Candidate, Slot
-from autoloop.engine.candidate import Claims, Skipped, prepare, proposal_request, same_change
+from autoloop.engine.candidate import Candidate, Claims, Skipped, prepare, proposal_request, same_change
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.engine.trial import record_skip
 from autoloop.observe.console import Prefixed
 from autoloop.proposers.base import Proposer

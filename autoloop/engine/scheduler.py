@@ -35,10 +35,11 @@ import time
 from autoloop.core.durations import expected_seconds, format_duration
 from autoloop.core.layout import Layout
 from autoloop.engine import lookahead, scout
-from autoloop.engine.attempt import AttemptRunner, Candidate, Slot
-from autoloop.engine.candidate import Claimant, Claims
+from autoloop.engine.attempt import AttemptRunner
+from autoloop.engine.candidate import Candidate, Claimant, Claims
 from autoloop.engine.lookahead import Lookahead, Prepared
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.engine.trial import Run, Trial, check_guard_names, measure_noise, run_baseline
 from autoloop.execution.devices import slot_envs
 from autoloop.execution.executors import make_executor

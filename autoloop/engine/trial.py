@@ -34,9 +34,10 @@ from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.guards import missing_in_baseline, parse_guards
 from autoloop.core.keep import skipped
 from autoloop.engine import scout
-from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
-from autoloop.engine.candidate import Claims, Skipped, fix_context, prepare, proposal_request
+from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Recorded
+from autoloop.engine.candidate import Candidate, Claims, Skipped, fix_context, prepare, proposal_request
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.observe.console import shorten
 from autoloop.proposers.base import ProposalRequest, Proposer
 from autoloop.repo import reconcile
@@ -169,8 +170,9 @@ class Trial:
         """A scout run close enough to the best's: the same commit at the full budget, judged
         as the candidate (or fix) it is against the best the trial started from."""
         kind: AttemptKind = "fix" if scouted.extra.get("scout_of") == "fix" else "candidate"
-        full = Candidate(scouted.commit, candidate.parent, candidate.parent_metric, scouted.description,
-                         scouted.proposer, scouted.extra.get("source"),
+        full = Candidate(commit=scouted.commit, parent=candidate.parent, parent_metric=candidate.parent_metric,
+                         description=scouted.description, proposer=scouted.proposer,
+                         source=scouted.extra.get("source"),
                          extra={**carried(scouted.extra), "scouted": scouted.attempt})
         return self.plan(kind, full, queries.next_attempt(self.night.arbiter.records(), self.number))
 
@@ -200,8 +202,9 @@ class Trial:
         fault_point("replaying", record.trial, record.attempt)
         self.parent = onto
         self.slot.ws.target_path.write_text(merged)
-        moved = Candidate(None, onto[0], onto[1], record.description, record.proposer,
-                          record.extra.get("source"), replay_of=record.commit, extra=carried(record.extra))
+        moved = Candidate(commit=None, parent=onto[0], parent_metric=onto[1], description=record.description,
+                          proposer=record.proposer, source=record.extra.get("source"), replay_of=record.commit,
+                          extra=carried(record.extra))
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         return self.plan("confirm", moved, attempt, replays=replays)
 
@@ -223,7 +226,8 @@ class Trial:
         (self.slot.console or self.night.console).line(
             f"#{record.trial}: resuming its full-budget run (promoted by its scout run, not run before the night "
             "stopped)")
-        scouted = Candidate(record.commit, self.parent[0], self.parent[1], record.description, record.proposer)
+        scouted = Candidate(commit=record.commit, parent=self.parent[0], parent_metric=self.parent[1],
+                            description=record.description, proposer=record.proposer)
         return self.finish(Run(self._promotion(record, scouted)))
 
     def resume_interrupted(self, record: LedgerRecord) -> str:
@@ -241,8 +245,10 @@ class Trial:
             return self.resume(asked) if asked is not None else "ran"
         parent_metric = next((r.best_metric for r in reversed(records) if r.best == record.parent), None)
         self.parent = (record.parent, parent_metric)
-        again = Candidate(record.commit, record.parent, parent_metric, record.description, record.proposer,
-                          record.extra.get("source"), extra={**carried(record.extra), "rerun_of": record.attempt})
+        again = Candidate(commit=record.commit, parent=record.parent, parent_metric=parent_metric,
+                          description=record.description, proposer=record.proposer,
+                          source=record.extra.get("source"),
+                          extra={**carried(record.extra), "rerun_of": record.attempt})
         attempt = queries.next_attempt(records, self.number)
         if record.kind == "scout" and not scout.active(self.night):
             # Scouting is off now (switched off, or --scout not given again): a sample of the
@@ -262,8 +268,9 @@ class Trial:
         self.parent = (record.best, record.best_metric)
         (self.slot.console or self.night.console).line(
             f"#{record.trial}: resuming its confirmation (decided, not run before the night stopped)")
-        again = Candidate(record.commit, record.best, record.best_metric, record.description, record.proposer,
-                          record.extra.get("source"), extra=carried(record.extra))
+        again = Candidate(commit=record.commit, parent=record.best, parent_metric=record.best_metric,
+                          description=record.description, proposer=record.proposer,
+                          source=record.extra.get("source"), extra=carried(record.extra))
         replays = queries.replays_of(self.night.arbiter.records(), self.number)
         return self.finish(Run(self._confirm_plan(record, again, replays)))
 
@@ -363,7 +370,8 @@ def run_baseline(night: Night, runner: AttemptRunner) -> LedgerRecord:
     """The unmodified target, as trial 0 (or the next trial number), judged against nothing."""
     head = runner.slot.ws.head()
     trial = queries.next_trial(night.arbiter.records())
-    plan = AttemptPlan(trial, 1, "baseline", Candidate(head, head, None, "baseline", "-"), night.settings.seed)
+    baseline = Candidate(commit=head, parent=head, parent_metric=None, description="baseline", proposer="-")
+    plan = AttemptPlan(trial, 1, "baseline", baseline, night.settings.seed)
     record = runner.run(plan).record
     if record.status != "keep" and not night.stop.is_set():   # a signal's stop is no failure of the baseline
         raise NightError(f"the baseline run of the unmodified {night.settings.target} failed "
@@ -401,7 +409,8 @@ def measure_noise(night: Night, runner: AttemptRunner) -> None:
         if night.stop.is_set():
             return
         attempt += 1
-        candidate = Candidate(best, best, night.arbiter.best()[1], f"noise sample {k}/{s.noise_runs}", "-")
+        candidate = Candidate(commit=best, parent=best, parent_metric=night.arbiter.best()[1],
+                              description=f"noise sample {k}/{s.noise_runs}", proposer="-")
         record = runner.run(AttemptPlan(owner.trial, attempt, "confirm", candidate, s.seed + len(prior),
                                         prior_runs=tuple(prior), noise_sample=(k, s.noise_runs))).record
         if record.metric is not None and record.status == "keep":
@@ -451,7 +460,7 @@ def judge_edit(night: Night, runner: AttemptRunner, description: str) -> LedgerR
     parent = night.arbiter.best()
     trial = queries.next_trial(night.arbiter.records())
     one = Trial(night, runner.slot, runner, None, trial, parent)
-    one.run(Candidate(None, parent[0], parent[1], description, "self", outside_changes=tuple(outside),
-                      git_events=tuple(events)))
+    one.run(Candidate(commit=None, parent=parent[0], parent_metric=parent[1], description=description,
+                      proposer="self", outside_changes=tuple(outside), git_events=tuple(events)))
     assert one.last is not None, "a trial given its candidate runs it"
     return one.last.record

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 
 from autoloop.config.settings import Settings
 from autoloop.core.ladder_fit import MULTIPLIERS
-from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
+from autoloop.engine.attempt import AttemptPlan, AttemptRunner
+from autoloop.engine.candidate import Candidate
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
 from autoloop.store.state import RunState, StateFile
@@ -191,8 +193,8 @@ def _run_one(night: Night, runner: AttemptRunner, plan: LadderPlan, side: Side, 
     rung = plan.rungs[side.rung]
     info = {"change": plan.change, "rung": side.rung, "side": side.label(), "multiplier": side.multiplier,
             "repeat": repeat, "values": rung.values}
-    candidate = Candidate(side.commit, best[0], best[1],
-                          f"ladder #{plan.change} {side.label()} at {rung.label()} (seed {repeat + 1}/"
-                          f"{len(plan.seeds)})", LADDER_PROPOSER, extra={"ladder": info})
+    candidate = Candidate(commit=side.commit, parent=best[0], parent_metric=best[1],
+                          description=f"ladder #{plan.change} {side.label()} at {rung.label()} (seed {repeat + 1}/"
+                          f"{len(plan.seeds)})", proposer=LADDER_PROPOSER, extra={"ladder": info})
     runner.run(AttemptPlan(side.trial, queries.next_attempt(records, side.trial), "verify", candidate,
                            plan.seeds[repeat], can_confirm=False))

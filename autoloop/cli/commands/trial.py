@@ -9,8 +9,9 @@ from autoloop.cli.paths import repo_root
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoloop.engine.attempt import AttemptRunner, Slot
+    from autoloop.engine.attempt import AttemptRunner
     from autoloop.engine.opening import open_night
+    from autoloop.engine.slot import Slot
     from autoloop.engine.trial import judge_edit
     from autoloop.observe.console import Console
     from autoloop.store.state import StateFile
