@@ -129,17 +129,13 @@ class Scheduler:
 
     # -- the phases -----------------------------------------------------------------------
 
-    def _main_slot(self) -> Slot:
-        night = self.night
-        return Slot(night.ws, self.main, None, night.executor, {}, night.console)
-
     def _baseline(self) -> str | None:
         """The baseline and its noise runs, in the main checkout, before any trial."""
         night = self.night
         reason = night.low_disk()
         if reason:
             return reason
-        runner = AttemptRunner(night, self._main_slot())
+        runner = AttemptRunner(night, Slot.main(night, self.main))
         if queries.baseline(night.arbiter.records()) is None:
             if self.mono_deadline is not None and time.monotonic() + self._expected() > self.mono_deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
@@ -205,7 +201,7 @@ class Scheduler:
         """One slot on the main checkout, or one per worker on its own worktree at the best."""
         night = self.night
         if self.n == 1:
-            return [self._main_slot()]
+            return [Slot.main(night, self.main)]
         best = night.arbiter.best()[0]
         assert best is not None, "workers start after the baseline"   # _baseline ran it
         slots = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoloop.engine.night import Night
 from autoloop.execution.executors import Executor
 from autoloop.observe.console import Console, Prefixed
 from autoloop.repo.workspace import Workspace
@@ -25,3 +26,10 @@ class Slot:
     executor: Executor
     env: dict[str, str] = field(default_factory=dict)   # added to its trials' environment (device, threads)
     console: Console | Prefixed | None = None
+
+    @classmethod
+    def main(cls, night: Night, state: StateFile | None = None) -> Slot:
+        """The main checkout's slot (worker None, the night's executor and console): the single
+        loop's, the baseline's, `autoloop trial`'s, verify's and the ladder's. ``state``: its
+        state file (default: state.json as it is on disk)."""
+        return cls(night.ws, state or StateFile(night.layout.root), None, night.executor, {}, night.console)

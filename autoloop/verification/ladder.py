@@ -164,7 +164,7 @@ def run_ladder(night: Night, settings: Settings, options: LadderOptions, resume:
     console = night.console
     state = StateFile(night.layout.root)
     state.replace(RunState(tag=night.tag, pid=os.getpid(), run_started_at=time.time()))
-    slot = Slot(night.ws, state, None, night.executor, {}, console)
+    slot = Slot.main(night, state)
     todo = pending(plan, night.arbiter.records())
     console.line(f"ladder: #{plan.change} {plan.description}: {len(plan.rungs)} rungs x {len(plan.seeds)} seeds "
                  f"x {len(plan.sides) // len(plan.rungs)} sides; {budget_text(plan)} ({len(todo)} runs to do)")

@@ -215,7 +215,7 @@ def run_verification(night: Night, settings: Settings, resume: bool = False) -> 
     if state.state.tag != night.tag or "verification" in (night_stop or ""):
         night_stop = None
     state.replace(RunState(tag=night.tag, pid=os.getpid(), run_started_at=time.time()))
-    slot = Slot(night.ws, state, None, night.executor, {}, console)
+    slot = Slot.main(night, state)
     n_changes = len({tuple(c.group) or (c.trial,) for c in plan.changes if c.revert in ("alone", "grouped")})
     console.line(f"verify: {plan.repeats} repeats of the best, the baseline and the best without each of "
                  f"{n_changes} kept change(s) ({len(pending(plan, night.arbiter.records(), False))} runs to do)")
