@@ -19,12 +19,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 from autoloop.core.keep import Decision, Facts, Rules, decide
 from autoloop.repo.workspace import Workspace
 from autoloop.store import queries
-from autoloop.store.ledger import Ledger, LedgerRecord
+from autoloop.store.ledger import Draft, Ledger, LedgerRecord
 
 Observer = Callable[[LedgerRecord], None]
 Merge = Literal["clean", "conflict", "already_in"]   # Facts.merge: how a change went onto a moved best
@@ -77,16 +77,17 @@ class Arbiter:
                 facts = replace(facts, merge=merge)
             return decide(facts), merged
 
-    def record(self, draft: dict[str, Any], decision: Decision, worker: int | None) -> LedgerRecord:
-        """Append the record of a decided attempt (or a skip) and make git follow it."""
+    def record(self, draft: Draft, decision: Decision, worker: int | None) -> LedgerRecord:
+        """The record of a decided attempt (or a skip): the draft and the decision, appended;
+        git follows it."""
         with self.lock:
             record = LedgerRecord(
-                **{k: v for k, v in draft.items() if k != "extra"}, worker=worker,
+                **draft.measured(), worker=worker,
                 status=decision.status, crash=decision.crash, reason=decision.reason,
                 best=decision.best[0], best_metric=decision.best[1], noise=decision.noise,
                 confidence=decision.confidence,
                 next=decision.action if decision.action in ("confirm", "replay", "promote") else None,
-                extra={**draft.get("extra", {}), **decision.extra})
+                extra={**draft.extra, **decision.extra})
             if not decision.metric_valid:
                 record.metric = None
             self.ledger.append(record)

@@ -24,7 +24,7 @@ import functools
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from autoloop.config.settings import Settings
 from autoloop.core.classify import Classification, classify
@@ -42,7 +42,7 @@ from autoloop.execution.ranks import launch_command, throughput
 from autoloop.execution.runner import TOKEN_VAR, RunOutcome, RunSpec, build_env
 from autoloop.observe.console import format_verdict, live_line
 from autoloop.store import machine_speed, queries
-from autoloop.store.ledger import AttemptKind, LedgerRecord
+from autoloop.store.ledger import AttemptKind, Draft, Extra, LedgerRecord
 from autoloop.store.scout import scout_ref
 from autoloop.store.state import fault_point
 
@@ -119,10 +119,11 @@ class AttemptRunner:
         verdict = self._verdict(outcome)
         with self.night.arbiter.lock:
             after = self.check_inputs(plan)   # restored before the record is appended
-            draft = self._draft(plan, commit, outcome, verdict, started, diff_lines, before)
+            wrote = self._put_back_run_writes(plan)   # so that a kept commit leaves a clean tree
+            draft = self._draft(plan, commit, outcome, verdict, started, diff_lines, before, wrote)
             # Its duration on the monotonic clock: started_at/ended_at are the wall clock, which
             # NTP or a person can step by hours mid-attempt (benchmarks/chaos.py's clock_jump).
-            draft["elapsed_s"] = time.monotonic() - started_mono
+            draft.elapsed_s = time.monotonic() - started_mono
             self._note_git_changes(draft, before, after)
             decision, merged = self.night.arbiter.decide(self._facts(plan, commit, outcome, verdict, after), ws)
             record = self.night.arbiter.record(draft, decision, self.slot.worker)
@@ -152,12 +153,12 @@ class AttemptRunner:
         return found
 
     @staticmethod
-    def _note_git_changes(draft: dict[str, Any], before: Tampering, after: Tampering) -> None:
+    def _note_git_changes(draft: Draft, before: Tampering, after: Tampering) -> None:
         """Changes to git's configuration or hooks found before or after the run (put back):
         recorded like an edit outside the target, the run standing."""
-        changed = sorted({*draft["extra"].get("git_config_changed", ()), *before.git, *after.git})
+        changed = sorted({*draft.extra.get("git_config_changed", ()), *before.git, *after.git})
         if changed:
-            draft["extra"]["git_config_changed"] = changed
+            draft.extra["git_config_changed"] = changed
 
     def _commit(self, plan: AttemptPlan) -> str:
         """The commit the attempt runs, checked out in the slot's work tree."""
@@ -248,22 +249,34 @@ class AttemptRunner:
             verdict = verdict._replace(reason=f"interrupted ({self.night.stop.signal})")
         return verdict
 
-    def _draft(self, plan: AttemptPlan, commit: str, outcome: RunOutcome, verdict: Classification, started: float,
-               diff_lines: int, before: Tampering) -> dict[str, Any]:
-        """The record's measured fields (the arbiter adds the decision's). Also puts back
-        what the run wrote into the repository, so a kept commit leaves a clean tree."""
-        s, cand, layout = self.settings, plan.candidate, self.night.layout
+    def _put_back_run_writes(self, plan: AttemptPlan) -> list[str]:
+        """Put back what the run wrote into the repository (its versions kept under
+        results/), so that a kept commit leaves a clean tree; the paths, for the record."""
+        layout = self.night.layout
         wrote = self.slot.ws.undo_run_writes(layout.run_writes(plan.trial, plan.attempt))
-        summary, result = outcome.summary or {}, outcome.result or {}
-        extra: dict[str, Any] = {k: v for k, v in {"source": cand.source, "git_events": list(cand.git_events),
-                                   "replay_of": cand.replay_of}.items() if v}
-        extra.update(cand.extra)
-        extra["budget_s"] = s.budget   # what it trained for: autoloop verify trains as the night did
         if wrote:
-            extra["run_wrote"] = wrote
             where = layout.run_writes(plan.trial, plan.attempt).relative_to(self.night.ws.root)
             self.console.line(f"{plan.label}: the run wrote {', '.join(wrote)} in the repository; put back "
                               f"(its versions in {where})")
+        return wrote
+
+    def _draft(self, plan: AttemptPlan, commit: str, outcome: RunOutcome, verdict: Classification, started: float,
+               diff_lines: int, before: Tampering, wrote: list[str]) -> Draft:
+        """The record's measured fields (the arbiter adds the decision's); ``wrote``: what the
+        run wrote into the repository (put back by _put_back_run_writes). No side effects."""
+        s, cand, layout = self.settings, plan.candidate, self.night.layout
+        summary, result = outcome.summary or {}, outcome.result or {}
+        extra: Extra = {}
+        if cand.source:
+            extra["source"] = cand.source
+        if cand.git_events:
+            extra["git_events"] = list(cand.git_events)
+        if cand.replay_of:
+            extra["replay_of"] = cand.replay_of
+        extra.update(cast(Extra, cand.extra))   # the proposal's facts, as its proposer wrote them
+        extra["budget_s"] = s.budget   # what it trained for: autoloop verify trains as the night did
+        if wrote:
+            extra["run_wrote"] = wrote
         if outcome.log_cut_bytes:
             extra["log_cut_bytes"] = outcome.log_cut_bytes
         if s.checks:
@@ -275,25 +288,25 @@ class AttemptRunner:
             # Held-out figure: recorded for the morning report, never decided on, never
             # shown to a proposer (the request strips it), never in results.tsv.
             extra["audit_bpb"] = result["audit_bpb"]
-        extra.update(outcome.job)   # executor slurm: executor, cluster, job_id
+        extra.update(cast(Extra, outcome.job))   # executor slurm: executor, cluster, job_id
         if before:
             extra["tampered_before_run"] = before.paths
         if self._machine:
             extra["machine"] = self._machine
         memory_mb = summary.get("peak_vram_mb") or outcome.peak_rss_mb
-        return {
-            "trial": plan.trial, "attempt": plan.attempt, "kind": plan.kind, "started_at": started,
-            "ended_at": time.time(), "proposer": cand.proposer, "parent": cand.parent, "commit": commit,
-            "description": cand.description, "metric_name": s.metric, "metric": outcome.metric if ok else None,
-            "memory_gb": (memory_mb or 0) / 1024, "training_seconds": summary.get("training_seconds"),
-            "total_seconds": summary.get("total_seconds"), "wall_seconds": outcome.wall_seconds,
-            "exit_code": outcome.exit_code, "signal": outcome.signal, "diff_lines": diff_lines, "seed": plan.seed,
-            "fingerprint": result.get("fingerprint") or self.night.fingerprint,
-            "log_path": layout.log_rel(plan.trial, plan.attempt), "outside_changes": list(cand.outside_changes),
-            "extra": extra, "metrics": finite_metrics(summary), **throughput(summary, s.gpus_per_trial),
-            "fidelity": "scout" if plan.kind == "scout" else "full",
-            "machine_speed": self._speed(),
-        }
+        return Draft(
+            trial=plan.trial, attempt=plan.attempt, kind=plan.kind, started_at=started,
+            ended_at=time.time(), proposer=cand.proposer, parent=cand.parent, commit=commit,
+            description=cand.description, metric_name=s.metric, metric=outcome.metric if ok else None,
+            memory_gb=(memory_mb or 0) / 1024, training_seconds=summary.get("training_seconds"),
+            total_seconds=summary.get("total_seconds"), wall_seconds=outcome.wall_seconds,
+            exit_code=outcome.exit_code, signal=outcome.signal, diff_lines=diff_lines, seed=plan.seed,
+            fingerprint=result.get("fingerprint") or self.night.fingerprint,
+            log_path=layout.log_rel(plan.trial, plan.attempt), outside_changes=list(cand.outside_changes),
+            extra=extra, metrics=finite_metrics(summary), **throughput(summary, s.gpus_per_trial),
+            fidelity="scout" if plan.kind == "scout" else "full",
+            machine_speed=self._speed(),
+        )
 
     def _speed(self) -> float | None:
         value = (self._machine or {}).get("speed")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from autoloop.config.settings import Settings
 from autoloop.core.errors import ConfigError, NightError
@@ -42,7 +42,7 @@ from autoloop.observe.console import shorten
 from autoloop.proposers.base import ProposalRequest, Proposer
 from autoloop.repo import reconcile
 from autoloop.store import queries
-from autoloop.store.ledger import AttemptKind, LedgerRecord
+from autoloop.store.ledger import AttemptKind, Draft, Extra, LedgerRecord
 from autoloop.store.state import RunState, fault_point
 
 
@@ -352,12 +352,12 @@ def record_skip(night: Night, slot: Slot, trial: int, attempt: int, proposer: st
     """A proposal that failed before anything ran: in the ledger as a skip (not in the TSV).
     ``extra``: the facts of a proposal that was made but cannot run (Proposal.extra)."""
     now = time.time()
-    record = night.arbiter.record({
-        "trial": trial, "attempt": attempt, "started_at": now, "ended_at": now, "proposer": proposer,
-        "parent": parent[0], "description": description, "metric_name": night.settings.metric,
-        "outside_changes": list(outside),
-        "extra": {**(extra or {}), **({"git_events": list(events)} if events else {})},
-    }, skipped(reason, parent, night.arbiter.best()), slot.worker)
+    facts: Extra = {**cast(Extra, extra or {}), **({"git_events": list(events)} if events else {})}
+    record = night.arbiter.record(Draft(
+        trial=trial, attempt=attempt, started_at=now, ended_at=now, proposer=proposer,
+        parent=parent[0], description=description, metric_name=night.settings.metric,
+        outside_changes=list(outside), extra=facts,
+    ), skipped(reason, parent, night.arbiter.best()), slot.worker)
     # The ledger keeps the reason whole (up to ~500 characters); the screen gets it shortened.
     (slot.console or night.console).line(f"#{trial} skipped: {shorten(reason)}")
     return record
