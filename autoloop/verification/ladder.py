@@ -142,7 +142,7 @@ def _current_plan(night: Night, settings: Settings, options: LadderOptions, resu
     best = queries.best(records)[0]
     trials = {s.trial for s in old.sides} if old else set()
     # Another command (a night continued, autoloop verify) may have taken the trial numbers since.
-    taken = any(r.trial in trials and not run_info(r) and not (r.reason or "").startswith("interrupted")
+    taken = any(r.trial in trials and not run_info(r) and not queries.was_interrupted(r)
                 for r in records)
     if old is not None and old.tag == night.tag and old.best == best and not taken:
         if resume:
