@@ -115,7 +115,7 @@ def full_trial(night: Night, idea: Idea, best: tuple[str, float], noise: float |
         return None
     runs: tuple[float, ...] = (first,)
     while True:
-        d = decide(Facts(kind="candidate", commit=name, runs=runs, start=best, current=best, noise=noise,
+        d = decide(Facts(kind="candidate", commit=name, runs=runs, parent=best, current=best, noise=noise,
                          can_confirm=len(runs) == 1, rules=RULES))
         if d.action != "confirm":
             break
@@ -151,7 +151,7 @@ def simulate(ideas: list[Idea], scouting: bool, args: argparse.Namespace, seed: 
                 break
             night.scouted += 1
             ref = ScoutRef(tuple(scout_runs.get(best[0], ())), pooled_sigma(list(scout_runs.values())))
-            d = decide(Facts(kind="scout", commit=name, runs=(scouted,), start=best, current=best, scout=ref,
+            d = decide(Facts(kind="scout", commit=name, runs=(scouted,), parent=best, current=best, scout=ref,
                              rules=RULES))
             if d.action != "promote":
                 night.trials += 1

@@ -51,7 +51,7 @@ def request(workspace: Path, fix: FixContext | None = None, attempt: int = 1) ->
     tail[3]["commit"] = None
     return ProposalRequest(
         workspace=workspace, target="train.py", program_text=PROGRAM, metric_name="val_bpb", direction="min",
-        best_metric=2.5, best_commit="abcdef1234567890", trial=4, attempt=attempt, seed=42, ledger_tail=tail,
+        parent_metric=2.5, parent="abcdef1234567890", trial=4, attempt=attempt, seed=42, ledger_tail=tail,
         fix=fix, results_dir=workspace / "results", history=[LedgerRecord.model_validate(r) for r in tail],
     )
 

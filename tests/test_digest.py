@@ -148,7 +148,7 @@ def test_a_fake_agent_gets_the_bounded_digest_at_1000_records(tmp_path):
     records = synthetic_night(1000)
     program = "# program.md\nGoal: the lowest val_bpb.\n"
     request = ProposalRequest(workspace=workspace, target="train.py", program_text=program, metric_name="val_bpb",
-                              direction="min", best_metric=records[-1].best_metric, best_commit="f" * 40, trial=1000,
+                              direction="min", parent_metric=records[-1].best_metric, parent="f" * 40, trial=1000,
                               attempt=1, seed=42, results_dir=workspace / "results", history=records)
     seen = tmp_path / "seen"
     AgentProposer(f"{FAKE / 'record_prompt.py'} {{prompt_file}} {seen}", timeout_s=30).propose(request)

@@ -86,7 +86,7 @@ MEM = (parse_guard("peak_vram_mb <= 1.10 * baseline"),)
     (MEM, {"peak_vram_mb": 2000.0}, (1.999,), "discard", "discard", "guard"),   # borderline: no confirmation
 ])
 def test_keep_needs_the_metric_and_every_guard(guards, metrics, runs, status, action, in_reason):
-    facts = Facts(kind="candidate", commit="c" * 40, runs=runs, start=("b" * 40, 2.0), current=("b" * 40, 2.0),
+    facts = Facts(kind="candidate", commit="c" * 40, runs=runs, parent=("b" * 40, 2.0), current=("b" * 40, 2.0),
                   noise=0.01, rules=Rules(guards=guards), metrics=metrics, baseline_metrics={"peak_vram_mb": 1000.0})
     d = decide(facts)
     assert (d.status, d.action) == (status, action)

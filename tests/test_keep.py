@@ -15,8 +15,8 @@ SANE = Rules(keep_rule="strict", sanity_bound=0.1)
 
 def cand(*runs: float, **kw) -> Facts:
     """A candidate B built on A (best 1.0); the best has not moved unless `current` says so."""
-    kw.setdefault("start", (A, 1.0))
-    kw.setdefault("current", kw["start"])
+    kw.setdefault("parent", (A, 1.0))
+    kw.setdefault("current", kw["parent"])
     return Facts(kind=kw.pop("kind", "candidate"), commit=B, runs=tuple(runs), **kw)
 
 
@@ -38,7 +38,7 @@ ROWS = [
      "crash", "discard", (None, None), "out of memory"),
     # -- the baseline and the noise samples
     ("baseline", Facts(kind="baseline", commit=A, runs=(1.3,)), "keep", "keep", (A, 1.3), "baseline"),
-    ("noise-sample", Facts(kind="confirm", commit=A, runs=(1.0, 1.2), noise_sample=(1, 2), start=(A, 1.0),
+    ("noise-sample", Facts(kind="confirm", commit=A, runs=(1.0, 1.2), noise_sample=(1, 2), parent=(A, 1.0),
                            current=(A, 1.0)),
      "keep", "keep", (A, 1.1), "noise sample 1/2"),
     # -- judged against the best it started from
@@ -91,7 +91,7 @@ def test_what_the_record_carries():
     """The facts a decision leaves for the record's extra are data, never control flow."""
     tampered = decide(cand(0.5, tampered=("program.md",), rules=STRICT))
     assert tampered.extra == {"tampered": ["program.md"], "invalid_metric": 0.5} and tampered.noise is None
-    sample = decide(Facts(kind="confirm", commit=A, runs=(1.0, 1.2), noise_sample=(1, 2), start=(A, 1.0)))
+    sample = decide(Facts(kind="confirm", commit=A, runs=(1.0, 1.2), noise_sample=(1, 2), parent=(A, 1.0)))
     assert sample.extra["noise_samples"] == [1.0, 1.2] and sample.noise == pytest.approx(0.1414, abs=1e-4)
     confirmed = decide(cand(0.8, 0.85, noise=0.1, can_confirm=False, rules=NOISE))
     assert confirmed.extra == {"runs": [0.8, 0.85]} and confirmed.noise == 0.1

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from autoloop.store import ledger as ledger_mod
 from autoloop.store import queries
-from autoloop.store.ledger import TSV_COLUMNS, Ledger, LedgerError, LedgerRecord, format_tsv
+from autoloop.store.ledger import TSV_COLUMNS, Draft, Ledger, LedgerError, LedgerRecord, format_tsv
 
 
 def rec(trial: int = 0, attempt: int = 1, **kw) -> LedgerRecord:
@@ -312,3 +312,14 @@ def test_durations_read_the_monotonic_seconds_not_the_stepped_stamps():
     old = [rec(trial=1, started_at=2000.0, ended_at=2010.0), rec(trial=2, started_at=3000.0, ended_at=2000.0)]
     assert [queries.attempt_seconds(r) for r in old] == [320.0, 320.0]
     assert queries.typical_attempt_seconds([rec(trial=1, wall_seconds=0.0, started_at=5.0, ended_at=1.0)], 9.0) == 0.0
+
+
+def test_a_draft_is_the_records_measured_fields_with_the_records_defaults():
+    # The arbiter makes a LedgerRecord of a Draft's fields (Arbiter.record): a field the record
+    # lacks, or a default that differs, would change what a night writes.
+    for name, field in Draft.model_fields.items():
+        mine = LedgerRecord.model_fields[name]
+        assert field.annotation == mine.annotation or name == "extra", name
+        assert field.get_default(call_default_factory=True) == mine.get_default(call_default_factory=True), name
+    decided = {"status", "crash", "reason", "noise", "confidence", "best", "best_metric", "worker", "next", "chain"}
+    assert set(LedgerRecord.model_fields) - set(Draft.model_fields) == decided

@@ -118,7 +118,7 @@ ADJ = Adjusted(runs=(1.499,), best=1.50, noise=0.002, note="fit")
     ((1.45,), 0.02, Adjusted((1.51,), 1.50, 0.002, "fit"), "discard", "discard"),
 ])
 def test_keep_decides_on_adjusted_values_when_given(runs, noise, adjusted, status, action):
-    d = decide(Facts(kind="candidate", commit="c1", runs=runs, start=BEST, current=BEST, noise=noise,
+    d = decide(Facts(kind="candidate", commit="c1", runs=runs, parent=BEST, current=BEST, noise=noise,
                      adjusted=adjusted))
     assert (d.status, d.action) == (status, action), d.reason
     if adjusted is not None:

@@ -232,7 +232,7 @@ def request(workspace: Path, results_dir: Path | None, trial: int = 1, fix: FixC
             tail: list[dict] | None = None) -> ProposalRequest:
     return ProposalRequest(
         workspace=workspace, target="train.py", program_text="", metric_name="val_bpb", direction="min",
-        best_metric=2.0, best_commit=BEST, trial=trial, attempt=1, seed=42, ledger_tail=tail or [], fix=fix,
+        parent_metric=2.0, parent=BEST, trial=trial, attempt=1, seed=42, ledger_tail=tail or [], fix=fix,
         results_dir=results_dir,
     )
 

@@ -141,7 +141,7 @@ class Scripted:
 
 def request(tmp_path, trial=1, fix=None) -> ProposalRequest:
     return ProposalRequest(workspace=tmp_path, target="train.py", program_text="", metric_name="val_bpb",
-                           direction="min", best_metric=1.0, best_commit="b" * 40, trial=trial, attempt=1, seed=42,
+                           direction="min", parent_metric=1.0, parent="b" * 40, trial=trial, attempt=1, seed=42,
                            fix=fix, results_dir=tmp_path / "results")
 
 
@@ -178,8 +178,15 @@ def test_a_failed_member_names_itself_in_the_skip(tmp_path):
         portfolio.propose(portfolio_request)
     assert re.match(r"^portfolio chose agent \(thompson draw .*\); "
                     r"it failed after \d+\.\d s: agent timed out after 15m$", str(e.value))
-    record = rec(trial, status="skip", reason=str(e.value))
-    assert trial_outcomes([record])[trial].proposer == "agent"
+    choice = e.value.extra["portfolio"]
+    assert choice["choice"] == "agent" and choice["reason"].startswith("thompson draw")
+    assert f"it failed after {choice['propose_s']:.1f} s: " in str(e.value)   # the reason says the same
+    # Read from the skip's extra (the reason is the person's) ...
+    record = rec(trial, status="skip", reason="agent timed out", extra={"portfolio": {**choice, "propose_s": 7.5}})
+    assert (trial_outcomes([record])[trial].proposer, trial_outcomes([record])[trial].seconds) == ("agent", 67.5)
+    # ... and from the reason alone in a ledger written before the skip carried it.
+    old = rec(trial, status="skip", reason=str(e.value))
+    assert trial_outcomes([old])[trial].proposer == "agent"
 
 
 # ------------------------------------------------------------------------------ a night

@@ -28,7 +28,7 @@ def queue(tmp_path) -> Path:
 def request(repo: Path, fix: FixContext | None = None) -> ProposalRequest:
     return ProposalRequest(
         workspace=repo, target="train.py", program_text="", metric_name="val_bpb", direction="min",
-        best_metric=None, best_commit=None, trial=1, attempt=1, seed=42, fix=fix,
+        parent_metric=None, parent=None, trial=1, attempt=1, seed=42, fix=fix,
     )
 
 

@@ -57,14 +57,14 @@ def test_the_margin_comes_from_the_scout_noise():
 def test_a_scout_run_is_never_a_keep():
     best = ("b" * 40, 4.0)
     ref = ScoutRef((5.0, 5.002), 0.001)
-    out = decide(Facts(kind="scout", commit="c" * 40, runs=(6.0,), start=best, current=best, scout=ref))
+    out = decide(Facts(kind="scout", commit="c" * 40, runs=(6.0,), parent=best, current=best, scout=ref))
     assert (out.status, out.action, out.best) == ("discard", "discard", best)
     assert out.extra["scout"]["promoted"] is False
-    win = decide(Facts(kind="scout", commit="c" * 40, runs=(1.0,), start=best, current=best, scout=ref))
+    win = decide(Facts(kind="scout", commit="c" * 40, runs=(1.0,), parent=best, current=best, scout=ref))
     assert (win.status, win.action, win.best) == ("discard", "promote", best)
-    sample = decide(Facts(kind="scout", commit=best[0], runs=(5.0,), start=best, current=best, scout=ref))
+    sample = decide(Facts(kind="scout", commit=best[0], runs=(5.0,), parent=best, current=best, scout=ref))
     assert (sample.status, sample.action, sample.extra) == ("discard", "discard", {"scout_sample": True})
-    crashed = decide(Facts(kind="scout", commit="c" * 40, crash=("trivial", "NameError"), start=best, current=best))
+    crashed = decide(Facts(kind="scout", commit="c" * 40, crash=("trivial", "NameError"), parent=best, current=best))
     assert (crashed.status, crashed.action) == ("crash", "discard")
 
 

@@ -98,7 +98,7 @@ class Facts:
     crash: tuple[CrashClass, str] | None = None    # (class, reason) when the run failed
     other_data: str | None = None           # why its metric was measured on other data
     tampered: tuple[str, ...] = ()          # protected inputs changed during the run
-    start: Best = (None, None)              # the best it was built on and is judged against
+    parent: Best = (None, None)             # the best it was built on (its parent) and is judged against
     current: Best = (None, None)            # the best now: another worker may have moved it
     noise: float | None = None              # the noise estimate in force
     noise_sample: tuple[int, int] | None = None   # (k, N): a run of the best to estimate the noise
@@ -150,21 +150,21 @@ def decide(f: Facts) -> Decision:
     return _judged(f)
 
 
-def skipped(reason: str, start: Best, current: Best) -> Decision:
+def skipped(reason: str, parent: Best, current: Best) -> Decision:
     """A proposal that failed before anything ran: recorded as a skip, the best unmoved."""
-    return Decision("skip", "discard", reason, current if current[0] is not None else start)
+    return Decision("skip", "discard", reason, current if current[0] is not None else parent)
 
 
 def _unmoved(f: Facts) -> Best:
     """The best a record that changes nothing carries: the best now."""
-    return f.current if f.current[0] is not None else f.start
+    return f.current if f.current[0] is not None else f.parent
 
 
 def _scouted(f: Facts) -> Decision:
     """A run at the scout budget: never a keep, the best unmoved. A run of the best itself
     is a sample of the rung (its reference, its noise); a candidate's is promoted to the
     full budget or scouted out (scout.judge_scout)."""
-    if f.commit is not None and f.commit == f.start[0]:
+    if f.commit is not None and f.commit == f.parent[0]:
         return Decision("discard", "discard", "scout run of the best (the scout rung's reference and noise)",
                         _unmoved(f), extra={"scout_sample": True})
     v = judge_scout(f.runs[-1], f.scout or ScoutRef(), f.rules.direction)
@@ -207,7 +207,7 @@ def _judged(f: Facts) -> Decision:
             return Decision("discard", "discard", reason, _unmoved(f), noise=f.noise, confidence=j.confidence,
                             extra=extra)
     now = f.current[0]
-    if now is None or now == f.start[0]:   # the best has not moved since the attempt started
+    if now is None or now == f.parent[0]:   # the best has not moved since the attempt started
         if j.status == "keep":   # the best's value stays the raw mean: the adjusted one moves with the night
             return Decision("keep", "keep", j.reason, (f.commit, sum(f.runs) / len(f.runs)), noise=f.noise,
                             confidence=j.confidence, extra=extra)
@@ -219,8 +219,8 @@ def _judged(f: Facts) -> Decision:
         return Decision("discard", "discard", f"{j.reason} (best has moved to {current} meanwhile)", f.current,
                         noise=f.noise, confidence=j.confidence, extra=extra)
     # It beat the best it started from, which is no longer the best: it must win on the new one.
-    how = f"beat its start {(f.start[0] or 'none')[:7]} ({j.reason})"
-    extra["beat_start"] = f.start[0]
+    how = f"beat its start {(f.parent[0] or 'none')[:7]} ({j.reason})"
+    extra["beat_start"] = f.parent[0]
     action: Action = "stale"
     if f.replays >= MAX_REPLAYS:
         reason = f"stale: {how} but the best kept moving ({MAX_REPLAYS} replays)"
@@ -239,7 +239,7 @@ def _judge(f: Facts) -> tuple[Judgement, dict[str, object]]:
     """judge_runs on the raw runs, or, when the night's machine-speed fit is used, on the
     runs and the best at the night's median speed; the raw verdict then goes into extra."""
     r, a = f.rules, f.adjusted
-    raw = judge_runs(list(f.runs), f.start[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
+    raw = judge_runs(list(f.runs), f.parent[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
                      rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
     extra: dict[str, object] = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
     if a is None or a.best is None:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 from autoloop.core.keep import Decision, Facts, Rules, decide
 from autoloop.repo.workspace import Workspace
 from autoloop.store import queries
-from autoloop.store.ledger import Ledger, LedgerRecord
+from autoloop.store.ledger import Draft, Ledger, LedgerRecord
 
 Observer = Callable[[LedgerRecord], None]
 Merge = Literal["clean", "conflict", "already_in"]   # Facts.merge: how a change went onto a moved best
@@ -67,26 +67,27 @@ class Arbiter:
             current = self.best()
             merged = None
             facts = replace(facts, current=current, rules=self.rules)
-            now, start = current[0], facts.start[0]
-            # The best moved (another worker kept) since it started; only the baseline starts from none.
-            if (now and start and now != start and facts.commit and facts.noise_sample is None
+            now, parent = current[0], facts.parent[0]
+            # The best moved (another worker kept) since it started; only the baseline has no parent.
+            if (now and parent and now != parent and facts.commit and facts.noise_sample is None
                     and facts.kind not in ("baseline", "verify", "scout")):
-                merged = ws.merge_change(start, now, facts.commit)
+                merged = ws.merge_change(parent, now, facts.commit)
                 merge: Merge = ("conflict" if merged is None
                                 else "already_in" if merged == ws.file_at(now, ws.target) else "clean")
                 facts = replace(facts, merge=merge)
             return decide(facts), merged
 
-    def record(self, draft: dict[str, Any], decision: Decision, worker: int | None) -> LedgerRecord:
-        """Append the record of a decided attempt (or a skip) and make git follow it."""
+    def record(self, draft: Draft, decision: Decision, worker: int | None) -> LedgerRecord:
+        """The record of a decided attempt (or a skip): the draft and the decision, appended;
+        git follows it."""
         with self.lock:
             record = LedgerRecord(
-                **{k: v for k, v in draft.items() if k != "extra"}, worker=worker,
+                **draft.measured(), worker=worker,
                 status=decision.status, crash=decision.crash, reason=decision.reason,
                 best=decision.best[0], best_metric=decision.best[1], noise=decision.noise,
                 confidence=decision.confidence,
                 next=decision.action if decision.action in ("confirm", "replay", "promote") else None,
-                extra={**draft.get("extra", {}), **decision.extra})
+                extra={**draft.extra, **decision.extra})
             if not decision.metric_valid:
                 record.metric = None
             self.ledger.append(record)

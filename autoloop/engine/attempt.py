@@ -1,7 +1,8 @@
 """One attempt: commit, run, check the inputs, record (docs/failures.md).
 
-An :class:`AttemptRunner` belongs to one worker :class:`Slot` (a work tree, a state file, a
-device). ``run(plan)`` takes a :class:`Candidate` (what to run: a commit, or the edit in the
+An :class:`AttemptRunner` belongs to one worker :class:`~autoloop.engine.slot.Slot` (a work
+tree, a state file, a device). ``run(plan)`` takes a
+:class:`~autoloop.engine.candidate.Candidate` (what to run: a commit, or the edit in the
 slot's work tree to commit now) and, phase by phase, each persisted before it starts:
 
 1. checks the measurement's protected inputs (a proposer may have changed them: restored,
@@ -22,8 +23,8 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import cast
 
 from autoloop.config.settings import Settings
 from autoloop.core.classify import Classification, classify
@@ -31,40 +32,22 @@ from autoloop.core.durations import default_timeout, format_duration
 from autoloop.core.errors import NightError
 from autoloop.core.guards import finite_metrics
 from autoloop.core.keep import Decision, Facts, tampered_reason
+from autoloop.engine.candidate import Candidate
 from autoloop.engine.night import Night
 from autoloop.engine.precheck import CheckContext, CheckResult, run_checks, training_limit
-from autoloop.execution.executors import Executor
+from autoloop.engine.slot import Slot
 from autoloop.execution.integrity import Tampering, harness_path
 from autoloop.execution.machine_speed import Probe
 from autoloop.execution.ranks import launch_command, throughput
 from autoloop.execution.runner import TOKEN_VAR, RunOutcome, RunSpec, build_env
-from autoloop.observe.console import Console, Prefixed, format_verdict, live_line
-from autoloop.repo.workspace import Workspace
+from autoloop.observe.console import format_verdict, live_line
 from autoloop.store import machine_speed, queries
-from autoloop.store.ledger import AttemptKind, LedgerRecord
+from autoloop.store.ledger import AttemptKind, Draft, Extra, LedgerRecord
 from autoloop.store.scout import scout_ref
-from autoloop.store.state import StateFile, fault_point
+from autoloop.store.state import fault_point
 
 AUDIT_VAR = "AUTOLOOP_AUDIT"   # "0": train.py's evaluation skips the audit slice (autoloop/evaluate.py)
 PROGRESS_SAVE_S = 2.0    # the state file gets the latest progress line at most this often
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """What an attempt runs: a change on top of ``base`` (the best it was built on), with
-    what it tries and where it came from. ``commit`` None: the edit is in the slot's work
-    tree and is committed as the attempt's first step. ``extra`` goes into the record."""
-
-    commit: str | None
-    base: str | None
-    base_metric: float | None
-    description: str
-    proposer: str
-    source: str | None = None
-    outside_changes: tuple[str, ...] = ()
-    git_events: tuple[str, ...] = ()
-    replay_of: str | None = None          # the commit whose change this is, replayed on a new best
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -92,19 +75,6 @@ class Recorded:
     record: LedgerRecord
     decision: Decision
     merged: str | None = None
-
-
-@dataclass
-class Slot:
-    """One worker slot: where its attempts run. The single loop is one slot on the main
-    checkout (worker None); N parallel workers are N slots, each on a worktree of its own."""
-
-    ws: Workspace
-    state: StateFile
-    worker: int | None
-    executor: Executor
-    env: dict[str, str] = field(default_factory=dict)   # added to its trials' environment (device, threads)
-    console: Console | Prefixed | None = None
 
 
 def rung_limits(s: Settings, kind: AttemptKind) -> tuple[float, float]:
@@ -136,23 +106,24 @@ class AttemptRunner:
         started, started_mono = time.time(), time.monotonic()
         cand = plan.candidate
         state.enter("committing", trial=plan.trial, attempt=plan.attempt, kind=plan.kind, description=cand.description,
-                    proposer=cand.proposer, best=cand.base, best_metric=cand.base_metric,
+                    proposer=cand.proposer, best=cand.parent, best_metric=cand.parent_metric,
                     # A candidate committed before (a look-ahead's) is named at once: a kill before
                     # the checkout still records it, under its trial ref.
                     candidate=cand.commit if plan.kind == "candidate" else None, attempt_started_at=started)
         commit = self._commit(plan)
         ws.save_trial_ref(self.night.tag, plan.trial, plan.attempt, commit)
-        diff_lines = ws.diff_lines(cand.base, commit) if cand.base and commit != cand.base else 0
+        diff_lines = ws.diff_lines(cand.parent, commit) if cand.parent and commit != cand.parent else 0
         state.enter("running", candidate=commit)
         outcome = self._train(plan, commit)
         state.enter("judging")
         verdict = self._verdict(outcome)
         with self.night.arbiter.lock:
             after = self.check_inputs(plan)   # restored before the record is appended
-            draft = self._draft(plan, commit, outcome, verdict, started, diff_lines, before)
+            wrote = self._put_back_run_writes(plan)   # so that a kept commit leaves a clean tree
+            draft = self._draft(plan, commit, outcome, verdict, started, diff_lines, before, wrote)
             # Its duration on the monotonic clock: started_at/ended_at are the wall clock, which
             # NTP or a person can step by hours mid-attempt (benchmarks/chaos.py's clock_jump).
-            draft["elapsed_s"] = time.monotonic() - started_mono
+            draft.elapsed_s = time.monotonic() - started_mono
             self._note_git_changes(draft, before, after)
             decision, merged = self.night.arbiter.decide(self._facts(plan, commit, outcome, verdict, after), ws)
             record = self.night.arbiter.record(draft, decision, self.slot.worker)
@@ -182,12 +153,12 @@ class AttemptRunner:
         return found
 
     @staticmethod
-    def _note_git_changes(draft: dict[str, Any], before: Tampering, after: Tampering) -> None:
+    def _note_git_changes(draft: Draft, before: Tampering, after: Tampering) -> None:
         """Changes to git's configuration or hooks found before or after the run (put back):
         recorded like an edit outside the target, the run standing."""
-        changed = sorted({*draft["extra"].get("git_config_changed", ()), *before.git, *after.git})
+        changed = sorted({*draft.extra.get("git_config_changed", ()), *before.git, *after.git})
         if changed:
-            draft["extra"]["git_config_changed"] = changed
+            draft.extra["git_config_changed"] = changed
 
     def _commit(self, plan: AttemptPlan) -> str:
         """The commit the attempt runs, checked out in the slot's work tree."""
@@ -278,22 +249,34 @@ class AttemptRunner:
             verdict = verdict._replace(reason=f"interrupted ({self.night.stop.signal})")
         return verdict
 
-    def _draft(self, plan: AttemptPlan, commit: str, outcome: RunOutcome, verdict: Classification, started: float,
-               diff_lines: int, before: Tampering) -> dict[str, Any]:
-        """The record's measured fields (the arbiter adds the decision's). Also puts back
-        what the run wrote into the repository, so a kept commit leaves a clean tree."""
-        s, cand, layout = self.settings, plan.candidate, self.night.layout
+    def _put_back_run_writes(self, plan: AttemptPlan) -> list[str]:
+        """Put back what the run wrote into the repository (its versions kept under
+        results/), so that a kept commit leaves a clean tree; the paths, for the record."""
+        layout = self.night.layout
         wrote = self.slot.ws.undo_run_writes(layout.run_writes(plan.trial, plan.attempt))
-        summary, result = outcome.summary or {}, outcome.result or {}
-        extra: dict[str, Any] = {k: v for k, v in {"source": cand.source, "git_events": list(cand.git_events),
-                                   "replay_of": cand.replay_of}.items() if v}
-        extra.update(cand.extra)
-        extra["budget_s"] = s.budget   # what it trained for: autoloop verify trains as the night did
         if wrote:
-            extra["run_wrote"] = wrote
             where = layout.run_writes(plan.trial, plan.attempt).relative_to(self.night.ws.root)
             self.console.line(f"{plan.label}: the run wrote {', '.join(wrote)} in the repository; put back "
                               f"(its versions in {where})")
+        return wrote
+
+    def _draft(self, plan: AttemptPlan, commit: str, outcome: RunOutcome, verdict: Classification, started: float,
+               diff_lines: int, before: Tampering, wrote: list[str]) -> Draft:
+        """The record's measured fields (the arbiter adds the decision's); ``wrote``: what the
+        run wrote into the repository (put back by _put_back_run_writes). No side effects."""
+        s, cand, layout = self.settings, plan.candidate, self.night.layout
+        summary, result = outcome.summary or {}, outcome.result or {}
+        extra: Extra = {}
+        if cand.source:
+            extra["source"] = cand.source
+        if cand.git_events:
+            extra["git_events"] = list(cand.git_events)
+        if cand.replay_of:
+            extra["replay_of"] = cand.replay_of
+        extra.update(cast(Extra, cand.extra))   # the proposal's facts, as its proposer wrote them
+        extra["budget_s"] = s.budget   # what it trained for: autoloop verify trains as the night did
+        if wrote:
+            extra["run_wrote"] = wrote
         if outcome.log_cut_bytes:
             extra["log_cut_bytes"] = outcome.log_cut_bytes
         if s.checks:
@@ -305,25 +288,25 @@ class AttemptRunner:
             # Held-out figure: recorded for the morning report, never decided on, never
             # shown to a proposer (the request strips it), never in results.tsv.
             extra["audit_bpb"] = result["audit_bpb"]
-        extra.update(outcome.job)   # executor slurm: executor, cluster, job_id
+        extra.update(cast(Extra, outcome.job))   # executor slurm: executor, cluster, job_id
         if before:
             extra["tampered_before_run"] = before.paths
         if self._machine:
             extra["machine"] = self._machine
         memory_mb = summary.get("peak_vram_mb") or outcome.peak_rss_mb
-        return {
-            "trial": plan.trial, "attempt": plan.attempt, "kind": plan.kind, "started_at": started,
-            "ended_at": time.time(), "proposer": cand.proposer, "parent": cand.base, "commit": commit,
-            "description": cand.description, "metric_name": s.metric, "metric": outcome.metric if ok else None,
-            "memory_gb": (memory_mb or 0) / 1024, "training_seconds": summary.get("training_seconds"),
-            "total_seconds": summary.get("total_seconds"), "wall_seconds": outcome.wall_seconds,
-            "exit_code": outcome.exit_code, "signal": outcome.signal, "diff_lines": diff_lines, "seed": plan.seed,
-            "fingerprint": result.get("fingerprint") or self.night.fingerprint,
-            "log_path": layout.log_rel(plan.trial, plan.attempt), "outside_changes": list(cand.outside_changes),
-            "extra": extra, "metrics": finite_metrics(summary), **throughput(summary, s.gpus_per_trial),
-            "fidelity": "scout" if plan.kind == "scout" else "full",
-            "machine_speed": self._speed(),
-        }
+        return Draft(
+            trial=plan.trial, attempt=plan.attempt, kind=plan.kind, started_at=started,
+            ended_at=time.time(), proposer=cand.proposer, parent=cand.parent, commit=commit,
+            description=cand.description, metric_name=s.metric, metric=outcome.metric if ok else None,
+            memory_gb=(memory_mb or 0) / 1024, training_seconds=summary.get("training_seconds"),
+            total_seconds=summary.get("total_seconds"), wall_seconds=outcome.wall_seconds,
+            exit_code=outcome.exit_code, signal=outcome.signal, diff_lines=diff_lines, seed=plan.seed,
+            fingerprint=result.get("fingerprint") or self.night.fingerprint,
+            log_path=layout.log_rel(plan.trial, plan.attempt), outside_changes=list(cand.outside_changes),
+            extra=extra, metrics=finite_metrics(summary), **throughput(summary, s.gpus_per_trial),
+            fidelity="scout" if plan.kind == "scout" else "full",
+            machine_speed=self._speed(),
+        )
 
     def _speed(self) -> float | None:
         value = (self._machine or {}).get("speed")
@@ -342,11 +325,11 @@ class AttemptRunner:
         baseline = queries.baseline(records)
         noise = self.night.arbiter.noise()
         judged = crash is None and outcome.metric is not None and plan.noise_sample is None
-        adjusted = (machine_speed.for_decision(records, commit, tuple(runs), self._speed(), cand.base, noise)
+        adjusted = (machine_speed.for_decision(records, commit, tuple(runs), self._speed(), cand.parent, noise)
                     if judged and plan.kind in ("candidate", "fix", "confirm") else None)
         return Facts(kind=plan.kind, commit=commit, runs=tuple(runs) if crash is None else (), crash=crash,
                      other_data=other_data, tampered=(*self._checked.tampered, *after.paths),
-                     start=(cand.base, cand.base_metric), noise=noise,
+                     parent=(cand.parent, cand.parent_metric), noise=noise,
                      noise_sample=plan.noise_sample, can_confirm=plan.can_confirm, replays=plan.replays,
                      metrics=dict(outcome.summary), baseline_metrics=baseline.metrics if baseline else {},
                      scout=scout_ref(self.night.arbiter.records(), self.night.arbiter.best()[0])
@@ -357,7 +340,7 @@ class AttemptRunner:
         """Git follows the record, then the state goes idle. A confirmation re-run follows at
         once on the same commit: it stays checked out, and the state stays on this recorded
         attempt, so a kill now restores the best on --resume."""
-        verdict = format_verdict(plan.label, record, plan.candidate.base_metric if record.status != "crash" else None)
+        verdict = format_verdict(plan.label, record, plan.candidate.parent_metric if record.status != "crash" else None)
         if decision.action == "confirm" and not self.night.stop.is_set():
             self.console.line(verdict)
             return

@@ -6,7 +6,7 @@ branch switches and resets undone, its work saved under refs), reverts and quara
 every change outside the target (the scope check), and screens what is left
 (``screen``: the one place a prepared change is checked before it may run; the duplicate
 gate is there). What comes out
-is a :class:`~autoloop.engine.attempt.Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
+is a :class:`Candidate`, a :class:`Skipped` (recorded as a ``skip``), or
 None when the proposer has no more ideas. :class:`Claims` tells a proposer what the other
 slots are proposing at the same moment.
 """
@@ -27,8 +27,8 @@ from autoloop.config.settings import Settings
 from autoloop.core import duplicate_gate
 from autoloop.core.errors import NightError
 from autoloop.core.layout import Layout
-from autoloop.engine.attempt import Candidate, Slot
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.observe.console import Console, Prefixed
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, ProposalRequest, Proposer
 from autoloop.repo import reconcile
@@ -74,6 +74,24 @@ class Claims:
             self._claims.pop(worker, None)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """What an attempt runs: a change on top of ``parent`` (the best it was built on), with
+    what it tries and where it came from. ``commit`` None: the edit is in the slot's work
+    tree and is committed as the attempt's first step. ``extra`` goes into the record."""
+
+    commit: str | None
+    parent: str | None
+    parent_metric: float | None
+    description: str
+    proposer: str
+    source: str | None = None
+    outside_changes: tuple[str, ...] = ()
+    git_events: tuple[str, ...] = ()
+    replay_of: str | None = None          # the commit whose change this is, replayed on a new best
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A proposal that failed before anything could run: why, and what the checks found."""
@@ -102,9 +120,9 @@ def strip_audit(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int,
-                     attempt: int, best: tuple[str | None, float | None],
+                     attempt: int, parent: tuple[str | None, float | None],
                      fix: FixContext | None = None) -> ProposalRequest:
-    """What the proposer is told: program.md, the best it builds on, the whole ledger and
+    """What the proposer is told: program.md, the best it builds on (``parent``), the whole ledger and
     the recent results (audit figures stripped), the person's notes in force (read anew
     for every proposal: a note written a minute ago reaches the next one), and for a fix
     request the crash and the end of its log."""
@@ -113,7 +131,7 @@ def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records:
     history = [strip_audit(r.model_dump(mode="json")) for r in queries.of_night(records)]
     return ProposalRequest(
         workspace=ws.root, target=settings.target, program_text=program.read_text() if program.exists() else "",
-        metric_name=settings.metric, direction=settings.direction, best_metric=best[1], best_commit=best[0],
+        metric_name=settings.metric, direction=settings.direction, parent_metric=parent[1], parent=parent[0],
         trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=history[-LEDGER_TAIL_FOR_PROPOSER:], fix=fix,
         results_dir=layout.root, history=[LedgerRecord.model_validate(r) for r in history],
         digest_bytes=int(settings.digest_kb * 1024), notes=person_notes.active_notes(layout.root),
@@ -137,27 +155,27 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
     ``proposing`` first, with the token every process of the proposer gets, so a kill while
     it runs is recovered. ``broken``: the crashed edit a fix request hands back."""
     ws = slot.ws
-    base = ws.head()
+    parent = ws.head()
     before = _start_proposing(night, slot, proposer, request, broken)
     asked = time.monotonic()   # a stepped wall clock must not skew the proposer's time
     proposal, failure, failed_extra = _ask(proposer, request)
     # The proposer's time, a fact of its record: `autoloop status` sums it per trial.
     timing = {"propose_seconds": round(time.monotonic() - asked, 3)}
-    outcome, outside, git_changed, linked = _put_back(night, slot, request, base, before)
+    outcome, outside, git_changed, linked = _put_back(night, slot, request, parent, before)
     timing.update(git_changed)
     if linked and proposal is not None:   # the edit, if any, went through the link: refused
         failure = f"{proposer.name} made {slot.ws.target} a link or a folder ({linked.split(':')[0]}); put back"
         proposal = None
     events = tuple(outcome.events)
     if proposal is None or outcome.target_deleted:
-        ws.reset_to(base)
+        ws.reset_to(parent)
         if proposal is not None:   # nothing to run: recorded as a skip, like a failed proposal
             failure = f"{proposer.name} deleted {ws.target}"
         extra = {**(dict(proposal.extra) if proposal is not None else failed_extra), **timing}
         return Skipped(failure, outside, events, extra) if failure is not None else None
     # A verify run of the best without a change is a measurement, not a proposal: an
     # agent proposing that revert is not repeating an earlier attempt.
-    refused = screen(ws, broken, queries.of_night(night.arbiter.records()), base)
+    refused = screen(ws, broken, queries.of_night(night.arbiter.records()), parent)
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
         extra = {**proposal.extra, **timing}
         if refused.duplicate_of is not None:
@@ -169,8 +187,9 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
         # The agent said what it did in its commits rather than in the description file.
         description = (f"{request.fix.description} (fix: {outcome.commit_message})" if request.fix
                        else outcome.commit_message)
-    return Candidate(None, request.best_commit, request.best_metric, description, proposer.name, proposal.source,
-                     outside, events, extra={**proposal.extra, **timing})
+    return Candidate(commit=None, parent=request.parent, parent_metric=request.parent_metric, description=description,
+                     proposer=proposer.name, source=proposal.source, outside_changes=outside, git_events=events,
+                     extra={**proposal.extra, **timing})
 
 
 def _start_proposing(night: Night, slot: Slot, proposer: Proposer, request: ProposalRequest,
@@ -185,7 +204,7 @@ def _start_proposing(night: Night, slot: Slot, proposer: Proposer, request: Prop
     request.on_start = lambda pids: slot.state.update(child_pids=pids)
     slot.state.enter("proposing", trial=request.trial, attempt=request.attempt,
                      kind="fix" if request.fix else "candidate", description=None, proposer=proposer.name,
-                     best=request.best_commit, best_metric=request.best_metric, candidate=None,
+                     best=request.parent, best_metric=request.parent_metric, candidate=None,
                      attempt_started_at=time.time(), child_token=request.process_token)
     if broken is not None:   # after the state says so: a kill now is recovered like any proposal
         slot.ws.target_path.write_text(broken)
@@ -205,7 +224,7 @@ def _ask(proposer: Proposer, request: ProposalRequest) -> tuple[Proposal | None,
 PutBack = tuple[reconcile.Reconciled, tuple[str, ...], dict[str, Any], str | None]
 
 
-def _put_back(night: Night, slot: Slot, request: ProposalRequest, base: str,
+def _put_back(night: Night, slot: Slot, request: ProposalRequest, parent: str,
               before: reconcile.RefSnapshot) -> PutBack:
     """Git as the loop left it, every change outside the target reverted (quarantined), git's
     own configuration put back and a linked target detached: what reconcile did, the paths
@@ -213,11 +232,11 @@ def _put_back(night: Night, slot: Slot, request: ProposalRequest, base: str,
     ws, console = slot.ws, slot.console or night.console
     # Git first: a proposer that committed, switched branch or reset must not have the
     # scope check (or a reset) act on some other branch than the loop's.
-    outcome = reconcile.reconcile(ws, night.tag, base, request.trial, request.attempt, before)
+    outcome = reconcile.reconcile(ws, night.tag, parent, request.trial, request.attempt, before)
     night.layout.ref_snapshot(request.trial, request.attempt).unlink(missing_ok=True)
     if outcome.events:
         console.line(f"#{request.trial}: git: {'; '.join(outcome.events)}")
-    outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=base))
+    outside = tuple(ws.revert_out_of_scope(night.layout.quarantine(request.trial, request.attempt), base=parent))
     if outside:
         console.line(f"#{request.trial}: reverted changes outside {ws.target}: {', '.join(outside)}")
     git_changed = put_back_git(night, request.trial, request.attempt, console)
@@ -245,41 +264,41 @@ def put_back_git(night: Night, trial: int, attempt: int, console: Console | Pref
 
 
 def screen(ws: Workspace, broken: str | None = None, records: Sequence[LedgerRecord] = (),
-           base: str | None = None) -> Refusal | None:
+           parent: str | None = None) -> Refusal | None:
     """Why a prepared edit must not run (a skip), or None: the one check between proposing
     and running. It changed nothing; a fix left the broken edit as it was; or it is the
-    same change as an attempt already made from ``base``, the best it was built on
+    same change as an attempt already made from ``parent``, the best it was built on
     (duplicate_gate.py; a fix too: one that lands on a change already judged)."""
     if not ws.target_changed():
         return Refusal(f"proposal made no change to {ws.target}")
     edit = ws.target_path.read_text(errors="replace")
     if broken is not None and edit == broken:
         return Refusal("the fix made no change to the broken edit")
-    return same_change(ws, edit, records, base)
+    return same_change(ws, edit, records, parent)
 
 
-def same_change(ws: Workspace, edit: str, records: Sequence[LedgerRecord], base: str | None) -> Refusal | None:
+def same_change(ws: Workspace, edit: str, records: Sequence[LedgerRecord], parent: str | None) -> Refusal | None:
     """The duplicate gate: ``edit`` (the target's whole text) is the same change as an
-    attempt already made from ``base``. Also asked of a look-ahead candidate just before it
+    attempt already made from ``parent``. Also asked of a look-ahead candidate just before it
     runs (lookahead.rebase): the trial it was proposed beside may have tried it meanwhile."""
-    twin = duplicate_gate.same_as(edit, _attempts_from(ws, records, base))
+    twin = duplicate_gate.same_as(edit, _attempts_from(ws, records, parent))
     if twin is None:
         return None
-    constants = duplicate_gate.changed_constants(ws.file_at(base, ws.target) or "", edit) if base else []
+    constants = duplicate_gate.changed_constants(ws.file_at(parent, ws.target) or "", edit) if parent else []
     what = f" ({', '.join(constants[:3])}, already tried from this best)" if constants else ""
     return Refusal(f"same change as #{twin.label}{what}", twin.label)
 
 
 def _attempts_from(ws: Workspace, records: Sequence[LedgerRecord],
-                   base: str | None) -> Iterator[duplicate_gate.Earlier]:
-    """The targets of the attempts built on ``base`` (each commit once, newest first), read
+                   parent: str | None) -> Iterator[duplicate_gate.Earlier]:
+    """The targets of the attempts built on ``parent`` (each commit once, newest first), read
     from git only as the gate needs them. An interrupted attempt was never judged: its
     change may run again (the optuna proposer asks for it after a resume)."""
-    if base is None:
+    if parent is None:
         return
     seen = set()
     for r in reversed(records):
-        if (r.parent == base and r.commit and r.commit not in seen and r.kind != "baseline"
+        if (r.parent == parent and r.commit and r.commit not in seen and r.kind != "baseline"
                 and not queries.was_interrupted(r)):
             seen.add(r.commit)
             try:

@@ -39,9 +39,9 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from autoloop.core.layout import Layout, prepared_ref
-from autoloop.engine.attempt import Candidate, Slot
-from autoloop.engine.candidate import Claims, Skipped, prepare, proposal_request, same_change
+from autoloop.engine.candidate import Candidate, Claims, Skipped, prepare, proposal_request, same_change
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.engine.trial import record_skip
 from autoloop.observe.console import Prefixed
 from autoloop.proposers.base import Proposer
@@ -65,7 +65,7 @@ class Prepared:
 
     tag: str
     trial: int
-    candidate: Candidate      # base: the best it was proposed on; extra: the proposal's facts and time
+    candidate: Candidate      # parent: the best it was proposed on; extra: the proposal's facts and time
     prepared_at: float
 
     @property
@@ -76,11 +76,12 @@ class Prepared:
 
     def on(self, best: queries.Best) -> Candidate:
         """The candidate as it runs on ``best`` when the best has not moved since."""
-        return replace(self.candidate, base=best[0], base_metric=best[1],
-                       extra={**self.candidate.extra, "lookahead": {"prepared_on": self.candidate.base}})
+        return replace(self.candidate, parent=best[0], parent_metric=best[1],
+                       extra={**self.candidate.extra, "lookahead": {"prepared_on": self.candidate.parent}})
 
     def to_json(self) -> str:
         fields = _CANDIDATE.dump_python(self.candidate, exclude={"replay_of"})
+        fields = {_ON_DISK.get(k, k): v for k, v in fields.items()}   # in the candidate's field order
         return _OBJECT.dump_json({"tag": self.tag, "trial": self.trial, **fields,
                                   "prepared_at": self.prepared_at}).decode()
 
@@ -88,7 +89,8 @@ class Prepared:
     def from_json(cls, text: str) -> Prepared:
         """Raises ValidationError when the text is not such a record (a commit included)."""
         head = _PreparedHead.model_validate_json(text)
-        return cls(head.tag, head.trial, _CANDIDATE.validate_json(text), head.prepared_at)
+        fields = {_IN_CODE.get(k, k): v for k, v in _OBJECT.validate_json(text).items()}
+        return cls(head.tag, head.trial, _CANDIDATE.validate_python(fields), head.prepared_at)
 
 
 class _PreparedHead(BaseModel):
@@ -102,6 +104,10 @@ class _PreparedHead(BaseModel):
 
 _CANDIDATE = TypeAdapter(Candidate)
 _OBJECT = TypeAdapter(dict[str, Any])
+# The file's keys for the candidate's fields that were renamed in code (the file is read
+# back by the next start, maybe of another version): the parent is "base" on disk.
+_ON_DISK = {"parent": "base", "parent_metric": "base_metric"}
+_IN_CODE = {v: k for k, v in _ON_DISK.items()}
 
 
 def key(worker: int | None) -> str:
@@ -166,10 +172,10 @@ def rebase(night: Night, slot: Slot, prepared: Prepared, best: queries.Best) -> 
     ws, cand, (now, _) = slot.ws, prepared.candidate, best
     # The scheduler looks ahead only once the baseline is in: it was proposed on a best and
     # runs on one.
-    assert now is not None and cand.base is not None, "a look-ahead without a best"
-    moved = now != cand.base
-    merged = ws.merge_change(cand.base, now, prepared.commit) if moved else None
-    provenance = {"prepared": prepared.commit, "prepared_on": cand.base, **({"merged_onto": now} if moved else {})}
+    assert now is not None and cand.parent is not None, "a look-ahead without a best"
+    moved = now != cand.parent
+    merged = ws.merge_change(cand.parent, now, prepared.commit) if moved else None
+    provenance = {"prepared": prepared.commit, "prepared_on": cand.parent, **({"merged_onto": now} if moved else {})}
     extra = {**cand.extra, "lookahead": provenance} if moved else dict(cand.extra)
 
     def skip(reason: str, more: dict[str, Any] | None = None) -> None:
@@ -178,7 +184,7 @@ def rebase(night: Night, slot: Slot, prepared: Prepared, best: queries.Best) -> 
 
     if moved and (merged is None or merged == ws.file_at(now, ws.target)):
         why = "conflicts with" if merged is None else "is already in"
-        skip(f"look-ahead: the change prepared on {cand.base[:7]} {why} the new best {now[:7]}; "
+        skip(f"look-ahead: the change prepared on {cand.parent[:7]} {why} the new best {now[:7]}; "
              "the proposer is asked afresh")
         return Dropped("ran")
     # The gate screened it when it was prepared, but the trial it was proposed beside has
@@ -192,7 +198,7 @@ def rebase(night: Night, slot: Slot, prepared: Prepared, best: queries.Best) -> 
         return prepared.on(best)
     ws.target_path.write_text(merged)
     console.line(f"#{prepared.trial}: the best moved to {now[:7]} while it was prepared; merged onto it")
-    return replace(cand, commit=None, base=now, base_metric=best[1], extra=extra)
+    return replace(cand, commit=None, parent=now, parent_metric=best[1], extra=extra)
 
 
 # ------------------------------------------------------------------------------ proposing ahead
@@ -288,7 +294,7 @@ class Lookahead:
         commit = ws.commit_candidate(f"{found.description}\n\nautoloop trial {trial}.1 ({found.proposer}, "
                                      f"prepared ahead)")
         ws.save_ref(prepared_ref(night.tag, trial), commit, f"autoloop trial {trial} prepared ahead")
-        prepared = Prepared(night.tag, trial, replace(found, commit=commit, base=best[0], base_metric=best[1]),
+        prepared = Prepared(night.tag, trial, replace(found, commit=commit, parent=best[0], parent_metric=best[1]),
                             time.time())
         save(night.layout, prepared)
         fault_point("prepared", trial)

@@ -11,12 +11,14 @@ decided like any run, without a confirmation re-run (the loop that would run it 
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from autoloop.core.classify import classify
 from autoloop.core.keep import Facts, decide
 from autoloop.engine.night import Night
 from autoloop.execution.executors import collect_finished_job
 from autoloop.execution.integrity import Tampering
+from autoloop.store.ledger import AttemptKind, Draft, Extra
 from autoloop.store.state import RunState
 
 # Kinds whose decision rests on this run alone (a confirmation's also on earlier runs).
@@ -36,22 +38,25 @@ def record_finished_job(night: Night, state: RunState, tampered: Tampering, work
     if theirs and night.fingerprint and theirs != night.fingerprint:
         return None
     decision = decide(Facts(kind=kind, commit=state.candidate, runs=(outcome.metric,),
-                            start=(state.best, state.best_metric), current=night.arbiter.best(),
+                            parent=(state.best, state.best_metric), current=night.arbiter.best(),
                             noise=night.arbiter.noise(), can_confirm=False))
     if decision.action not in ("keep", "discard"):
         return None   # a replay onto a best that moved meanwhile needs the loop: interrupted
     summary = outcome.summary or {}
-    record = night.arbiter.record({
-        "trial": state.trial, "attempt": state.attempt or 1, "kind": kind,
-        "started_at": state.attempt_started_at or outcome.started_at, "ended_at": time.time(),
-        "proposer": state.proposer or "-", "parent": state.best, "commit": state.candidate,
-        "description": state.description or "-", "metric_name": night.settings.metric, "metric": outcome.metric,
-        "memory_gb": (summary.get("peak_vram_mb") or outcome.peak_rss_mb or 0) / 1024,
-        "training_seconds": summary.get("training_seconds"), "total_seconds": summary.get("total_seconds"),
-        "wall_seconds": outcome.wall_seconds, "exit_code": outcome.exit_code, "seed": night.settings.seed,
-        "fingerprint": theirs or night.fingerprint,
-        "log_path": night.layout.log_rel(state.trial or 0, state.attempt or 1), "extra": dict(outcome.job),
-    }, decision, worker)
+    # Recovery asked for the attempt's trial before it came here (recovery._attempt_of).
+    assert state.trial is not None, "an attempt in flight without its trial"
+    record = night.arbiter.record(Draft(
+        trial=state.trial, attempt=state.attempt or 1, kind=cast(AttemptKind, kind),
+        started_at=state.attempt_started_at or outcome.started_at, ended_at=time.time(),
+        proposer=state.proposer or "-", parent=state.best, commit=state.candidate,
+        description=state.description or "-", metric_name=night.settings.metric, metric=outcome.metric,
+        memory_gb=(summary.get("peak_vram_mb") or outcome.peak_rss_mb or 0) / 1024,
+        training_seconds=summary.get("training_seconds"), total_seconds=summary.get("total_seconds"),
+        wall_seconds=outcome.wall_seconds, exit_code=outcome.exit_code, seed=night.settings.seed,
+        fingerprint=theirs or night.fingerprint,
+        log_path=night.layout.log_rel(state.trial or 0, state.attempt or 1),
+        extra=cast(Extra, dict(outcome.job)),   # executor slurm: executor, cluster, job_id
+    ), decision, worker)
     night.console.line(f"recovery: trial {state.trial}.{state.attempt}: its job {outcome.job.get('job_id')} "
                        f"finished meanwhile; its result taken ({record.status}, {night.settings.metric} "
                        f"{outcome.metric:.6f})")

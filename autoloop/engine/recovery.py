@@ -26,6 +26,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
+from typing import cast
 
 import psutil
 
@@ -41,6 +42,7 @@ from autoloop.observe.console import Console
 from autoloop.repo import reconcile
 from autoloop.repo.workspace import Workspace
 from autoloop.repo.worktrees import ahead_workspace, ensure_ahead_worktree, ensure_worktree, worker_workspace
+from autoloop.store.ledger import AttemptKind, Draft, Extra
 from autoloop.store.runlog import finish_log
 from autoloop.store.state import RunState, StateFile, load_state
 
@@ -228,16 +230,17 @@ def _record_interrupted(night: Night, ws: Workspace, state: RunState, tampered: 
     reason = (f"interrupted (orchestrator stopped during {state.phase})"
               + (f"; {tampered_reason(tampered.paths)}" if tampered else ""))
     decision = decide(Facts(kind=state.kind or "candidate", commit=candidate, crash=("fundamental", reason),
-                            start=(state.best, state.best_metric), current=night.arbiter.best()))
+                            parent=(state.best, state.best_metric), current=night.arbiter.best()))
     now = time.time()
-    record = night.arbiter.record({
-        "trial": state.trial, "attempt": state.attempt or 1, "kind": state.kind or "candidate",
-        "started_at": state.attempt_started_at or now, "ended_at": now, "proposer": state.proposer or "-",
-        "parent": state.best, "commit": candidate, "description": state.description or "interrupted",
-        "metric_name": night.settings.metric, "seed": night.settings.seed,
-        "log_path": night.layout.log_rel(trial, attempt), "fidelity": "scout" if state.kind == "scout" else "full",
-        "extra": {**({"tampered": tampered.paths} if tampered else {}), **({"git_events": events} if events else {})},
-    }, decision, worker)
+    facts: Extra = {**({"tampered": tampered.paths} if tampered else {}), **({"git_events": events} if events else {})}
+    record = night.arbiter.record(Draft(
+        trial=trial, attempt=state.attempt or 1, kind=cast(AttemptKind, state.kind or "candidate"),
+        started_at=state.attempt_started_at or now, ended_at=now, proposer=state.proposer or "-",
+        parent=state.best, commit=candidate, description=state.description or "interrupted",
+        metric_name=night.settings.metric, seed=night.settings.seed,
+        log_path=night.layout.log_rel(trial, attempt), fidelity="scout" if state.kind == "scout" else "full",
+        extra=facts,
+    ), decision, worker)
     night.console.line(f"recovery: trial {state.trial}.{state.attempt} was interrupted during {state.phase}; "
                        f"recorded as crash, candidate kept at {ref or '(none)'}")
     return record.best

@@ -6,7 +6,7 @@ noise samples, in the main checkout. Then N slots, each a thread with an
 checkout itself (the single loop), with N > 1 a git worktree per slot (``worktrees.py``)
 and a device each (``devices.py``). Each slot, again and again: under the arbiter's lock it
 asks whether to stop, reserves the next trial number and takes the current best as the
-trial's start; then it runs one :class:`~autoloop.engine.trial.Trial` from there.
+trial's parent; then it runs one :class:`~autoloop.engine.trial.Trial` from there.
 
 With look-ahead (``--lookahead 1``, ``lookahead.py``) each slot has a second work tree where
 the next trial is proposed while its trial runs (the first one while the baseline's noise
@@ -35,10 +35,11 @@ import time
 from autoloop.core.durations import expected_seconds, format_duration
 from autoloop.core.layout import Layout
 from autoloop.engine import lookahead, scout
-from autoloop.engine.attempt import AttemptRunner, Candidate, Slot
-from autoloop.engine.candidate import Claimant, Claims
+from autoloop.engine.attempt import AttemptRunner
+from autoloop.engine.candidate import Candidate, Claimant, Claims
 from autoloop.engine.lookahead import Lookahead, Prepared
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.engine.trial import Run, Trial, check_guard_names, measure_noise, run_baseline
 from autoloop.execution.devices import slot_envs
 from autoloop.execution.executors import make_executor
@@ -128,17 +129,13 @@ class Scheduler:
 
     # -- the phases -----------------------------------------------------------------------
 
-    def _main_slot(self) -> Slot:
-        night = self.night
-        return Slot(night.ws, self.main, None, night.executor, {}, night.console)
-
     def _baseline(self) -> str | None:
         """The baseline and its noise runs, in the main checkout, before any trial."""
         night = self.night
         reason = night.low_disk()
         if reason:
             return reason
-        runner = AttemptRunner(night, self._main_slot())
+        runner = AttemptRunner(night, Slot.main(night, self.main))
         if queries.baseline(night.arbiter.records()) is None:
             if self.mono_deadline is not None and time.monotonic() + self._expected() > self.mono_deadline:
                 return "time is up: not even the baseline fits before the --hours deadline"
@@ -204,7 +201,7 @@ class Scheduler:
         """One slot on the main checkout, or one per worker on its own worktree at the best."""
         night = self.night
         if self.n == 1:
-            return [self._main_slot()]
+            return [Slot.main(night, self.main)]
         best = night.arbiter.best()[0]
         assert best is not None, "workers start after the baseline"   # _baseline ran it
         slots = []
@@ -253,14 +250,14 @@ class Scheduler:
                     trial = (unfinished.trial if unfinished else prepared.trial if prepared else
                              self._next_trial())
                     self.reserved[slot.worker] = trial
-                    start = night.arbiter.best()
-                if start[0] and slot.ws.head() != start[0]:
-                    slot.ws.reset_to(start[0])   # always propose on the current best
+                    parent = night.arbiter.best()
+                if parent[0] and slot.ws.head() != parent[0]:
+                    slot.ws.reset_to(parent[0])   # always propose on the current best
                 outcome = "failed"
                 try:
-                    this = Trial(night, slot, runner, self.proposer, trial, start, self.claims)
+                    this = Trial(night, slot, runner, self.proposer, trial, parent, self.claims)
                     outcome = (this.resume(unfinished) if unfinished else
-                               self._run_trial(this, ahead, prepared, start))
+                               self._run_trial(this, ahead, prepared, parent))
                 finally:
                     self._release(slot.worker, outcome)
                     if prepared is not None:
@@ -278,16 +275,16 @@ class Scheduler:
                 ahead.close()
 
     def _run_trial(self, this: Trial, ahead: Lookahead | None, prepared: Prepared | None,
-                   start: queries.Best) -> str:
+                   parent: queries.Best) -> str:
         """One trial from its first step on; a slot that looks ahead starts proposing the
         next one as soon as this one has its candidate."""
         first: Candidate | None = None
         if prepared is not None:
-            rebased = lookahead.rebase(self.night, this.slot, prepared, start)
+            rebased = lookahead.rebase(self.night, this.slot, prepared, parent)
             if isinstance(rebased, lookahead.Dropped):   # recorded: the next trial asks the proposer afresh
                 return rebased.outcome
             first = rebased
-            self.claims.claim(this.slot.worker, {"parent": start[0], "kind": "candidate", "trial": this.number,
+            self.claims.claim(this.slot.worker, {"parent": parent[0], "kind": "candidate", "trial": this.number,
                                                  "description": first.description, "worker": this.slot.worker})
         step = this.begin(first)
         if ahead is not None and isinstance(step, Run):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 
 from autoloop.core.scout import switched_off
-from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate
+from autoloop.engine.attempt import AttemptPlan, AttemptRunner
+from autoloop.engine.candidate import Candidate
 from autoloop.engine.night import Night
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
@@ -50,7 +51,8 @@ def measure_scout(night: Night, runner: AttemptRunner, wanted: int | None = None
             if night.stop.is_set():
                 return
             attempt += 1
-            candidate = Candidate(best, best, best_metric, f"scout sample {k}/{n} of the best", "-")
+            candidate = Candidate(commit=best, parent=best, parent_metric=best_metric,
+                                  description=f"scout sample {k}/{n} of the best", proposer="-")
             runner.run(AttemptPlan(owner.trial, attempt, "scout", candidate, night.settings.seed + 100 + k,
                                    can_confirm=False))
 

@@ -27,21 +27,22 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from autoloop.config.settings import Settings
 from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.guards import missing_in_baseline, parse_guards
 from autoloop.core.keep import skipped
 from autoloop.engine import scout
-from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Recorded, Slot
-from autoloop.engine.candidate import Claims, Skipped, fix_context, prepare, proposal_request
+from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Recorded
+from autoloop.engine.candidate import Candidate, Claims, Skipped, fix_context, prepare, proposal_request
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.observe.console import shorten
 from autoloop.proposers.base import ProposalRequest, Proposer
 from autoloop.repo import reconcile
 from autoloop.store import queries
-from autoloop.store.ledger import AttemptKind, LedgerRecord
+from autoloop.store.ledger import AttemptKind, Draft, Extra, LedgerRecord
 from autoloop.store.state import RunState, fault_point
 
 
@@ -69,12 +70,12 @@ Step = Propose | Fix | Run | Done
 
 
 class Trial:
-    """One trial in one slot, started from the best ``start``."""
+    """One trial in one slot, built on the best ``parent`` (the attempts' parent)."""
 
     def __init__(self, night: Night, slot: Slot, runner: AttemptRunner, proposer: Proposer | None, number: int,
-                 start: queries.Best, claims: Claims | None = None):
+                 parent: queries.Best, claims: Claims | None = None):
         self.night, self.slot, self.runner, self.proposer = night, slot, runner, proposer
-        self.number, self.start, self.claims = number, start, claims
+        self.number, self.parent, self.claims = number, parent, claims
         self.fixes = 0
         self.last: Recorded | None = None
 
@@ -106,7 +107,7 @@ class Trial:
 
     def propose(self) -> Step:
         request = proposal_request(self.night.settings, self.slot.ws, self.night.layout, self.night.arbiter.records(),
-                                   self.number, 1, self.start)
+                                   self.number, 1, self.parent)
         prepared = self._prepare(request)
         if prepared is None:
             self.slot.state.enter("idle")
@@ -123,7 +124,7 @@ class Trial:
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         context, broken = fix_context(self.slot.ws, self.night.layout, failed)
         request = proposal_request(self.night.settings, self.slot.ws, self.night.layout, self.night.arbiter.records(),
-                                   self.number, attempt, self.start, fix=context)
+                                   self.number, attempt, self.parent, fix=context)
         prepared = self._prepare(request, broken)
         if not isinstance(prepared, Candidate):
             if prepared is not None:
@@ -169,8 +170,10 @@ class Trial:
         """A scout run close enough to the best's: the same commit at the full budget, judged
         as the candidate (or fix) it is against the best the trial started from."""
         kind: AttemptKind = "fix" if scouted.extra.get("scout_of") == "fix" else "candidate"
-        full = Candidate(scouted.commit, candidate.base, candidate.base_metric, scouted.description, scouted.proposer,
-                         scouted.extra.get("source"), extra={**carried(scouted.extra), "scouted": scouted.attempt})
+        full = Candidate(commit=scouted.commit, parent=candidate.parent, parent_metric=candidate.parent_metric,
+                         description=scouted.description, proposer=scouted.proposer,
+                         source=scouted.extra.get("source"),
+                         extra={**carried(scouted.extra), "scouted": scouted.attempt})
         return self.plan(kind, full, queries.next_attempt(self.night.arbiter.records(), self.number))
 
     def _confirmation(self, done: Recorded) -> AttemptPlan:
@@ -197,10 +200,11 @@ class Trial:
 
     def _replay_plan(self, record: LedgerRecord, onto: queries.Best, merged: str, replays: int) -> AttemptPlan:
         fault_point("replaying", record.trial, record.attempt)
-        self.start = onto
+        self.parent = onto
         self.slot.ws.target_path.write_text(merged)
-        moved = Candidate(None, onto[0], onto[1], record.description, record.proposer,
-                          record.extra.get("source"), replay_of=record.commit, extra=carried(record.extra))
+        moved = Candidate(commit=None, parent=onto[0], parent_metric=onto[1], description=record.description,
+                          proposer=record.proposer, source=record.extra.get("source"), replay_of=record.commit,
+                          extra=carried(record.extra))
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         return self.plan("confirm", moved, attempt, replays=replays)
 
@@ -216,14 +220,15 @@ class Trial:
     def resume_promotion(self, record: LedgerRecord) -> str:
         """A scout run promoted to the full budget, the full run never started (a kill or a
         stop came between): that run now, against the best the trial started from."""
-        self.start = (record.best, record.best_metric) if record.parent is None else (
+        self.parent = (record.best, record.best_metric) if record.parent is None else (
             record.parent, next((r.best_metric for r in reversed(self.night.arbiter.records())
                                  if r.best == record.parent), None))
         (self.slot.console or self.night.console).line(
             f"#{record.trial}: resuming its full-budget run (promoted by its scout run, not run before the night "
             "stopped)")
-        base = Candidate(record.commit, self.start[0], self.start[1], record.description, record.proposer)
-        return self.finish(Run(self._promotion(record, base)))
+        scouted = Candidate(commit=record.commit, parent=self.parent[0], parent_metric=self.parent[1],
+                            description=record.description, proposer=record.proposer)
+        return self.finish(Run(self._promotion(record, scouted)))
 
     def resume_interrupted(self, record: LedgerRecord) -> str:
         """Run again, as the trial's next attempt, the attempt a kill interrupted while it
@@ -238,10 +243,12 @@ class Trial:
             asked = next((r for r in reversed(records) if r.trial == record.trial and r.next in ("confirm", "replay")
                           and r.attempt < record.attempt), None)
             return self.resume(asked) if asked is not None else "ran"
-        base_metric = next((r.best_metric for r in reversed(records) if r.best == record.parent), None)
-        self.start = (record.parent, base_metric)
-        again = Candidate(record.commit, record.parent, base_metric, record.description, record.proposer,
-                          record.extra.get("source"), extra={**carried(record.extra), "rerun_of": record.attempt})
+        parent_metric = next((r.best_metric for r in reversed(records) if r.best == record.parent), None)
+        self.parent = (record.parent, parent_metric)
+        again = Candidate(commit=record.commit, parent=record.parent, parent_metric=parent_metric,
+                          description=record.description, proposer=record.proposer,
+                          source=record.extra.get("source"),
+                          extra={**carried(record.extra), "rerun_of": record.attempt})
         attempt = queries.next_attempt(records, self.number)
         if record.kind == "scout" and not scout.active(self.night):
             # Scouting is off now (switched off, or --scout not given again): a sample of the
@@ -258,11 +265,12 @@ class Trial:
         with a new seed, judged on the mean, as it would have been. If the best has moved
         since, the mean is judged as any win on a moved best is: replayed or stale."""
         # A confirm decision leaves the best where the trial started: its record carries it.
-        self.start = (record.best, record.best_metric)
+        self.parent = (record.best, record.best_metric)
         (self.slot.console or self.night.console).line(
             f"#{record.trial}: resuming its confirmation (decided, not run before the night stopped)")
-        again = Candidate(record.commit, record.best, record.best_metric, record.description, record.proposer,
-                          record.extra.get("source"), extra=carried(record.extra))
+        again = Candidate(commit=record.commit, parent=record.best, parent_metric=record.best_metric,
+                          description=record.description, proposer=record.proposer,
+                          source=record.extra.get("source"), extra=carried(record.extra))
         replays = queries.replays_of(self.night.arbiter.records(), self.number)
         return self.finish(Run(self._confirm_plan(record, again, replays)))
 
@@ -281,7 +289,7 @@ class Trial:
         (self.slot.console or self.night.console).line(
             f"#{record.trial}: resuming its replay on {now[:7]} (interrupted before it ran)")
         if merged is None or merged == ws.file_at(now, ws.target):
-            self.start = best
+            self.parent = best
             why = "conflicts with" if merged is None else "is already in"
             record_skip(self.night, self.slot, self.number, queries.next_attempt(records, self.number),
                         record.proposer, f"stale: the interrupted replay {why} the best {now[:7]}",
@@ -298,7 +306,7 @@ class Trial:
         # A fix is built on the best the trial started from: not once another worker moved it.
         return (self.proposer is not None and self.proposer.can_fix
                 and self.fixes < self.night.settings.max_fix_attempts
-                and self.night.arbiter.best()[0] == self.start[0])
+                and self.night.arbiter.best()[0] == self.parent[0])
 
     def _proposing(self) -> Proposer:
         # Only judge_edit makes a Trial without a proposer, and gives it its candidate: it
@@ -315,20 +323,20 @@ class Trial:
             if isinstance(prepared, Candidate):
                 # "trial": the optuna proposer leaves the suggestions of trials still running open
                 # (OptunaProposer._settle), rather than failing them for want of a record.
-                self.claims.claim(self.slot.worker, {"parent": request.best_commit, "kind": "candidate",
+                self.claims.claim(self.slot.worker, {"parent": request.parent, "kind": "candidate",
                                                      "description": prepared.description, "worker": self.slot.worker,
                                                      "trial": request.trial})
             return prepared
 
     def _reset(self) -> None:
-        if self.start[0]:
-            self.slot.ws.reset_to(self.start[0])
+        if self.parent[0]:
+            self.slot.ws.reset_to(self.parent[0])
         self.slot.state.enter("idle")
 
     def _skip(self, attempt: int, reason: str, description: str, found: Skipped) -> None:
         self._reset()
         record_skip(self.night, self.slot, self.number, attempt, self._proposing().name, reason, description,
-                    found.outside_changes, found.git_events, self.start, found.extra)
+                    found.outside_changes, found.git_events, self.parent, found.extra)
 
 
 def carried(extra: dict[str, Any]) -> dict[str, Any]:
@@ -339,17 +347,17 @@ def carried(extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def record_skip(night: Night, slot: Slot, trial: int, attempt: int, proposer: str, reason: str, description: str,
-                outside: tuple[str, ...], events: tuple[str, ...], start: queries.Best,
+                outside: tuple[str, ...], events: tuple[str, ...], parent: queries.Best,
                 extra: dict[str, Any] | None = None) -> LedgerRecord:
     """A proposal that failed before anything ran: in the ledger as a skip (not in the TSV).
     ``extra``: the facts of a proposal that was made but cannot run (Proposal.extra)."""
     now = time.time()
-    record = night.arbiter.record({
-        "trial": trial, "attempt": attempt, "started_at": now, "ended_at": now, "proposer": proposer,
-        "parent": start[0], "description": description, "metric_name": night.settings.metric,
-        "outside_changes": list(outside),
-        "extra": {**(extra or {}), **({"git_events": list(events)} if events else {})},
-    }, skipped(reason, start, night.arbiter.best()), slot.worker)
+    facts: Extra = {**cast(Extra, extra or {}), **({"git_events": list(events)} if events else {})}
+    record = night.arbiter.record(Draft(
+        trial=trial, attempt=attempt, started_at=now, ended_at=now, proposer=proposer,
+        parent=parent[0], description=description, metric_name=night.settings.metric,
+        outside_changes=list(outside), extra=facts,
+    ), skipped(reason, parent, night.arbiter.best()), slot.worker)
     # The ledger keeps the reason whole (up to ~500 characters); the screen gets it shortened.
     (slot.console or night.console).line(f"#{trial} skipped: {shorten(reason)}")
     return record
@@ -362,7 +370,8 @@ def run_baseline(night: Night, runner: AttemptRunner) -> LedgerRecord:
     """The unmodified target, as trial 0 (or the next trial number), judged against nothing."""
     head = runner.slot.ws.head()
     trial = queries.next_trial(night.arbiter.records())
-    plan = AttemptPlan(trial, 1, "baseline", Candidate(head, head, None, "baseline", "-"), night.settings.seed)
+    baseline = Candidate(commit=head, parent=head, parent_metric=None, description="baseline", proposer="-")
+    plan = AttemptPlan(trial, 1, "baseline", baseline, night.settings.seed)
     record = runner.run(plan).record
     if record.status != "keep" and not night.stop.is_set():   # a signal's stop is no failure of the baseline
         raise NightError(f"the baseline run of the unmodified {night.settings.target} failed "
@@ -400,7 +409,8 @@ def measure_noise(night: Night, runner: AttemptRunner) -> None:
         if night.stop.is_set():
             return
         attempt += 1
-        candidate = Candidate(best, best, night.arbiter.best()[1], f"noise sample {k}/{s.noise_runs}", "-")
+        candidate = Candidate(commit=best, parent=best, parent_metric=night.arbiter.best()[1],
+                              description=f"noise sample {k}/{s.noise_runs}", proposer="-")
         record = runner.run(AttemptPlan(owner.trial, attempt, "confirm", candidate, s.seed + len(prior),
                                         prior_runs=tuple(prior), noise_sample=(k, s.noise_runs))).record
         if record.metric is not None and record.status == "keep":
@@ -447,10 +457,10 @@ def judge_edit(night: Night, runner: AttemptRunner, description: str) -> LedgerR
             ws.target_path.write_text(edit)
     if not ws.target_changed():
         raise NightError(f"{night.settings.target} has no change to try; edit it first")
-    start = night.arbiter.best()
+    parent = night.arbiter.best()
     trial = queries.next_trial(night.arbiter.records())
-    one = Trial(night, runner.slot, runner, None, trial, start)
-    one.run(Candidate(None, start[0], start[1], description, "self", outside_changes=tuple(outside),
-                      git_events=tuple(events)))
+    one = Trial(night, runner.slot, runner, None, trial, parent)
+    one.run(Candidate(commit=None, parent=parent[0], parent_metric=parent[1], description=description,
+                      proposer="self", outside_changes=tuple(outside), git_events=tuple(events)))
     assert one.last is not None, "a trial given its candidate runs it"
     return one.last.record

@@ -12,6 +12,7 @@ Which devices the ranks see is the worker's environment (autoloop.execution.devi
 from __future__ import annotations
 
 from pathlib import PurePath
+from typing import TypedDict
 
 from autoloop.core.errors import ConfigError
 
@@ -76,7 +77,15 @@ def _without_launcher(argv: list[str]) -> tuple[list[str], int]:
     return [*before, *argv[script:]], ranks
 
 
-def throughput(summary: dict[str, float], gpus_per_trial: int) -> dict[str, float | int | None]:
+class Throughput(TypedDict):
+    """The ledger record's throughput fields (LedgerRecord.world_size, tokens_per_s, mfu_percent)."""
+
+    world_size: int
+    tokens_per_s: float | None
+    mfu_percent: float | None
+
+
+def throughput(summary: dict[str, float], gpus_per_trial: int) -> Throughput:
     """The ledger's throughput fields from train.py's summary block: the ranks it reports
     (else the ranks launched), tokens/s over all ranks, MFU (absent: an unknown peak)."""
     world = summary.get("world_size")

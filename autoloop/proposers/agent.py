@@ -128,8 +128,8 @@ def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_fi
     if not program and _TEMPLATE_PROGRAM.exists():
         program = _TEMPLATE_PROGRAM.read_text().strip()
     better = "lower" if request.direction == "min" else "higher"
-    best = ("none yet" if request.best_metric is None else
-            f"{request.metric_name} {request.best_metric:.6f} at commit {(request.best_commit or '-')[:7]}")
+    best = ("none yet" if request.parent_metric is None else
+            f"{request.metric_name} {request.parent_metric:.6f} at commit {(request.parent or '-')[:7]}")
     parts = [
         program,
         "",

@@ -30,8 +30,8 @@ class ProposalRequest:
     program_text: str               # program.md: the research instructions
     metric_name: str
     direction: str                  # "min" or "max"
-    best_metric: float | None       # the best so far (None before the baseline)
-    best_commit: str | None
+    parent_metric: float | None     # the best it builds on, its metric (None before the baseline)
+    parent: str | None              # that best's commit: the proposal's parent
     trial: int
     attempt: int
     seed: int

@@ -378,7 +378,7 @@ class MutateProposer:
             constants = find_constants(source)
         except MutateError as e:
             raise ProposalFailed(str(e)) from None
-        move = self.choose(constants, _records(request), request.best_commit, request.seed, request.trial)
+        move = self.choose(constants, _records(request), request.parent, request.seed, request.trial)
         if move is None:
             return None
         new_source = apply_move(source, move)

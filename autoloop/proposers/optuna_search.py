@@ -315,8 +315,8 @@ class OptunaProposer:
         running = {space.key(t.user_attrs["autoloop"]["values"]) for t in trials
                    if t.state == optuna.trial.TrialState.RUNNING and (t.user_attrs.get("autoloop") or {}).get("values")}
         current = space.read(source)
-        if request.best_metric is not None and space.params(current) is not None:
-            measured.setdefault(space.key(current), request.best_metric)   # the best, as it stands
+        if request.parent_metric is not None and space.params(current) is not None:
+            measured.setdefault(space.key(current), request.parent_metric)   # the best, as it stands
         study.sampler = make_sampler(self.sampler, _seed(request.seed, len(trials)))
         dists = distributions(space)
         fail = optuna.trial.TrialState.FAIL
@@ -337,7 +337,7 @@ class OptunaProposer:
                     study.tell(trial, state=fail)
                     continue
                 if key in measured or not moves:
-                    known = measured.get(key, request.best_metric if not moves else None)
+                    known = measured.get(key, request.parent_metric if not moves else None)
                     trial.set_user_attr("duplicate", True)
                     if known is None:
                         study.tell(trial, state=fail)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Literal
+from typing import Any, Literal
 
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
@@ -27,13 +27,21 @@ from autoloop.store.ledger import LedgerRecord
 Status = Literal["measured", "crash", "interrupted", "skip"]
 
 # How the portfolio words a failed proposal (the skip's reason): which member it chose, why,
-# and how long the member took to fail, so that a restart can charge the right member.
-_PORTFOLIO_SKIP = re.compile(r"^portfolio chose (?P<member>[\w-]+) .*?; it failed after (?P<seconds>[\d.]+) s: ")
+# and how long the member took to fail. The choice itself travels in the skip's
+# extra.portfolio, as a proposal's does; ledgers written before it have only this reason, read
+# back by the pattern so that a resumed night charges the right member (_OLD_PORTFOLIO_SKIP).
+_OLD_PORTFOLIO_SKIP = re.compile(r"^portfolio chose (?P<member>[\w-]+) .*?; it failed after (?P<seconds>[\d.]+) s: ")
 
 
 def portfolio_skip_reason(member: str, why: str, seconds: float, failure: str) -> str:
-    """The reason of a skip the portfolio caused: parsed back by :func:`trial_outcomes`."""
+    """The reason of a skip the portfolio caused (the person's; the choice is in its extra)."""
     return f"portfolio chose {member} ({why}); it failed after {seconds:.1f} s: {failure}"
+
+
+def portfolio_choice(member: str, why: str, seconds: float) -> dict[str, Any]:
+    """extra.portfolio: whose the proposal was, why, and the member's time (a failed one's to
+    the tenth of a second, as its skip's reason says it)."""
+    return {"choice": member, "reason": why, "propose_s": seconds}
 
 
 @dataclass
@@ -61,8 +69,8 @@ def record_proposer(record: LedgerRecord) -> str:
     choice = chosen.get("choice") if isinstance(chosen, dict) else None
     if isinstance(choice, str):
         return choice
-    if record.status == "skip":
-        m = _PORTFOLIO_SKIP.match(record.reason or "")
+    if record.status == "skip":   # a ledger written before the choice was in a skip's extra
+        m = _OLD_PORTFOLIO_SKIP.match(record.reason or "")
         if m:
             return m["member"]
     return record.proposer
@@ -100,7 +108,7 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
         status: Status = "skip"
     elif runs:
         status = "measured"
-    elif any((r.reason or "").startswith("interrupted") for r in records if r.status == "crash"):
+    elif any(queries.was_interrupted(r) for r in records):
         status = "interrupted"
     else:
         status = "crash"
@@ -108,8 +116,8 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
     chosen = first.extra.get("portfolio")
     if isinstance(chosen, dict) and isinstance(chosen.get("propose_s"), (int, float)):
         seconds += chosen["propose_s"]
-    elif first.status == "skip":
-        m = _PORTFOLIO_SKIP.match(first.reason or "")
+    elif first.status == "skip":   # a ledger written before the choice was in a skip's extra
+        m = _OLD_PORTFOLIO_SKIP.match(first.reason or "")
         if m:
             seconds += float(m["seconds"])
     return TrialResult(

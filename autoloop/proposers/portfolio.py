@@ -19,8 +19,9 @@ attempts plus its proposing time (an agent's minutes count), and at least one --
 failed proposal costs the night a trial slot too.
 
 Each choice and its reason are in the ledger: ``extra.portfolio`` of the trial's records
-(``choice``, ``reason``, ``propose_s``), or, for a proposal that failed, the skip's reason
-(``portfolio chose agent (...); it failed after 12.3 s: ...``). A member with no more ideas
+(``choice``, ``reason``, ``propose_s``), a failed proposal's skip too (its reason also says
+it: ``portfolio chose agent (...); it failed after 12.3 s: ...``; ledgers from before the skip
+carried extra.portfolio are read by that reason). A member with no more ideas
 (the mutator at a best it has exhausted, an empty queue) passes to the next draw; when all
 have none the night stops. A fix request goes back to the member that made the broken edit.
 """
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, Proposer
-from autoloop.proposers.outcomes import TrialResult, portfolio_skip_reason, trial_outcomes
+from autoloop.proposers.outcomes import TrialResult, portfolio_choice, portfolio_skip_reason, trial_outcomes
 from autoloop.store.ledger import Ledger
 
 # What a member did long ago says less about what it will do next: the mutator runs out of
@@ -134,9 +135,10 @@ class PortfolioProposer:
         try:
             proposal = member.propose(request)
         except ProposalFailed as e:
-            raise ProposalFailed(portfolio_skip_reason(name, reason, time.monotonic() - started, str(e)),
-                                 e.extra) from None
+            seconds = time.monotonic() - started
+            raise ProposalFailed(portfolio_skip_reason(name, reason, seconds, str(e)),
+                                 {**e.extra, "portfolio": portfolio_choice(name, reason, round(seconds, 1))}) from None
         if proposal is not None:
-            proposal.extra = {**proposal.extra, "portfolio": {
-                "choice": name, "reason": reason, "propose_s": round(time.monotonic() - started, 3)}}
+            proposal.extra = {**proposal.extra,
+                              "portfolio": portfolio_choice(name, reason, round(time.monotonic() - started, 3))}
         return proposal

@@ -74,10 +74,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 from filelock import FileLock, Timeout
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, ValidationError
+from typing_extensions import TypedDict
 
 from autoloop.core.classify import CrashClass
 from autoloop.core.errors import AutoloopError
@@ -163,6 +164,99 @@ class LedgerRecord(BaseModel):
     # The machine's speed beside the run (execution/machine_speed.py; its parts in
     # extra.machine): what store/machine_speed.py fits the metric's dependence on. None: not measured.
     machine_speed: float | None = None
+
+
+class Extra(TypedDict, total=False):
+    """The keys that travel in a record's ``extra`` from one layer to another: who writes
+    them is named beside each. Facts, never control flow. A record read back from an old
+    ledger may hold others (LedgerRecord.extra stays an open dict); a new key goes here."""
+
+    # the proposal (proposers, engine/candidate.py, engine/trial.py, engine/lookahead.py)
+    source: str                          # where the change came from (a patch file, an agent's log)
+    git_events: list[str]                # what reconcile undid of the proposer's git
+    replay_of: str                       # the commit whose change this is, replayed on a new best
+    hypothesis: str                      # the agent's why (carried to the trial's re-runs)
+    agent_usage: dict[str, Any] | None   # what the agent call cost, as its CLI said (usage.py)
+    portfolio: dict[str, Any]            # the portfolio's choice: choice, reason, propose_s
+    optuna: dict[str, Any]               # the Optuna trial this proposal is
+    propose_seconds: float               # the proposer's time (monotonic)
+    git_config_changed: list[str]        # git's configuration or hooks changed, put back
+    duplicate_of: str                    # the attempt the duplicate gate found it repeats
+    lookahead: dict[str, Any]            # prepared ahead: prepared, prepared_on, merged_onto
+    rerun_of: int                        # the interrupted attempt this one runs again
+    scouted: int                         # the scout attempt that promoted this full run
+    scout_of: str                        # a scout run's kind at the full budget (candidate, fix)
+    # the run (engine/attempt.py, execution/executors, engine/recovery.py)
+    budget_s: float                      # what it trained for
+    run_wrote: list[str]                 # files the run wrote in the repository, put back
+    log_cut_bytes: int                   # bytes the capped log left out
+    checks: dict[str, Any]               # --check: passed, seconds, wrote
+    audit_bpb: float                     # the held-out figure (never decided on, never shown to a proposer)
+    executor: str                        # executor slurm: executor, cluster, job_id (and its logs)
+    cluster: str
+    job_id: str
+    tampered_before_run: list[str]       # protected inputs a proposer changed, restored
+    tampered: list[str]                  # protected inputs changed by the run (core/keep.py, recovery)
+    machine: dict[str, float | str]      # the machine probe's figures (execution/machine_speed.py)
+    # verification (verification/verify.py, verification/ladder.py)
+    verify: dict[str, Any]               # variant, role, repeat, changes, scaled
+    ladder: dict[str, Any]               # change, rung, side, multiplier, repeat, values
+    # the decision (core/keep.py's Decision.extra)
+    noise_samples: list[float]
+    noise_method: str
+    runs: list[float]                    # the runs a confirmation judged
+    scout_sample: bool
+    scout: dict[str, Any]                # reference, margin, promoted
+    invalid_metric: float
+    guards: list[str]
+    guard_breaches: list[dict[str, Any]]
+    beat_start: str | None
+    stale: bool
+    adjusted: dict[str, Any]             # at the night's median machine speed: runs, best, noise, fit, raw
+
+
+class Draft(BaseModel):
+    """A record before its decision: what an attempt (or a skip) found. Built by
+    engine/attempt.py, trial.record_skip, engine/recovery.py and engine/orphan.py; the
+    arbiter adds the decision's fields (status, crash, reason, best, noise, confidence,
+    next, worker, the decision's extra) and makes the :class:`LedgerRecord`. Its fields and
+    defaults are the record's."""
+
+    trial: int
+    attempt: int = 1
+    kind: AttemptKind = "candidate"
+    started_at: float
+    ended_at: float
+    elapsed_s: float | None = None
+    proposer: str
+    parent: str | None = None
+    commit: str | None = None
+    description: str
+    metric_name: str = "val_bpb"
+    metric: float | None = None
+    memory_gb: float = 0.0
+    training_seconds: float | None = None
+    total_seconds: float | None = None
+    wall_seconds: float = 0.0
+    exit_code: int | None = None
+    signal: int | None = None
+    diff_lines: int = 0
+    seed: int | None = None
+    fingerprint: str | None = None
+    log_path: str | None = None
+    outside_changes: list[str] = Field(default_factory=list)
+    # Typed for the code that writes it, taken as it is (a proposer's facts may hold more keys).
+    extra: Annotated[Extra, SkipValidation] = Field(default_factory=lambda: Extra())
+    metrics: dict[str, float] = Field(default_factory=dict)
+    world_size: int = 1
+    tokens_per_s: float | None = None
+    mfu_percent: float | None = None
+    fidelity: Fidelity = "full"
+    machine_speed: float | None = None
+
+    def measured(self) -> dict[str, Any]:
+        """Its fields but extra, as the record takes them."""
+        return self.model_dump(exclude={"extra"})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 
 from autoloop.config.settings import Settings
 from autoloop.core.ladder_fit import MULTIPLIERS
-from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
+from autoloop.engine.attempt import AttemptPlan, AttemptRunner
+from autoloop.engine.candidate import Candidate
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
 from autoloop.store.state import RunState, StateFile
@@ -140,7 +142,7 @@ def _current_plan(night: Night, settings: Settings, options: LadderOptions, resu
     best = queries.best(records)[0]
     trials = {s.trial for s in old.sides} if old else set()
     # Another command (a night continued, autoloop verify) may have taken the trial numbers since.
-    taken = any(r.trial in trials and not run_info(r) and not (r.reason or "").startswith("interrupted")
+    taken = any(r.trial in trials and not run_info(r) and not queries.was_interrupted(r)
                 for r in records)
     if old is not None and old.tag == night.tag and old.best == best and not taken:
         if resume:
@@ -162,7 +164,7 @@ def run_ladder(night: Night, settings: Settings, options: LadderOptions, resume:
     console = night.console
     state = StateFile(night.layout.root)
     state.replace(RunState(tag=night.tag, pid=os.getpid(), run_started_at=time.time()))
-    slot = Slot(night.ws, state, None, night.executor, {}, console)
+    slot = Slot.main(night, state)
     todo = pending(plan, night.arbiter.records())
     console.line(f"ladder: #{plan.change} {plan.description}: {len(plan.rungs)} rungs x {len(plan.seeds)} seeds "
                  f"x {len(plan.sides) // len(plan.rungs)} sides; {budget_text(plan)} ({len(todo)} runs to do)")
@@ -191,8 +193,8 @@ def _run_one(night: Night, runner: AttemptRunner, plan: LadderPlan, side: Side, 
     rung = plan.rungs[side.rung]
     info = {"change": plan.change, "rung": side.rung, "side": side.label(), "multiplier": side.multiplier,
             "repeat": repeat, "values": rung.values}
-    candidate = Candidate(side.commit, best[0], best[1],
-                          f"ladder #{plan.change} {side.label()} at {rung.label()} (seed {repeat + 1}/"
-                          f"{len(plan.seeds)})", LADDER_PROPOSER, extra={"ladder": info})
+    candidate = Candidate(commit=side.commit, parent=best[0], parent_metric=best[1],
+                          description=f"ladder #{plan.change} {side.label()} at {rung.label()} (seed {repeat + 1}/"
+                          f"{len(plan.seeds)})", proposer=LADDER_PROPOSER, extra={"ladder": info})
     runner.run(AttemptPlan(side.trial, queries.next_attempt(records, side.trial), "verify", candidate,
                            plan.seeds[repeat], can_confirm=False))

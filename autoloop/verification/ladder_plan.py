@@ -38,6 +38,7 @@ from autoloop.core.ladder_fit import (
     sci,
 )
 from autoloop.core.layout import Layout
+from autoloop.store import queries
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import LedgerRecord
 
@@ -116,7 +117,7 @@ def run_info(record: LedgerRecord) -> dict[str, Any]:
 
 def _done(record: LedgerRecord, side: Side, repeat: int) -> bool:
     return (record.kind == "verify" and record.trial == side.trial and run_info(record).get("repeat") == repeat
-            and not (record.reason or "").startswith("interrupted"))
+            and not queries.was_interrupted(record))
 
 
 def pending(plan: LadderPlan, records: list[LedgerRecord]) -> list[tuple[Side, int]]:

@@ -41,8 +41,10 @@ import time
 from autoloop.config.settings import Settings
 from autoloop.core.durations import format_duration
 from autoloop.core.revert import Edit, plan_takeouts
-from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Candidate, Slot
+from autoloop.engine.attempt import AttemptPlan, AttemptRunner
+from autoloop.engine.candidate import Candidate
 from autoloop.engine.night import Night
+from autoloop.engine.slot import Slot
 from autoloop.proposers.mutate import apply_move, find_constants, make_move
 from autoloop.repo.workspace import Workspace
 from autoloop.store import queries
@@ -213,7 +215,7 @@ def run_verification(night: Night, settings: Settings, resume: bool = False) -> 
     if state.state.tag != night.tag or "verification" in (night_stop or ""):
         night_stop = None
     state.replace(RunState(tag=night.tag, pid=os.getpid(), run_started_at=time.time()))
-    slot = Slot(night.ws, state, None, night.executor, {}, console)
+    slot = Slot.main(night, state)
     n_changes = len({tuple(c.group) or (c.trial,) for c in plan.changes if c.revert in ("alone", "grouped")})
     console.line(f"verify: {plan.repeats} repeats of the best, the baseline and the best without each of "
                  f"{n_changes} kept change(s) ({len(pending(plan, night.arbiter.records(), False))} runs to do)")
@@ -270,9 +272,9 @@ def _run(night: Night, slot: Slot, runner: AttemptRunner, plan: Plan, scaled: bo
         best = queries.best(records)
         info = {"variant": variant.name, "role": variant.role, "repeat": repeat, "changes": variant.changes,
                 "scaled": variant.scaled}
-        candidate = Candidate(variant.commit, best[0], best[1],
-                              f"{variant.name} (repeat {repeat + 1}/{plan.repeats})", VERIFY_PROPOSER,
-                              extra={"verify": info})
+        candidate = Candidate(commit=variant.commit, parent=best[0], parent_metric=best[1],
+                              description=f"{variant.name} (repeat {repeat + 1}/{plan.repeats})",
+                              proposer=VERIFY_PROPOSER, extra={"verify": info})
         runner.run(AttemptPlan(variant.trial, queries.next_attempt(records, variant.trial), "verify", candidate,
                                plan.seeds[repeat], can_confirm=False))
 

@@ -24,7 +24,7 @@ from autoloop.core.contributions import Estimate, paired, ratio
 from autoloop.core.durations import format_duration
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
-from autoloop.store import machine_speed
+from autoloop.store import machine_speed, queries
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import LedgerRecord
 
@@ -116,7 +116,7 @@ def scale_text(plan: Plan) -> str:
 def _is_run_of(record: LedgerRecord, variant: Variant, repeat: int) -> bool:
     info = record.extra.get("verify") or {}
     return (record.kind == "verify" and record.trial == variant.trial and info.get("repeat") == repeat
-            and not (record.reason or "").startswith("interrupted"))
+            and not queries.was_interrupted(record))
 
 
 def pending(plan: Plan, records: list[LedgerRecord], scaled: bool) -> list[tuple[Variant, int]]:
@@ -176,7 +176,7 @@ def summarize(plan: Plan, records: list[LedgerRecord]) -> Summary:
     fit = machine_speed.night_fit(records)
     for r in records:
         v = by_trial.get(r.trial)
-        if v is None or r.kind != "verify" or (r.reason or "").startswith("interrupted"):
+        if v is None or r.kind != "verify" or queries.was_interrupted(r):
             continue
         repeat = (r.extra.get("verify") or {}).get("repeat")
         if r.metric is not None and r.status != "crash" and isinstance(repeat, int):

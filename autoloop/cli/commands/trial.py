@@ -9,16 +9,15 @@ from autoloop.cli.paths import repo_root
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoloop.engine.attempt import AttemptRunner, Slot
+    from autoloop.engine.attempt import AttemptRunner
     from autoloop.engine.opening import open_night
+    from autoloop.engine.slot import Slot
     from autoloop.engine.trial import judge_edit
     from autoloop.observe.console import Console
-    from autoloop.store.state import StateFile
 
     settings = settings_from(args)
     with open_night(settings, repo_root(args.directory), Console(), "trial") as night:
-        slot = Slot(night.ws, StateFile(night.layout.root), None, night.executor)
-        record = judge_edit(night, AttemptRunner(night, slot), args.message)
+        record = judge_edit(night, AttemptRunner(night, Slot.main(night)), args.message)
     # The last line is for the agent that called us: verdict and metric, easy to parse.
     metric = "-" if record.metric is None else f"{record.metric:.6f}"
     crash = f" {record.crash}" if record.crash else ""
