@@ -29,6 +29,8 @@ attempts the fault cut off or killed).
 
     python benchmarks/chaos.py                    # >= 400 attempts, seed 1
     python benchmarks/chaos.py --attempts 20 --seed 3
+    python benchmarks/chaos.py --attempts 20 --seed 5 --faults kill9,... --cycle-trials 3-5
+                                                  # tests/test_chaos.py: each fault once, short cycles
 """
 
 from __future__ import annotations
@@ -146,7 +148,13 @@ class Chaos:
     def cycle(self, fault: str, workers: int) -> tuple[bool, str]:
         before = keyed(soak.read_ledger(self.repo))
         resume = ["--resume"] if soak.branch_exists(self.repo) else []
-        env, extra = dict(self.env), ["--max-trials", str(self.rng.randint(6, 14))]
+        lo, hi = self.args.cycle_trials
+        max_trials = self.rng.randint(lo, hi)
+        if fault == "clock_jump":
+            # The steps land 1-3 s and 2-6 s into the cycle: it must still be running then (at
+            # the default 6-14 trials it is; fewer could end before the forward step).
+            max_trials = max(max_trials, 6)
+        env, extra = dict(self.env), ["--max-trials", str(max_trials)]
         if fault.startswith("agent_"):
             extra = ["--proposer", "agent", "--agent-cmd", f"{sys.executable} {self.work / 'agent.py'} "
                      f"{fault.split('_')[1]}", "--agent-timeout", "3", "--skip-preflight",
@@ -155,8 +163,15 @@ class Chaos:
             extra += ["--proposer", "queue"]
         if fault in ("enospc_ledger", "eio_ledger", "enospc_tsv", "eio_tsv"):
             code, what = fault.split("_")
+            # A cycle's run writes each file about once per attempt it judges, and with look-ahead
+            # and two workers it judges fewer attempts than its --max-trials (prepared ones count):
+            # a cycle of 3-5 trials (the test's) reached its 2nd or 3rd write but rarely a later
+            # one, so short cycles take n from 2-3 and the fault fires; the default draw is kept.
+            nth = self.rng.randint(2, 12)
+            if hi < 6:
+                nth = 2 + nth % 2
             env["AUTOLOOP_FAULT_WRITE"] = (f"{code.upper()}:{'ledger.jsonl' if what == 'ledger' else 'results.tsv'}"
-                                           f":{self.rng.randint(2, 12)}")
+                                           f":{nth}")
         clock = self.work / "clockstep"
         if fault == "clock_jump":
             clock.write_text("0\n")
@@ -327,6 +342,17 @@ class Chaos:
         return 0 if ok == total and not (self.lost or self.duplicated or self.changed) else 1
 
 
+def trials_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    try:
+        pair = int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO-HI, e.g. 6-14, got {text!r}") from None
+    if not 1 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+    return pair
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--attempts", type=int, default=400, help="run until the ledger holds this many (default 400)")
@@ -335,6 +361,8 @@ def main() -> int:
     ap.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f],
                     help="comma-separated, injected in turn, each at least once (default: drawn at random)")
     ap.add_argument("--data-dir", help="prepared data (default: autoloop's per-user cache)")
+    ap.add_argument("--cycle-trials", type=trials_range, default=(6, 14), metavar="LO-HI",
+                    help="each queue cycle's --max-trials, drawn in LO..HI (default 6-14)")
     args = ap.parse_args()
     unknown = sorted(set(args.faults or []) - set(FAULTS))
     if unknown:

@@ -233,11 +233,17 @@ def test_a_trial_whose_node_goes_down_is_submitted_again_not_blamed(tmp_path, cl
 def test_slurms_own_time_limit_is_a_timeout_with_its_reason(tmp_path, cluster):
     marker = tmp_path / "started"
     thread, result, jobs = executor_run(tmp_path, hang_train(marker), minutes=1)   # sbatch --time=1
-    wait_for("the job to start", lambda: marker.exists())
-    thread.join(240)   # Slurm looks at time limits every 30 s or so: 60-100 s
+    wait_for("the job to start", lambda: marker.exists() and jobs)
+    # A limit of minutes would cost the test 60-100 s: the running job's end is moved to one
+    # second from now instead (scontrol's EndTime, allowed on a running job; the limit stays
+    # Slurm's to enforce). slurmctld checks limits every 30 s (PERIODIC_TIMEOUT in its
+    # controller.c, not a setting), then sends the job SIGTERM, SIGKILL after KillWait: 4-35 s.
+    cluster.run("scontrol", "update", f"JobId={jobs[0]['job_id']}", "EndTime=now+1")
+    thread.join(240)
     assert result, "the executor never returned"
     outcome = result[0]
     assert outcome.timed_out and outcome.job_error and "TIMEOUT" in outcome.job_error, outcome
+    assert "TimeLimit" in outcome.job_error, outcome.job_error   # Slurm's reason: its limit, not a cancel
     verdict = classify(outcome)
     assert verdict.kind == "timeout" and "TIMEOUT" in verdict.reason, verdict
 
