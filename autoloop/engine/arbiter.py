@@ -90,12 +90,17 @@ class Arbiter:
                 extra={**draft.extra, **decision.extra})
             if not decision.metric_valid:
                 record.metric = None
-            self.ledger.append(record)
+            # The ledger's line is the commit point; results.tsv is derived from it, rewritten
+            # last. A refused TSV write (a full disk) raised between the two, so the record was
+            # on disk but not in memory and the branch not moved: the other worker judged against
+            # the old best and kept a change without this one (the chaos night, ENOSPC on the TSV).
+            self.ledger.append(record, write_tsv=False)
             self._records.append(record)
             for observe in self.observers:
                 observe(record)
             if decision.status == "keep":
                 self.publish()
+            self.ledger.write_tsv()
             return record
 
     def publish(self) -> None:
