@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.git import init_repo
 from helpers.loop import BUDGET, GOOD, assert_invariants, autoloop, queue_file, read_ledger, set_constants
 
 from autoloop.execution import cgroups
@@ -155,6 +156,25 @@ def test_an_attempt_interrupted_while_training_is_run_again_once(baselined_repo,
     assert trial1[1]["extra"]["rerun_of"] == 1
     again = resume(repo, tiny_data_dir)   # nothing pending now: no second re-run
     assert "again" not in again.stdout and len(read_ledger(repo)) == len(trial1) + 1
+
+
+def test_a_noise_sample_a_kill_cut_off_is_not_taken_up_again_and_again(tmp_path, tiny_data_dir):
+    """A kill during the baseline's noise sample: no decision asked for that run, so there is
+    nothing to take up again. It was found pending at every turn of every slot, 'running
+    attempt 0.2 again' each time with nothing run, until --max-trials (a chaos night stalled)."""
+    stand_in = "LR = 1.0\nprint(f'val_bpb: {LR:.6f}')\n"
+    repo = init_repo(tmp_path / "repo", {"train.py": stand_in})
+    night = ("run", "--budget", "1", "--timeout", "30", "--proposer", "queue", "--tag", "t", "--noise-runs", "1",
+             "--command", f"{sys.executable} train.py")
+    killed = autoloop(repo, *night, data_dir=tiny_data_dir, env={"AUTOLOOP_FAULT_KILL_AT": "running:0.2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    queue_file(repo, "01_lower.py", stand_in.replace("LR = 1.0", "LR = 0.5"), "lower lr")
+    done = autoloop(repo, *night, "--resume", "--max-trials", "3", data_dir=tiny_data_dir, timeout=120)
+    assert done.returncode == 0 and "no more ideas" in done.stdout, done.stdout + done.stderr
+    assert "again" not in done.stdout, done.stdout
+    ledger = assert_invariants(repo)
+    assert [(r["kind"], r["status"]) for r in ledger] == [("baseline", "keep"), ("confirm", "crash"),
+                                                          ("candidate", "keep")], ledger
 
 
 @pytest.mark.slow

@@ -85,6 +85,7 @@ class Scheduler:
         s = night.settings
         self.lookahead = bool(s.lookahead if s.lookahead is not None else _uses_agent(proposer))
         self.pending: list[Prepared] = []   # prepared by a run that stopped, not yet run
+        self.taken_up: set[tuple[int, int]] = set()   # (trial, attempt) of records _pending_next gave out
 
     def run(self) -> str:
         """Run until a stop condition; returns the stop reason (also stored in state.json)."""
@@ -311,7 +312,12 @@ class Scheduler:
         pending = queries.pending_next(records)
         if self.night.settings.rerun_interrupted:   # an attempt a kill cut off while training
             pending += queries.pending_reruns(records)
-        return next((r for r in pending if r.trial not in taken), None)
+        # Each is taken up once a run: one that ran nothing (no decision to take up) would
+        # otherwise be found again and again, each time counted as a trial, until --max-trials.
+        found = next((r for r in pending if r.trial not in taken and (r.trial, r.attempt) not in self.taken_up), None)
+        if found is not None:
+            self.taken_up.add((found.trial, found.attempt))
+        return found
 
     def _release(self, worker: Claimant, outcome: str, counted: bool = True) -> None:
         with self.night.arbiter.lock:

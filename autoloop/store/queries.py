@@ -262,7 +262,15 @@ def pending_reruns(records: list[LedgerRecord]) -> list[LedgerRecord]:
         last[r.trial] = r
         count[r.trial] = count.get(r.trial, 0) + interrupted_in_training(r)
     return [r for r in last.values() if interrupted_in_training(r) and count[r.trial] == 1 and r.commit
-            and r.kind in ("candidate", "fix", "confirm", "scout")]
+            and r.kind in ("candidate", "fix", "confirm", "scout") and not _runs_its_parent(r)]
+
+
+def _runs_its_parent(record: LedgerRecord) -> bool:
+    """A noise sample, as recovery records one a kill cut off (no decision, so no
+    ``noise_samples`` in its extra): kind confirm on its own parent. No decision asked for it,
+    so nothing is taken up again; the noise is estimated from the samples that finished
+    (``--remeasure`` takes new ones)."""
+    return record.kind == "confirm" and record.commit is not None and record.commit == record.parent
 
 
 def replays_of(records: list[LedgerRecord], trial: int) -> int:
