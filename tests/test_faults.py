@@ -601,3 +601,37 @@ def test_recovery_rewrites_a_results_tsv_left_a_row_short(night_templates, tiny_
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert [r["trial"] for r in read_tsv(repo)] == ["0", "1"]
     assert_invariants(repo)
+
+
+def test_a_refused_tsv_write_leaves_the_kept_record_in_memory_and_the_branch_moved(tmp_path, monkeypatch):
+    """The ledger's line is the commit point and results.tsv is derived from it: when the
+    disk refuses the TSV after the line is written, the arbiter still holds the record and
+    the branch is at its best, so another worker judges against the new best (the chaos
+    night kept a change without the one before it, 1 run in 5)."""
+    from autoloop.core.keep import Facts, Rules, decide
+    from autoloop.engine.arbiter import Arbiter
+    from autoloop.repo.workspace import Workspace
+    from autoloop.store.ledger import Draft, Ledger
+
+    repo = init_repo(tmp_path / "repo", {"train.py": "LR = 1.0\n"})
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "train.py").write_text("LR = 0.5\n")
+    git(repo, "commit", "-qam", "lower lr")
+    change = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "reset", "-q", "--hard", base)
+    arbiter = Arbiter(Ledger(repo / "results"), Workspace(repo), Rules())
+    now = time.time()
+
+    def record(commit: str, kind: str, metric: float) -> None:
+        facts = Facts(kind=kind, commit=commit, runs=(metric,), parent=arbiter.best(), current=arbiter.best())
+        draft = Draft(trial=0 if kind == "baseline" else 1, kind=kind, started_at=now, ended_at=now, proposer="-",
+                      parent=arbiter.best()[0], commit=commit, description=kind, metric=metric)
+        arbiter.record(draft, decide(facts), None)
+
+    record(base, "baseline", 1.0)
+    monkeypatch.setenv("AUTOLOOP_FAULT_WRITE", "ENOSPC:results.tsv:1")
+    with pytest.raises(OSError):
+        record(change, "candidate", 0.5)
+    assert arbiter.best() == (change, 0.5)
+    assert git(repo, "rev-parse", "HEAD").strip() == change
+    assert [r.commit for r in Ledger(repo / "results").records()] == [base, change]
