@@ -14,6 +14,9 @@ from autoloop.proposers.agent import build_prompt
 from autoloop.store.ledger import Ledger, LedgerRecord
 
 AUDIT = 3.14159265
+# Looked for as text: its first eight places, which no timestamp beside it can hold by chance
+# ("3.14" alone was found in a started_at of 1796327133.145319 and failed a CI run).
+AUDIT_TEXT = "3.1415926"
 
 
 def _record(trial: int, metric: float, status: str = "keep") -> LedgerRecord:
@@ -33,9 +36,9 @@ def test_audit_never_reaches_a_proposer_or_the_tsv(tmp_path):
     ledger = Ledger(repo / "results")
     for trial, metric in enumerate([1.5, 1.4, 1.45]):
         ledger.append(_record(trial, metric, "keep" if trial < 2 else "discard"))
-    assert "3.14" in (repo / "results" / "ledger.jsonl").read_text()   # recorded
+    assert AUDIT_TEXT in (repo / "results" / "ledger.jsonl").read_text()   # recorded
     tsv = (repo / "results" / "results.tsv").read_text()
-    assert "audit" not in tsv and "3.14" not in tsv
+    assert "audit" not in tsv and AUDIT_TEXT not in tsv
 
     from autoloop.repo.workspace import Workspace
     from autoloop.store import queries
@@ -43,7 +46,7 @@ def test_audit_never_reaches_a_proposer_or_the_tsv(tmp_path):
     records = ledger.records()
     request = proposal_request(Settings(), Workspace(repo), Layout.of(repo), records, 3, 1, queries.best(records))
     text = json.dumps(request.ledger_tail)
-    assert "audit" not in text and "3.14" not in text
+    assert "audit" not in text and AUDIT_TEXT not in text
     assert request.ledger_tail[0]["extra"] == {"source": "x"}
     prompt = build_prompt(request, tmp_path / "description.txt")
-    assert "audit_bpb" not in prompt and "3.14" not in prompt   # (the tmp path itself says test_audit)
+    assert "audit_bpb" not in prompt and AUDIT_TEXT not in prompt   # (the tmp path itself says test_audit)
