@@ -23,6 +23,7 @@ import pytest
 from helpers.git import git, init_repo
 from helpers.loop import assert_invariants, autoloop, autoloop_in_process, read_ledger
 
+from autoloop.core import compute_multiplier as cm
 from autoloop.core import ladder_fit as lf
 from autoloop.review.json_forms import schema
 from autoloop.review.ladder_report import section, write_png
@@ -93,6 +94,50 @@ def test_delta_verdicts(fit, held, name, says):
     assert verdict.unproven == (name in ("SCALE-BOUND", "NOISE", "NOT-PREDICTIVE"))
     if name == "NOT-PREDICTIVE":
         assert "vanish" not in verdict.line
+
+
+def test_a_gain_that_is_a_constant_share_of_the_reducible_loss_holds_as_a_compute_multiplier():
+    """Loss 1 + 2/D, the change saving 0.2/D (10 % of the reducible loss at every size), rungs
+    D = 2, 4, 8 and the held-out 16, compute ∝ D, noiseless pairs: a line in Δ predicts −0.0167
+    at D = 16 (not predictive), while the change is the same ×1.11 compute at every rung."""
+    ds = [2, 4, 8, 16]
+    xs = [math.log10(d) for d in ds]
+    parent = [1 + 2 / d for d in ds]
+    deltas = rungs_of([(x, 0.2 / d, 0.0) for x, d in zip(xs, ds, strict=True)])
+    in_delta = lf.delta_verdict(deltas[:3], deltas[3])
+    assert in_delta.name == "NOT-PREDICTIVE" and in_delta.numbers["predicted"] == pytest.approx(-0.01667, abs=1e-4)
+    curve = cm.fit_parent(xs, parent)
+    assert isinstance(curve, cm.ParentCurve) and curve.kind == "power law"
+    assert (curve.floor, curve.exponent) == pytest.approx((1.0, 1.0), abs=1e-4)
+    mults = [cm.rung_multiplier(curve, x, loss, d) for x, loss, d in zip(xs, parent, deltas, strict=True)]
+    assert [m.value for m in mults] == pytest.approx([1 / 0.9] * 4, rel=1e-4)
+    verdict = cm.multiplier_verdict(deltas[:3], deltas[3], mults[:3], mults[3], curve)
+    assert isinstance(verdict, lf.Verdict) and verdict.name == "HOLDS", verdict
+    assert "compute multiplier stays steady above ×1" in verdict.line and "×1.11" in verdict.line, verdict.line
+    assert "a line in Δ predicted -0.01667 (outside its 80 % band)" in verdict.line, verdict.line
+    assert verdict.numbers["multiplier"] == pytest.approx(1 / 0.9, rel=1e-4)
+
+
+def test_the_parent_curve_is_a_local_slope_or_refused_in_one_line_where_no_power_law_fits():
+    # Three rungs: too few for three parameters; the segments between them are the curve.
+    local = cm.fit_parent([0.0, 1.0, 2.0], [3.0, 2.0, 1.5])
+    assert isinstance(local, cm.ParentCurve) and local.kind == "local slope"
+    assert local.x_at(2.5) == pytest.approx(0.5) and local.x_at(1.25) == pytest.approx(2.5)
+    assert local.x_at(3.5) == pytest.approx(-0.5)
+    # Falling faster and faster (concave): no power law with a floor, the local slope.
+    assert cm.fit_parent([0, 1, 2, 3], [3.0, 2.9, 2.6, 2.0]).kind == "local slope"
+    # A parent that does not improve with scale: no compute buys the change's loss.
+    why = cm.fit_parent([0, 1, 2, 3], [3.0, 2.9, 2.95, 2.8])
+    assert isinstance(why, str) and why.startswith("the parent's loss does not fall along the rungs")
+    # Through the plan: the verdict is read on Δ and says why, in its one line.
+    plan, records = plan_for("holds", [43, 44, 45], retune=False)
+    for rec in records:
+        if rec.trial in (1, 5):   # the parent at rungs 1 and 3: worse at 3 than at 1
+            rec.metric = 3.0 + (0.5 if rec.trial == 5 else 0.0)
+    summary = summarize(plan, records)
+    assert re.search(r"\(read on Δ: no compute multiplier: the parent's loss does not fall along the rungs "
+                     r"\(3, 2\.84\d, 3\.5, 2\.68\d\): no compute buys the change's loss\)$", summary.verdict.line), \
+        summary.verdict.line
 
 
 def test_an_optimum_is_the_parabolas_vertex_and_its_exponent_is_fitted_against_size():
@@ -174,12 +219,35 @@ def plan_for(kind: str, seeds: list[int], retune: bool) -> tuple[LadderPlan, lis
 
 
 @pytest.mark.parametrize("kind, verdict", [("holds", "HOLDS"), ("shrink", "SHRINKING"), ("flip", "SCALE-BOUND"),
-                                           ("noise", "NOISE")])
+                                           ("noise", "NOISE"), ("fraction", "HOLDS"), ("fading", "SHRINKING")])
 def test_each_kind_of_change_gets_its_verdict(kind, verdict):
     plan, records = plan_for(kind, [43, 44, 45], retune=False)
     summary = summarize(plan, records)
     assert summary.left == 0 and summary.measured
     assert summary.verdict.name == verdict, "\n".join(summary_lines(summary))
+
+
+def test_the_kinds_read_in_compute_multipliers_give_theirs_with_an_interval():
+    """On the loss with a floor: a constant share of the reducible loss is ×1.23 at every rung
+    (10^(−2·log10 0.9)), its Δ halving per decade; a fading gain's multiplier falls to ×1 at
+    c = 2 (C = 100× the first rung's), where the verdict says it does."""
+    plan, records = plan_for("fraction", [43, 44, 45], retune=False)
+    s = summarize(plan, records)
+    truth = 0.9 ** -2
+    for r in s.rungs:
+        assert r.multiplier is not None and r.multiplier.value == pytest.approx(truth, rel=0.02)
+        lo, hi = r.multiplier.interval
+        assert lo <= truth <= hi
+    assert s.verdict.numbers["multiplier_low"] <= truth <= s.verdict.numbers["multiplier_high"]
+    assert "multiplier ×1.2" in summary_lines(s)[1]
+    out = json.loads(summary_json(s))
+    jsonschema.validate(out, schema("ladder"))
+    assert out["rungs"][3]["compute_multiplier"] == pytest.approx(truth, rel=0.02)
+    plan, records = plan_for("fading", [43, 44, 45], retune=False)
+    s = summarize(plan, records)
+    first = s.rungs[0].compute
+    assert s.verdict.numbers["reaches_one_at"] == pytest.approx(100 * first, rel=0.3), s.verdict.line
+    assert [round(r.multiplier.value, 2) for r in s.rungs] == [1.26, 1.17, 1.1, 1.03]
 
 
 def test_a_ladder_whose_compute_stays_flat_is_fitted_against_the_parameters(tmp_path):

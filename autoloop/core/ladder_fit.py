@@ -174,10 +174,10 @@ def along_compute(computes: Sequence[float]) -> bool:
 AXES = {"compute": ("C", "compute"), "params": ("N", "parameters")}
 
 
-def delta_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta, axis: str = "compute") -> Verdict:
-    """The verdict of a plain change: NOISE, SCALE-BOUND, not predictive, SHRINKING or HOLDS,
-    its places on ``axis`` ("compute" or "params", the rungs' x)."""
-    sym, unit = AXES[axis]
+def early_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta, axis: str = "compute") -> Verdict | None:
+    """INCOMPLETE, NOISE or SCALE-BOUND, read on Δ before any fit (a sign that flips is a
+    multiplier crossing ×1 in any currency); None when a fit is to decide."""
+    sym, _ = AXES[axis]
     usable = [r for r in fit_rungs if r.mean is not None and r.se is not None]
     if len(usable) < 2 or held.mean is None or held.se is None:
         return Verdict("INCOMPLETE", "INCOMPLETE: fewer than two fit rungs or no held-out Δ with an SE yet")
@@ -192,6 +192,21 @@ def delta_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta, axis: str = "
         return Verdict("SCALE-BOUND", f"SCALE-BOUND: the sign flips inside the ladder: Δ {_d(plus[0])} at "
                        f"{sym}={sci(10 ** plus[0].x)}, {_d(minus[0])} at {sym}={sci(10 ** minus[0].x)}",
                        {f"plus_{axis}": 10 ** plus[0].x, f"minus_{axis}": 10 ** minus[0].x})
+    return None
+
+
+def delta_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta, axis: str = "compute") -> Verdict:
+    """The verdict of a plain change read on Δ alone: NOISE, SCALE-BOUND, not predictive,
+    SHRINKING or HOLDS, its places on ``axis`` ("compute" or "params", the rungs' x). The
+    ladder reads the compute multiplier instead where the parent's curve allows
+    (core/compute_multiplier.py); this is its fallback."""
+    early = early_verdict(fit_rungs, held, axis)
+    if early is not None:
+        return early
+    sym, unit = AXES[axis]
+    usable = [r for r in fit_rungs if r.mean is not None and r.se is not None]
+    assert held.mean is not None and held.se is not None
+    every = [*usable, held]
     fit = fit_line([r.x for r in usable], [r.mean for r in usable if r.mean is not None],
                    [r.se for r in usable if r.se is not None], held.x)
     numbers: dict[str, float | None] = {"slope": fit.slope, "slope_low": fit.slope_interval[0],

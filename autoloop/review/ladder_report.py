@@ -31,17 +31,21 @@ def section(s: LadderSummary, picture: str | None, note: str | None = None) -> l
     out = ["## Ladder", "",
            f"`autoloop ladder` ran #{p.change} {_md(p.description)} (`{p.child[:7]}`) against its parent "
            f"`{p.parent[:7]}` at {len(p.rungs)} rungs, {len(p.seeds)} paired seeds each, the largest held out. "
-           "Δ > 0: the change helps; ± one standard error. How the fit and the verdicts are made: "
-           "docs/verification.md.", "",
-           "| rung | constants | budget | parameters | compute | Δ ± SE | best multiplier |",
-           "|---|---|---|---|---|---|---|"]
+           "Δ > 0: the change helps; ± one standard error. The compute multiplier: how much more compute the "
+           "parent needs to reach the change's loss (on the parameters where the compute did not grow). How the "
+           "fits and the verdicts are made: docs/verification.md.", "",
+           "| rung | constants | budget | parameters | compute | Δ ± SE | compute multiplier | best multiplier |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in s.rungs:
         d = r.delta
         delta = f"{d.mean:+.4g} ± {d.se:.2g}" if d.mean is not None and d.se is not None else "-"
         opt = f"×{2 ** r.optimum.log2_m:.3g}" if r.optimum is not None else "-"
+        m = r.multiplier
+        mult = "-" if m is None or m.value is None else f"×{m.value:.3g}" + (
+            f" (×{m.interval[0]:.3g}..×{m.interval[1]:.3g})" if m.interval else "")
         held = " (held out)" if r.rung.held_out else ""
         out.append(f"| {r.rung.index + 1}{held} | {_md(r.rung.label())} | {r.rung.budget:g} s | {r.params:.3g} | "
-                   f"{r.compute:.3g}{'' if s.measured else ' (nominal)'} | {delta} | {opt} |")
+                   f"{r.compute:.3g}{'' if s.measured else ' (nominal)'} | {delta} | {mult} | {opt} |")
     if s.axis == "params":
         out += ["", "The compute did not grow along the rungs (the budget fixed, the device's throughput falling "
                 "as the model grows): Δ is fitted against the parameters N."]

@@ -10,7 +10,8 @@ its commit, and the K seeds. A run of side s, seed k, is the ledger's record of 
 ``verify`` in s's trial whose ``extra.ladder.repeat`` is k; recovery's record of an
 interrupted run carries no such key, so that run counts as not done.
 
-How Δ, the fit and the verdicts are computed: ``core/ladder_fit.py``.
+How Δ, the fit and the verdicts are computed: ``core/ladder_fit.py``; the effective compute
+multiplier a plain change's verdict is read on: ``core/compute_multiplier.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from autoloop.core.compute_multiplier import (
+    ParentCurve,
+    RungMultiplier,
+    fit_parent,
+    multiplier_verdict,
+    rung_multiplier,
+)
 from autoloop.core.durations import format_duration
 from autoloop.core.errors import AutoloopError
 from autoloop.core.ladder_fit import (
@@ -32,6 +40,7 @@ from autoloop.core.ladder_fit import (
     Verdict,
     along_compute,
     delta_verdict,
+    early_verdict,
     retune_verdict,
     rung_deltas,
     rung_optimum,
@@ -139,6 +148,7 @@ class RungResult:
     delta: RungDelta
     runs: dict[str, dict[int, float]]        # side label -> seed index -> metric
     optimum: RungOptimum | None = None
+    multiplier: RungMultiplier | None = None   # a plain change's effective compute multiplier here
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,7 @@ class LadderSummary:
     left: int
     crashed: int
     axis: str = "compute"                    # the fit's x: "compute", or "params" where compute does not grow
+    curve: ParentCurve | str | None = None   # the parent's loss along the axis, or why none (a plain change)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -203,10 +214,39 @@ def summarize(plan: LadderPlan, records: list[LedgerRecord]) -> LadderSummary:
              for r in plan.rungs]
     deltas = rung_deltas(xs, pairs, plan.direction)
     optima = [_optimum(plan, runs[r.index], math.log10(p)) for r, p in zip(plan.rungs, params, strict=True)]
-    results = [RungResult(r, c, p, d, runs[r.index], o)
-               for r, c, p, d, o in zip(plan.rungs, computes, params, deltas, optima, strict=True)]
+    curve, mults = _multipliers(plan, runs, xs, deltas)
+    results = [RungResult(r, c, p, d, runs[r.index], o, m)
+               for r, c, p, d, o, m in zip(plan.rungs, computes, params, deltas, optima, mults, strict=True)]
     left = len(pending(plan, records))
-    return LadderSummary(plan, results, measured, _verdict(plan, results, left, axis), left, crashed, axis)
+    return LadderSummary(plan, results, measured, _verdict(plan, results, left, axis, curve), left, crashed, axis,
+                         curve)
+
+
+def _parent_loss(plan: LadderPlan, runs: dict[int, float]) -> float | None:
+    """The parent's mean at a rung as a loss (lower is better, whichever way the metric points)."""
+    mean = _mean(list(runs.values()))
+    return None if mean is None else (mean if plan.direction == "min" else -mean)
+
+
+def _multipliers(plan: LadderPlan, runs: dict[int, dict[str, dict[int, float]]], xs: list[float],
+                 deltas: list[RungDelta]) -> tuple[ParentCurve | str | None, list[RungMultiplier | None]]:
+    """The parent's curve over the rungs and each rung's multiplier (a plain change only)."""
+    none: list[RungMultiplier | None] = [None] * len(plan.rungs)
+    if plan.retune:
+        return None, none
+    losses = [_parent_loss(plan, runs[r.index].get("parent", {})) for r in plan.rungs]
+    known = [(x, v) for x, v in zip(xs, losses, strict=True) if v is not None]
+    if len(known) < len(losses):
+        return "a rung without a parent run", none
+    curve = fit_parent([x for x, _ in known], [v for _, v in known])
+    if isinstance(curve, str):
+        return curve, none
+    # The parent's SE at each rung from its sd pooled over the rungs, as Δ's is (rung_deltas).
+    sides = [list(runs[r.index].get("parent", {}).values()) for r in plan.rungs]
+    dof = sum(len(v) - 1 for v in sides if len(v) >= 2)
+    sd = math.sqrt(sum(statistics.variance(v) * (len(v) - 1) for v in sides if len(v) >= 2) / dof) if dof else 0.0
+    return curve, [rung_multiplier(curve, x, loss, d, sd / math.sqrt(len(v)))
+                   for x, (_, loss), d, v in zip(xs, known, deltas, sides, strict=True)]
 
 
 def _optimum(plan: LadderPlan, runs: dict[str, dict[int, float]], log_params: float) -> RungOptimum | None:
@@ -218,7 +258,8 @@ def _optimum(plan: LadderPlan, runs: dict[str, dict[int, float]], log_params: fl
     return rung_optimum(log_params, by_mult, plan.direction)
 
 
-def _verdict(plan: LadderPlan, results: list[RungResult], left: int, axis: str) -> Verdict:
+def _verdict(plan: LadderPlan, results: list[RungResult], left: int, axis: str,
+             curve: ParentCurve | str | None = None) -> Verdict:
     if left:
         return Verdict("INCOMPLETE", f"INCOMPLETE: {left} run(s) not done yet: autoloop ladder --resume runs them")
     fit, held = [r for r in results if not r.rung.held_out], next(r for r in results if r.rung.held_out)
@@ -228,7 +269,20 @@ def _verdict(plan: LadderPlan, results: list[RungResult], left: int, axis: str) 
             return Verdict("INCOMPLETE", "INCOMPLETE: too few sweeps gave a metric to fit the optimum")
         target = math.log10(plan.target_params or held.params)
         return retune_verdict(plan.retune, optima, held.optimum, target)
-    return delta_verdict([r.delta for r in fit], held.delta, axis)
+    early = early_verdict([r.delta for r in fit], held.delta, axis)
+    if early is not None:
+        return early
+    why = curve if isinstance(curve, str) else "no parent curve"
+    if isinstance(curve, ParentCurve) and held.multiplier is not None:
+        fit_mults = [r.multiplier for r in fit if r.multiplier is not None]
+        read = multiplier_verdict([r.delta for r in fit], held.delta, fit_mults, held.multiplier, curve, axis)
+        if isinstance(read, Verdict):
+            return read
+        why = read
+    # No multiplier can be made: the verdict is read on Δ, as a line in log-compute, and says why.
+    old = delta_verdict([r.delta for r in fit], held.delta, axis)
+    return Verdict(old.name, f"{old.line} (read on Δ: no {'compute' if axis == 'compute' else 'parameter'} "
+                   f"multiplier: {why})", old.numbers)
 
 
 # ------------------------------------------------------------------------------ what is shown
@@ -247,6 +301,10 @@ def rung_line(r: RungResult, measured: bool) -> str:
     delta = f"Δ {d.mean:+.4g} ± {d.se:.2g} (n={d.n})" if d.mean is not None and d.se is not None else \
         (f"Δ {d.mean:+.4g} (n={d.n})" if d.mean is not None else "Δ -")
     opt = f", best multiplier ×{2 ** r.optimum.log2_m:.3g}" if r.optimum is not None else ""
+    m = r.multiplier
+    if m is not None and m.value is not None:
+        band = f" (80 % ×{m.interval[0]:.3g}..×{m.interval[1]:.3g})" if m.interval else ""
+        opt += f", multiplier ×{m.value:.3g}{band}"
     held = " [held out]" if r.rung.held_out else ""
     return (f"rung {r.rung.index + 1} {r.rung.label()}{held}: N={sci(r.params)}, "
             f"C={sci(r.compute)}{'' if measured else ' (nominal)'}, {delta}{opt}")
@@ -282,6 +340,9 @@ def summary_json(s: LadderSummary) -> str:
     rungs = [{"rung": r.rung.index + 1, "values": r.rung.values, "budget_s": r.rung.budget, "held_out": r.rung.held_out,
               "params": r.params, "compute": r.compute, "delta": r.delta.mean, "se": r.delta.se, "pairs": r.delta.n,
               "best_multiplier": 2 ** r.optimum.log2_m if r.optimum else None,
+              "compute_multiplier": r.multiplier.value if r.multiplier else None,
+              "compute_multiplier_interval": list(r.multiplier.interval) if r.multiplier and r.multiplier.interval
+              else None,
               "runs": {k: {str(i): v for i, v in sorted(m.items())} for k, m in r.runs.items()}} for r in s.rungs]
     return json.dumps({"schema": LADDER_SCHEMA, "version": LADDER_VERSION, "change": p.change,
                        "description": p.description, "commit": p.child, "parent": p.parent,

@@ -11,7 +11,13 @@ file and summary block as train.py writes them, at once (the budget is not slept
       flip   0.04 − 0.04·c, helps small models, hurts from c = 1 on;
       noise  0;
     plus 0.1·log2(LR / LR*)², where the best rate LR* = 0.02·(N/N0)^-0.5 moves with size;
-  * the noise: SIGMA × a standard normal drawn from the seed and the constants.
+  * or, for the kinds read in compute multipliers, a loss with a floor, 1 + 10^(−c/2) (a power
+    law in compute with an irreducible 1), no learning-rate term, and the change worth
+      fraction  a constant 10 % of the reducible loss: the same ×1.23 compute at every size,
+                while its Δ halves with every decade of compute;
+      fading    a compute multiplier of 10^(0.1 − 0.05·c): ×1.26 at the night's size, ×1 at c = 2;
+  * the noise: SIGMA × a standard normal drawn from the seed and the constants; for the two
+    kinds above drawn without TRICK, the same on both sides of a pair (noiseless paired seeds).
 """
 
 import json
@@ -46,14 +52,29 @@ def delta(kind, c):
     return {"holds": 0.05, "shrink": 0.2 * 10 ** (-0.05 * c), "flip": 0.04 - 0.04 * c, "noise": 0.0}[kind]
 
 
+FLOOR_KINDS = ("fraction", "fading")
+
+
+def floor_curve(c, multiplier_log10=0.0):
+    """The loss at c with a compute multiplier: the parent's loss at c + log10(multiplier)."""
+    return 1.0 + 10 ** (-0.5 * (c + multiplier_log10))
+
+
 def true_value(depth, width, trick, kind, lr):
     n, _, big_c = compute(depth, width)
     c = math.log10(big_c / compute(2, 64)[2])
+    if kind in FLOOR_KINDS:
+        if not trick:
+            return floor_curve(c)
+        if kind == "fraction":
+            return 1.0 + 0.9 * 10 ** (-0.5 * c)
+        return floor_curve(c, 0.1 - 0.05 * c)
     best_lr = 0.02 * (n / N0) ** TRUE_EXPONENT
     return 3.0 - 0.3 * c - (delta(kind, c) if trick else 0.0) + 0.1 * math.log2(lr / best_lr) ** 2
 
 
-def noise(seed, *constants):
+def noise(seed, depth, width, trick, kind, lr):
+    constants = (depth, width, kind, lr) if kind in FLOOR_KINDS else (depth, width, trick, kind, lr)
     return SIGMA * random.Random(":".join(str(v) for v in (seed, *constants))).gauss(0.0, 1.0)
 
 
