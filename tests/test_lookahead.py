@@ -110,7 +110,8 @@ def test_a_candidate_prepared_before_a_keep_is_merged_and_judged_against_the_new
     assert "merged onto it" in proc.stdout
 
 
-@pytest.mark.parametrize("edit, why", [("A=0.95", "conflicts with"), ("A=0.9", "is already in")])
+# A=(0.95) rewrites the line in another form, not just the constant's value: a real conflict.
+@pytest.mark.parametrize("edit, why", [("A=(0.95)", "conflicts with"), ("A=0.9", "is already in")])
 def test_a_prepared_change_that_no_longer_fits_goes_back_to_the_proposer(repo, tiny_data_dir, edit, why):
     proc = night(repo, tiny_data_dir, "1:A=0.9", f"2:{edit}", "3:B=0.8", flags=("--max-trials", "3"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -129,6 +130,26 @@ def test_a_prepared_change_that_no_longer_fits_goes_back_to_the_proposer(repo, t
     # The fresh request is proposed on the new best: nothing trained on the stale base.
     assert fresh["parent"] == ledger[1]["commit"] and "lookahead" not in fresh["extra"]
     assert (repo / "results" / "agents" / "3-1.prompt.md").exists()
+
+
+def test_a_prepared_change_of_the_constant_the_keep_moved_is_rebased_onto_the_new_best(repo, tiny_data_dir):
+    """Trial 2 (A=0.95) is prepared on the baseline while trial 1 (A=0.9) trains and is kept:
+    the lines conflict, but only on the constant both set, so the proposal's value is set on
+    the new best and described from there (A 0.9 -> 0.95), instead of going back to the agent."""
+    proc = night(repo, tiny_data_dir, "1:A=0.9,B=0.95", "2:A=0.95", flags=("--max-trials", "2"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    baseline, first, second = assert_invariants(repo)
+    assert (first["status"], second["kind"], second["status"]) == ("keep", "candidate", "discard"), second["reason"]
+    assert second["parent"] == first["commit"]
+    assert second["description"] == f"A 0.9 -> 0.95 (re-based onto {first['commit'][:7]}; proposed as: trial 2: A=0.95)"
+    assert second["extra"]["lookahead"]["rebased"] == [["A", "0.9", "0.95"]]
+    assert second["extra"]["lookahead"]["prepared_on"] == baseline["commit"]
+    text = git(repo, "show", f"{second['commit']}:train.py")
+    assert "A = 0.95" in text and "B = 0.95" in text   # the keep's other constant stays
+    assert second["metric"] == pytest.approx(1.9)
+    assert "re-based onto it: A 0.9 -> 0.95" in proc.stdout
+    # Only one proposal per trial: the agent was not asked again for trial 2.
+    assert len(list((repo / "results" / "agents").glob("2-*.prompt.md"))) == 1
 
 
 def test_a_trivial_crash_is_fixed_before_the_prepared_candidate_runs(repo, tiny_data_dir):

@@ -3,7 +3,7 @@ merge without context lines, by constant where the texts differ only in constant
 
 from __future__ import annotations
 
-from autoloop.core.revert import Edit, merge3, plan_takeouts, take_out
+from autoloop.core.revert import Edit, merge3, plan_takeouts, rebase_constants, take_out
 
 BASE = "import os\n\nLR = 0.01\nWARMUP = 10\nDEPTH = 2\n\n\ndef main():\n    x = 1\n    y = 2\n    return x + y\n"
 
@@ -80,3 +80,20 @@ def test_plan_takeouts_groups_only_what_overlaps():
     # Without that change among the kept ones, #2 does not come out at all.
     plan = plan_takeouts(back, edits)
     assert [(t.members, t.text is None) for t in plan] == [((0,), False), ((1,), False), ((2,), True), ((3,), False)]
+
+
+def test_a_change_of_constants_rebases_onto_a_text_that_moved_the_same_ones():
+    """A proposal prepared on an old best (LR 0.01 -> 0.04) set onto a new best that moved LR
+    to 0.02 and WARMUP to 12: the proposal's LR, the new best's WARMUP, and the move said from
+    the new best's value."""
+    best = edit(edit(BASE, "LR = 0.01", "LR = 0.02 "), "WARMUP = 10", "WARMUP = 12")   # an agent's trailing blank
+    proposal = edit(BASE, "LR = 0.01", "LR = 0.04")
+    assert merge3(BASE, best, proposal) is None   # the lines conflict
+    text, moved = rebase_constants(BASE, best, proposal)
+    assert text == edit(best, "LR = 0.02 ", "LR = 0.04 ") and moved == [("LR", "0.02", "0.04")]
+    # The new best holds the proposal's value already: nothing moves.
+    assert rebase_constants(BASE, edit(BASE, "LR = 0.01", "LR = 0.04"), proposal) == (proposal, [])
+    # A difference outside the constants' values is no rebase: only a real merge may join them.
+    assert rebase_constants(BASE, best, edit(proposal, "x = 1", "x = 5")) is None
+    assert rebase_constants(BASE, best, edit(BASE, "LR = 0.01", "LR = (0.04)")) is None
+    assert rebase_constants(BASE, best, "not python (") is None

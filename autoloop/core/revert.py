@@ -133,6 +133,41 @@ def _merge_constants(base: str, ours: str, theirs: str) -> str | None:
     return "".join(out)
 
 
+def rebase_constants(base: str, ours: str, theirs: str) -> tuple[str, list[tuple[str, str, str]]] | None:
+    """A change of constants (``base`` to ``theirs``) set onto ``ours`` even where ``ours``
+    moved the same constants: ``ours`` with each constant the change set at the change's
+    value, and [(name, ours' value, the change's value)] of those that now differ. None when
+    the texts differ in more than their constants' values (then only a real merge may join
+    them). How a proposal prepared on an old best survives a keep that moved the same
+    learning rate: the proposal meant "LR = 0.04", not "LR 0.02 -> 0.04"."""
+    cuts = [_constant_values(text) for text in (base, ours, theirs)]
+    tree = module_constants.parse(base)
+    if tree is None or any(c is None for c in cuts):
+        return None
+    (frame, b), (frame_o, o), (frame_t, t) = cuts   # type: ignore[misc]
+    # Blanks at a line's end do not count (an editor's, or an agent's "A = 0.9 "); the new
+    # best's text is what the result is made of.
+    if not b or _bare(frame_o) != _bare(frame) or _bare(frame_t) != _bare(frame):
+        return None
+    names = [name for name, _ in module_constants.assignments(tree)]
+    values, moved = [], []
+    for name, vb, vo, vt in zip(names, b, o, t, strict=True):
+        values.append(vt if vt != vb else vo)
+        if vt != vb and vt != vo:
+            moved.append((name, vo, vt))
+    out = [frame_o[0]]
+    for value, after in zip(values, frame_o[1:], strict=True):
+        out += [value, after]
+    return "".join(out), moved
+
+
+_TRAILING = re.compile(r"[ \t]+(?=\r?\n|$)")
+
+
+def _bare(frame: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(_TRAILING.sub("", piece) for piece in frame)
+
+
 @functools.lru_cache(maxsize=64)
 def _constant_values(text: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The text cut around each constant's value: the pieces between the values (one more

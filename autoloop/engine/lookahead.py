@@ -10,9 +10,12 @@ its fix request (which needs n's crash) all run before m. When n is done, ``reba
 
 * the best did not move: the prepared commit runs as it is;
 * it moved (n was kept, or another worker's trial was): the change is merged three-way onto
-  the new best (``Workspace.merge_change``, as a replay is) and judged against that best; a
-  conflict, or a change the best already holds, is recorded as a skip and the slot asks the
-  proposer afresh: nothing trains on a stale base;
+  the new best (``Workspace.merge_change``, as a replay is) and judged against that best;
+  where the merge conflicts only because both set the same constants (agents come back to
+  the same learning rate again and again), the change is *re-based*: its values set on the
+  new best (``revert.rebase_constants``), described from the new best's values; a real
+  conflict, or a change the best already holds (the values agree now), is recorded as a skip
+  and the slot asks the proposer afresh: nothing trains on a stale base;
 * either way the duplicate gate asks again (``candidate.same_change``): n, recorded since the
   candidate was screened, may have made the same change; then it is a skip "same change as
   #n", counted like any duplicate.
@@ -39,12 +42,14 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from autoloop.core.layout import Layout, prepared_ref
+from autoloop.core.revert import rebase_constants
 from autoloop.engine.candidate import Candidate, Claims, Skipped, prepare, proposal_request, same_change
 from autoloop.engine.night import Night
 from autoloop.engine.slot import Slot
 from autoloop.engine.trial import record_skip
 from autoloop.observe.console import Prefixed
 from autoloop.proposers.base import Proposer
+from autoloop.repo.workspace import Workspace
 from autoloop.repo.worktrees import (
     ahead_workspace,
     ensure_ahead_worktree,
@@ -175,13 +180,19 @@ def rebase(night: Night, slot: Slot, prepared: Prepared, best: queries.Best) -> 
     assert now is not None and cand.parent is not None, "a look-ahead without a best"
     moved = now != cand.parent
     merged = ws.merge_change(cand.parent, now, prepared.commit) if moved else None
-    provenance = {"prepared": prepared.commit, "prepared_on": cand.parent, **({"merged_onto": now} if moved else {})}
+    provenance: dict[str, Any] = {"prepared": prepared.commit, "prepared_on": cand.parent,
+                                  **({"merged_onto": now} if moved else {})}
     extra = {**cand.extra, "lookahead": provenance} if moved else dict(cand.extra)
 
     def skip(reason: str, more: dict[str, Any] | None = None) -> None:
         record_skip(night, slot, prepared.trial, 1, cand.proposer, reason, cand.description,
                     cand.outside_changes, cand.git_events, best, {**extra, "lookahead": provenance, **(more or {})})
 
+    rebased: list[tuple[str, str, str]] | None = None
+    if moved and merged is None:
+        merged, rebased = _onto_constants(ws, cand.parent, now, prepared.commit)
+        if rebased is not None:
+            provenance["rebased"] = [list(m) for m in rebased]
     if moved and (merged is None or merged == ws.file_at(now, ws.target)):
         why = "conflicts with" if merged is None else "is already in"
         skip(f"look-ahead: the change prepared on {cand.parent[:7]} {why} the new best {now[:7]}; "
@@ -197,8 +208,30 @@ def rebase(night: Night, slot: Slot, prepared: Prepared, best: queries.Best) -> 
     if merged is None:
         return prepared.on(best)
     ws.target_path.write_text(merged)
+    if rebased:
+        # The keep moved the constants this change sets: the change is its values set on the
+        # new best, and says so from the new best's values.
+        moves = "; ".join(f"{name} {old} -> {new}" for name, old, new in rebased)
+        console.line(f"#{prepared.trial}: the best moved to {now[:7]} while it was prepared and set the same "
+                     f"constants; re-based onto it: {moves}")
+        extra = {**extra, "lookahead": provenance}
+        return replace(cand, commit=None, parent=now, parent_metric=best[1], extra=extra,
+                       description=f"{moves} (re-based onto {now[:7]}; proposed as: {cand.description})")
     console.line(f"#{prepared.trial}: the best moved to {now[:7]} while it was prepared; merged onto it")
     return replace(cand, commit=None, parent=now, parent_metric=best[1], extra=extra)
+
+
+def _onto_constants(ws: Workspace, base: str, now: str,
+                    commit: str) -> tuple[str | None, list[tuple[str, str, str]] | None]:
+    """A prepared change that conflicts with the new best only on constants both set: its
+    values set on the new best, and the constants that moved (None, None: a real conflict)."""
+    texts = [ws.file_at(sha, ws.target) for sha in (base, now, commit)]
+    if any(t is None for t in texts):
+        return None, None
+    found = rebase_constants(*texts)   # type: ignore[arg-type]
+    if found is None:
+        return None, None
+    return found
 
 
 # ------------------------------------------------------------------------------ proposing ahead
