@@ -189,8 +189,8 @@ def test_non_positive_duration_from_file(tmp_path):
     ("max_fix_attempts = -1", "autoloop.toml: max_fix_attempts: must be at least 0, got -1"),
     ("max_rss_gb = 0", "autoloop.toml: max_rss_gb: must be positive, got 0"),
     ("direction = 'up'", "autoloop.toml: direction: must be 'min' or 'max', got 'up'"),
-    ("proposer = 'human'", "autoloop.toml: proposer: must be 'auto', 'queue', 'mutate', 'agent', 'optuna' or "
-                           "'portfolio', got 'human'"),
+    ("proposer = 'human'", "autoloop.toml: proposer: must be 'auto', 'queue', 'mutate', 'agent', 'optuna', "
+                           "'portfolio' or 'combine', got 'human'"),
     ("resume = 'maybe'", "autoloop.toml: resume: must be true or false, got 'maybe'"),
     ("corpus = 5", "autoloop.toml: corpus: must be a string, got 5"),
     ("agent = {x = 1}", "autoloop.toml: agent: must be a string, got a table"),

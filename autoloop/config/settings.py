@@ -44,7 +44,7 @@ def date_tag(now: float | None = None) -> str:
 
 
 # The proposers a portfolio can share a night among (proposers/portfolio.py).
-PORTFOLIO_MEMBERS = ("agent", "optuna", "mutate", "queue")
+PORTFOLIO_MEMBERS = ("agent", "optuna", "mutate", "queue", "combine")
 # A smaller log cap would keep less of the output's end than the runner reads to classify a crash.
 MIN_LOG_CAP_MB = 0.125
 
@@ -206,11 +206,12 @@ class Settings(BaseModel):
         "re-run beats the best too (default {default}, i.e. 10%; 0: off)", metavar="X", ge=0, allow_inf_nan=False)
 
     # -- the proposer and the agent (docs/proposers.md) ----------------------------------------
-    proposer: Literal["auto", "queue", "mutate", "agent", "optuna", "portfolio"] = setting(
+    proposer: Literal["auto", "queue", "mutate", "agent", "optuna", "portfolio", "combine"] = setting(
         "auto", "proposer", "where changes come from (default {default}: the portfolio when --portfolio is given, "
         "else the agent when one is configured, else the queue when patches are waiting, else mutate); optuna: "
         "Bayesian or evolutionary search over the target's constants, several per trial (needs pip install "
-        "'autoloop[hpo]'); portfolio: a bandit shares the night among proposers", run_only=True)
+        "'autoloop[hpo]'); portfolio: a bandit shares the night among proposers; combine: changes that lost "
+        "within the noise, tried together", run_only=True)
     queue_dir: str = setting(
         DEFAULT_QUEUE_DIR, "proposer", "folder of *.patch / *.py changes for the queue proposer", metavar="DIR",
         run_only=True)

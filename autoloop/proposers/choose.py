@@ -35,6 +35,8 @@ def make_proposer(settings: Settings, workspace_root: Path) -> tuple[Proposer, s
         return _optuna(settings, root)
     if choice == "queue":
         return QueueProposer(queue_dir), f"proposer: queue of patches in {settings.queue_dir}/"
+    if choice == "combine":
+        return _combine()
     if choice == "agent" or (choice == "auto" and agent_configured):
         if not agent_configured:
             raise ProposerError("--proposer agent needs an agent: pass --agent PRESET "
@@ -63,6 +65,13 @@ def _agent(settings: Settings, root: Path, auto: bool) -> tuple[Proposer, str]:
     why = " (auto: an agent is configured)" if auto else ""
     return proposer, (f"proposer: agent, {source}: {command} [timeout "
                       f"{format_duration(settings.agent_timeout)}]{ignored}{why}")
+
+
+def _combine() -> tuple[Proposer, str]:
+    from autoloop.proposers.combine import CombineProposer
+
+    return CombineProposer(), ("proposer: combine, the night's near-misses (lost within the noise) tried two at a "
+                               "time on the best")
 
 
 def _mutate(settings: Settings, root: Path) -> tuple[Proposer, str]:
@@ -121,6 +130,8 @@ def _portfolio(settings: Settings, root: Path, auto: bool) -> tuple[Proposer, st
             member, why = _optuna(settings, root)
         elif name == "mutate":
             member, why = _mutate(settings, root)
+        elif name == "combine":
+            member, why = _combine()
         else:
             member = QueueProposer(root / settings.queue_dir)
             why = f"proposer: queue of patches in {settings.queue_dir}/"

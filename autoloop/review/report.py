@@ -207,9 +207,12 @@ def kept_section(kept: list[tuple[LedgerRecord, float | None]], metric: str) -> 
             "|---:|---:|---|---:|---:|---:|---|---|"]
     for i, (r, ref) in enumerate(kept, 1):
         delta = f"{r.metric - ref:+.6f}" if r.metric is not None and ref is not None else "-"
+        parents = (r.extra.get("combine") or {}).get("parents")   # proposers/combine.py
+        joined = (" (combines trials " + " + ".join(f"#{p}" for p in parents if isinstance(p, int)) + ")"
+                  if isinstance(parents, list) else "")
         out.append(f"| {i} | {trial_label(r.trial, r.attempt)} | `{(r.commit or '-')[:7]}` | "
                    f"{_fmt(r.metric, 6)} | {delta} | "
-                   f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)} | "
+                   f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)}{joined} | "
                    f"{_md(r.extra.get('hypothesis') or '-')} |")
     return out + [""]
 
