@@ -31,7 +31,7 @@ def test_flags_and_file(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     ({"sampler": "random"}, "--sampler: must be 'tpe', 'cmaes' or 'gp', got 'random'"),
     ({"portfolio": "optuna,human"},
-     "--portfolio: unknown proposer 'human' (a portfolio takes agent, optuna, mutate, queue)"),
+     "--portfolio: unknown proposer 'human' (a portfolio takes agent, optuna, mutate, queue, combine)"),
     ({"portfolio": "optuna,optuna"}, "--portfolio: a proposer is listed twice: optuna,optuna"),
     ({"portfolio": "optuna"}, "--portfolio: a portfolio needs at least two proposers, got optuna"),
     ({"portfolio": ","}, "--portfolio: a portfolio needs at least two proposers, got none"),
