@@ -496,6 +496,7 @@ def test_verify_without_budget_trains_for_the_night_s_budget_from_the_ledger(nig
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verify: training 1s per run, the night's budget (from its ledger; --budget to choose another)" \
         in proc.stdout, proc.stdout
+    assert "verify: 1 repeat (--repeats)" in proc.stdout
     assert "warning" not in proc.stdout
     runs = verify_records(night_repo)
     assert runs and all("budget: 1 s" in (night_repo / "results" / r["log_path"]).read_text() for r in runs)

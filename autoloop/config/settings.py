@@ -401,9 +401,15 @@ class Settings(BaseModel):
         return v
 
     # -- verification (docs/verification.md; verification/verify.py) -----------------------
-    verify_repeats: int = setting(
-        3, "verify", "runs of each variant (the best, the baseline, the best without each kept change), with "
-        "new seeds; the intervals need 2 or more", metavar="R", flag="--repeats", run_only=True, ge=1, le=100)
+    verify_repeats: int | None = setting(
+        None, "verify", "runs of each variant (the best, the baseline, the best without each kept change), with "
+        "new seeds; the intervals need 2 or more (default: chosen from the night's noise to see the smallest kept "
+        "gain with --power, 2 to 10; 3 where no noise was measured)", metavar="R", flag="--repeats",
+        run_only=True, ge=1, le=100)
+    verify_power: float = setting(
+        0.8, "verify", "the power the chosen repeats give to see the smallest kept gain at a two-sided 5% "
+        "(default {default}); the report names the kept changes the repeats run under-power", metavar="P",
+        flag="--power", run_only=True, gt=0.5, lt=1.0)
     verify_scale: dict[str, str] = setting(
         {}, "verify", "transfer: also run the baseline, the best and the best without each confirmed change with "
         "the target's constant KEY set to VALUE (repeat the flag: --scale DEPTH=6 --scale WIDTH=256)",

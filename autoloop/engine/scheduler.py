@@ -414,5 +414,7 @@ class Scheduler:
         s = self.night.settings
         if not s.verify_at_end:
             return 0.0
-        kept = sum(1 for r in self.night.arbiter.records() if queries.is_kept_change(r)) + 1
-        return expected_seconds(kept, s.verify_repeats, self._expected(), s.verify_scale, s.budget, s.verify_budget)
+        records = self.night.arbiter.records()
+        kept = sum(1 for r in records if queries.is_kept_change(r)) + 1
+        repeats, _ = queries.verify_repeats(records, s.verify_repeats, s.verify_power)
+        return expected_seconds(kept, repeats, self._expected(), s.verify_scale, s.budget, s.verify_budget)

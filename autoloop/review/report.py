@@ -366,7 +366,7 @@ _HOLDS = {True: "holds", False: "does not hold", None: "-"}
 def verification_section(summary: Summary, picture: str | None, picture_note: str | None = None) -> list[str]:
     """'## Verification': each kept change's contribution with its interval, whether
     it holds at scale, from ``verify_plan.summarize``; how the numbers are made, in a line."""
-    from autoloop.verification.verify_plan import scale_text, variant_label
+    from autoloop.verification.verify_plan import scale_text, under_powered, variant_label
 
     plan = summary.plan
     out = ["## Verification", "",
@@ -397,6 +397,15 @@ def verification_section(summary: Summary, picture: str | None, picture_note: st
                    f"{est.verdict if est else 'not run'} | {c.at_scale.text() if c.at_scale else '-'} | "
                    f"{_HOLDS[c.holds]} |")
     out += machine_speed.verification_lines(summary)
+    weak = under_powered(plan)
+    if weak:
+        out += ["", f"**Under-powered** at {plan.repeats} repeats (the night's σ {plan.sigma:.4g}; "
+                f"{plan.power:.0%} power asked at a two-sided 5%): "
+                + ", ".join(f"#{t} (its gain {g:.4g} is seen with power {pw:.0%}; it needs {min(n, 999)} repeats)"
+                            for t, g, pw, n in weak)
+                + ". A *within noise* verdict there says little about the change."]
+    if plan.repeats_why:
+        out += ["", f"Repeats: {plan.repeats_why}."]
     if summary.left:
         out += ["", f"_{summary.left} run(s) are not done yet: `autoloop verify --resume` runs them._"]
     out.append("")

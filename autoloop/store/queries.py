@@ -15,6 +15,7 @@ from typing import NamedTuple, TypedDict
 
 from autoloop.core.judge import noise_estimate
 from autoloop.core.keep import Best as Best  # re-exported: the engine names it queries.Best
+from autoloop.core.power import chosen_repeats
 from autoloop.store.ledger import LedgerRecord
 
 
@@ -118,6 +119,20 @@ def runs_of(records: list[LedgerRecord], commit: str) -> list[float]:
     return [r.metric for r in records
             if r.commit == commit and r.metric is not None and r.status in ("keep", "discard")
             and r.kind not in ("verify", "scout")]
+
+
+def kept_gains(records: list[LedgerRecord]) -> dict[int, float]:
+    """Each kept change's claimed effect: trial -> |its metric - the best before it|."""
+    return {r.trial: abs(r.metric - ref) for r, ref in zip(records, best_before(records), strict=True)
+            if is_kept_change(r) and r.metric is not None and ref is not None}
+
+
+def verify_repeats(records: list[LedgerRecord], requested: int | None, power: float) -> tuple[int, str]:
+    """The repeats a verification of this ledger runs, and one line saying why: --repeats
+    when given, else from power (core/power.py) on the night's noise and smallest kept gain."""
+    if requested is not None:
+        return requested, f"{requested} repeat{'' if requested == 1 else 's'} (--repeats)"
+    return chosen_repeats(list(kept_gains(records).values()), noise(records), power)
 
 
 def is_kept_change(record: LedgerRecord) -> bool:

@@ -144,9 +144,12 @@ def make_plan(night: Night, settings: Settings) -> Plan:
         commit = ws.commit_text_on(best, text, f"autoloop verify: the best {name}")
         variants.append(Variant(name=name, role="without", commit=commit, trial=first + len(variants),
                                 changes=trials))
+    repeats, why = queries.verify_repeats(records, settings.verify_repeats, settings.verify_power)
+    gains = {str(t): g for t, g in queries.kept_gains(records).items()}
     return Plan(tag=night.tag, best=best, best_metric=best_metric, baseline=baseline.commit,
-                direction=settings.direction, repeats=settings.verify_repeats,
-                seeds=list(range(top + 1, top + 1 + settings.verify_repeats)), scale=dict(settings.verify_scale),
+                direction=settings.direction, repeats=repeats, repeats_why=why, power=settings.verify_power,
+                sigma=queries.noise(records), gains=gains,
+                seeds=list(range(top + 1, top + 1 + repeats)), scale=dict(settings.verify_scale),
                 scale_budget=settings.verify_budget, changes=notes, variants=variants, created_at=time.time())
 
 
@@ -206,8 +209,10 @@ def run_verification(night: Night, settings: Settings, resume: bool = False) -> 
     and the work tree are where they were when it returns."""
     plan = _current_plan(night, settings, resume)
     console = night.console
-    if resume and plan.repeats != settings.verify_repeats:
+    if resume and settings.verify_repeats is not None and plan.repeats != settings.verify_repeats:
         console.line(f"verify: resuming the plan's {plan.repeats} repeats (not --repeats {settings.verify_repeats})")
+    elif plan.repeats_why:
+        console.line(f"verify: {plan.repeats_why}")
     settings = _night_budget(night, settings)
     _warn_on_budget(night, settings)
     state = StateFile(night.layout.root)

@@ -24,6 +24,7 @@ from autoloop.core.contributions import Estimate, paired, ratio
 from autoloop.core.durations import format_duration
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout
+from autoloop.core.power import power_of, repeats_for
 from autoloop.store import machine_speed, queries
 from autoloop.store.atomic import atomic_write
 from autoloop.store.ledger import LedgerRecord
@@ -66,6 +67,10 @@ class Plan(BaseModel):
     baseline: str
     direction: Literal["min", "max"]
     repeats: int
+    repeats_why: str = ""                       # how the count was chosen (--repeats, or from power)
+    power: float | None = None                  # the power asked for (--power)
+    sigma: float | None = None                  # the night's noise estimate when planned
+    gains: dict[str, float] = Field(default_factory=dict)   # kept change's trial -> its claimed gain
     seeds: list[int]
     scale: dict[str, str] = Field(default_factory=dict)
     scale_budget: float | None = None
@@ -258,9 +263,26 @@ def summary_lines(s: Summary) -> list[str]:
     crashed = {k: n for k, n in s.crashed.items() if n}
     if crashed:
         lines.append("crashed runs (left out of the pairs): " + ", ".join(f"{k} {n}" for k, n in crashed.items()))
+    weak = under_powered(p)
+    if weak:
+        lines.append(f"under-powered at {p.repeats} repeats (σ {p.sigma:.4g}, {p.power:.0%} power asked): " + ", ".join(
+            f"#{t} (gain {g:.4g}: power {pw:.0%}, needs {n if n <= 999 else '999+'})" for t, g, pw, n in weak))
     if s.left:
         lines.append(f"{s.left} run(s) not done yet: autoloop verify --resume runs them")
     return lines
+
+
+def under_powered(p: Plan) -> list[tuple[int, float, float, int]]:
+    """(trial, claimed gain, the power the plan's repeats give it, the repeats it needs) of
+    each kept change the verification sees with less than the power asked for."""
+    if p.sigma is None or p.power is None:
+        return []
+    out = []
+    for trial, gain in sorted(p.gains.items(), key=lambda kv: int(kv[0])):
+        achieved = power_of(gain, p.sigma, p.repeats)
+        if achieved < p.power:
+            out.append((int(trial), gain, achieved, repeats_for(gain, p.sigma, p.power)))
+    return out
 
 
 
