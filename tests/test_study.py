@@ -1,0 +1,76 @@
+"""The study across nights end to end: the real CLI in a real git repository, two nights of a
+scripted agent (tests/fake_agents/remembering.py, which records every prompt) on a tiny
+train.py whose metric is known in advance (a foreign --command printing LR_A + LR_B).
+
+The second night must not train again a change the first measured on the same code, must
+show its earlier result to the agent, and its first prompt must name the first night's
+failed directions; a night on another budget is not comparable and its numbers stay apart.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.git import init_repo
+from helpers.loop import autoloop, read_ledger
+
+FAKE = '''\
+LR_A = 1.0
+# -- one constant per line, so that each change is its own --
+
+LR_B = 1.0
+# ---------------------------------------------------------------------------
+
+print(f"val_bpb: {LR_A + LR_B:.6f}")
+'''
+AGENT = Path(__file__).parent / "fake_agents" / "remembering.py"
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    return init_repo(tmp_path / "repo", {"train.py": FAKE})
+
+
+def night(repo: Path, data_dir: Path, tag: str, record: Path, *script: str, flags: tuple[str, ...] = ()):
+    cmd = f"{sys.executable} {AGENT} {{prompt_file}} {record} {' '.join(script)}"
+    return autoloop(repo, "run", "--budget", "1", "--timeout", "60", "--tag", tag, "--device", "cpu",
+                    "--command", f"{sys.executable} train.py", "--agent-cmd", cmd, "--skip-preflight",
+                    "--lookahead", "0", "--max-trials", str(len(script)), *flags, data_dir=data_dir)
+
+
+def test_a_second_night_remembers_the_first(repo, tiny_data_dir, tmp_path):
+    first = night(repo, tiny_data_dir, "n1", tmp_path / "n1", "1:LR_A=2.0", "2:LR_B=3.0")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert [(r["trial"], r["status"]) for r in read_ledger(repo)] == [(0, "keep"), (1, "discard"), (2, "discard")]
+    # Nothing kept: the second night starts on the same code (autoloop/n1 is at its baseline).
+    second = night(repo, tiny_data_dir, "n2", tmp_path / "n2", "1:LR_A=2.0", "2:LR_A=0.5")
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out
+    assert "study: 1 earlier comparable night(s) (n1)" in out
+
+    ledger = read_ledger(repo)
+    assert [(r["trial"], r["kind"], r["status"]) for r in ledger] == [
+        (0, "baseline", "keep"), (1, "candidate", "skip"), (2, "candidate", "keep")]
+    skip = ledger[1]
+    # Not trained again: no run, its earlier result in the reason, counted as an earlier night's.
+    assert skip["extra"]["earlier_night"] == "n1" and skip["extra"]["duplicate_of"] == "n1 #1"
+    assert "same change as night n1 #1 on the same code (val_bpb 3.000000, discard" in skip["reason"]
+    assert skip["training_seconds"] is None and skip["log_path"] is None
+    # The first prompt names the first night's failed directions with their values ...
+    first_prompt = (tmp_path / "n2" / "prompt-1.txt").read_text()
+    section = first_prompt.split("## Earlier nights of this study", 1)[1]
+    assert "night «n1»: 3 attempts, baseline 2.000000, best 2.000000" in section
+    assert "- failed LR_A: 1 try 2.0, best +1.000000" in section
+    assert "- failed LR_B: 1 try 3.0, best +2.000000" in section
+    # ... and the next one shows the earlier result of the change it did not run.
+    second_prompt = (tmp_path / "n2" / "prompt-2.txt").read_text()
+    assert "## Your previous proposal was not run" in second_prompt and "val_bpb 3.000000, discard" in second_prompt
+
+    status = autoloop(repo, "status", data_dir=tiny_data_dir)
+    assert "1 already measured in an earlier night" in status.stdout, status.stdout
+    history = json.loads(autoloop(repo, "history", "--json", data_dir=tiny_data_dir, check=True).stdout)
+    assert [(n["tag"], n["comparable"], n["best"], n["running_best"]) for n in history["nights"]] == [
+        ("n1", True, 2.0, 2.0), ("n2", True, 1.5, 1.5)]
