@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.git import init_repo
+from helpers.git import git, init_repo
 from helpers.loop import autoloop, read_ledger
 
 FAKE = '''\
@@ -74,3 +74,46 @@ def test_a_second_night_remembers_the_first(repo, tiny_data_dir, tmp_path):
     history = json.loads(autoloop(repo, "history", "--json", data_dir=tiny_data_dir, check=True).stdout)
     assert [(n["tag"], n["comparable"], n["best"], n["running_best"]) for n in history["nights"]] == [
         ("n1", True, 2.0, 2.0), ("n2", True, 1.5, 1.5)]
+
+
+def test_a_night_on_another_budget_is_not_comparable_and_its_change_runs_again(repo, tiny_data_dir, tmp_path):
+    first = night(repo, tiny_data_dir, "n1", tmp_path / "n1", "1:LR_A=2.0")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = night(repo, tiny_data_dir, "n2", tmp_path / "n2", "1:LR_A=2.0", flags=("--budget", "2"))
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out
+    assert "study: night n1 not comparable (budget 1s, not 2s): its numbers are kept apart" in out
+    # Measured under another budget: the same change is trained again, and not named in the prompt.
+    assert [(r["trial"], r["status"]) for r in read_ledger(repo)] == [(0, "keep"), (1, "discard")]
+    assert "## Earlier nights of this study" not in (tmp_path / "n2" / "prompt-1.txt").read_text()
+    history = json.loads(autoloop(repo, "history", "--json", data_dir=tiny_data_dir, check=True).stdout)
+    assert [(n["tag"], n["comparable"], n["not_comparable"], n["running_best"]) for n in history["nights"]] == [
+        ("n1", False, ["budget 1s, not 2s"], None), ("n2", True, [], 2.0)]
+
+
+def test_run_from_starts_on_an_earlier_nights_final_branch_with_a_pinned_lesson(repo, tiny_data_dir, tmp_path):
+    first = night(repo, tiny_data_dir, "n1", tmp_path / "n1", "1:LR_A=0.5")
+    assert first.returncode == 0, first.stdout + first.stderr
+    final = git(repo, "rev-parse", "autoloop/n1")
+    git(repo, "checkout", "-q", "main")
+    pinned = autoloop(repo, "note", "--pin", "LR_B below 0.5 never helped", data_dir=tiny_data_dir, check=True)
+    assert "every later prompt of every later night" in pinned.stdout
+    autoloop(repo, "note", "--clear", data_dir=tiny_data_dir, check=True)   # keeps the pinned lesson
+
+    second = night(repo, tiny_data_dir, "n2", tmp_path / "n2", "1:LR_B=0.5", flags=("--from", "n1"))
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out
+    assert f"from: night n1's final branch autoloop/n1 at {final[:7]}: its kept changes are this night's baseline" \
+        in out
+    ledger = read_ledger(repo)
+    assert ledger[0]["kind"] == "baseline" and ledger[0]["commit"] == final and ledger[0]["metric"] == 1.5
+    assert git(repo, "rev-parse", "autoloop/n1") == final   # the earlier night's branch is left as it was
+    prompt = (tmp_path / "n2" / "prompt-1.txt").read_text()
+    assert "pinned lesson" in prompt and "LR_B below 0.5 never helped" in prompt
+    assert "- kept #1 -0.500000 «LR_A 1.0 -> 0.5»" in prompt   # what the first night kept
+    history = json.loads(autoloop(repo, "history", "--json", data_dir=tiny_data_dir, check=True).stdout)
+    assert [(n["tag"], n["from_tag"], n["branch_exists"]) for n in history["nights"]] == [
+        ("n1", None, True), ("n2", "n1", True)]
+    refused = night(repo, tiny_data_dir, "n3", tmp_path / "n3", "1:LR_B=0.5", flags=("--from", "nope"))
+    assert refused.returncode != 0 and "--from nope: branch autoloop/nope does not exist" in refused.stderr
+    assert "Traceback" not in refused.stderr
