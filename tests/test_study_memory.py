@@ -93,10 +93,19 @@ def test_a_night_on_another_budget_or_corpus_is_not_comparable_and_its_numbers_a
         jsonschema.validate({**payload, "version": 2}, schema("history"))
 
 
-def test_an_empty_study_is_said_and_valid(tmp_path):
-    payload = history_payload(tmp_path / "results")
+def test_an_empty_study_is_said_and_valid_and_a_damaged_archive_is_left_out_and_named(tmp_path):
+    results = tmp_path / "results"
+    payload = history_payload(results)
     jsonschema.validate(payload, schema("history"))
     assert payload["nights"] == [] and to_text(payload).startswith("no nights yet")
+    damaged = Layout(results).archive / "old-20261101-000000"
+    damaged.mkdir(parents=True)
+    (damaged / "ledger.jsonl").write_text('{"not": "a record"}\n')
+    payload = history_payload(results)
+    jsonschema.validate(payload, schema("history"))
+    assert payload["nights"] == [] and len(payload["unreadable"]) == 1
+    assert "ledger unreadable: old-20261101-000000: " in to_text(payload)
+    assert "ledger.jsonl line 1: not a valid ledger record" in to_text(payload)
 
 
 def _point(description: str, status: str, value: float | None, parent_code: str, anchor: float = 2.0,

@@ -146,7 +146,10 @@ def open_study(settings: Settings, ws: Workspace, results_dir: Path, tag: str, f
                      direction=s.direction, fingerprint=fingerprint, gpu=machine_gpu(s.device),
                      world_size=s.gpus_per_trial, from_tag=s.from_tag, start_commit=ws.head())
     write_info(results_dir, info)
-    nights = read_study(results_dir, tag)
+    unreadable: list[str] = []
+    nights = read_study(results_dir, tag, unreadable)
+    for line in unreadable:
+        say(f"study: an archived night left out, its ledger unreadable ({line})")
     current = next((n for n in nights if n.live and n.tag == tag), None)
     if current is None:
         current = StudyNight(tag, results_dir, True, info)

@@ -27,7 +27,8 @@ VERSION = 1
 def history_payload(results_dir: Path, branches: set[str] | None = None) -> dict[str, Any]:
     """Every night of the study as JSON-ready rows; ``branches``: the repository's branch
     names (a night's final branch is said to exist or not), None when unknown."""
-    nights = read_study(Path(results_dir))
+    unreadable: list[str] = []
+    nights = read_study(Path(results_dir), unreadable=unreadable)
     reference = nights[-1] if nights else None
     direction = (reference.info.direction or "min") if reference is not None else "min"
     rows, running = [], None
@@ -40,7 +41,7 @@ def history_payload(results_dir: Path, branches: set[str] | None = None) -> dict
         rows.append(_row(night, why, running if not why else None, branches))
     return {"schema": SCHEMA, "version": VERSION, "reference": reference.tag if reference else None,
             "direction": direction, "metric": reference.info.metric if reference else None,
-            "study_best": running, "nights": rows}
+            "study_best": running, "nights": rows, "unreadable": unreadable}
 
 
 def _row(n: StudyNight, why: list[str], running: float | None, branches: set[str] | None) -> dict[str, Any]:
@@ -63,8 +64,9 @@ def to_json(payload: dict[str, Any]) -> str:
 
 def to_text(payload: dict[str, Any]) -> str:
     nights = payload["nights"]
+    left_out = [f"left out, its ledger unreadable: {line}" for line in payload["unreadable"]]
     if not nights:
-        return "no nights yet: results/ has no ledger (start one with autoloop run)"
+        return "\n".join(["no nights yet: results/ has no ledger (start one with autoloop run)", *left_out])
     lines = [f"{len(nights)} night(s); numbers compared with the newest, {payload['reference']} "
              f"({payload['metric']}, {'lower' if payload['direction'] == 'min' else 'higher'} is better)",
              f"{'tag':<16} {'started':<16} {'tries':>5} {'baseline':>10} {'best':>10} {'gain':>9} {'kept':>4} "
@@ -77,7 +79,7 @@ def to_text(payload: dict[str, Any]) -> str:
                      f"{r['device_hours']:>6.2f} {_num(r['running_best']):>10}  {machine}")
         if r["not_comparable"]:
             lines.append(f"{'':<16} not comparable: {'; '.join(r['not_comparable'])}")
-    return "\n".join(lines)
+    return "\n".join(lines + left_out)
 
 
 def history_section(payload: dict[str, Any], picture: str | None = None) -> list[str]:

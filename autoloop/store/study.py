@@ -28,7 +28,7 @@ from typing import Any
 from autoloop.core.layout import Layout
 from autoloop.store import queries
 from autoloop.store.atomic import atomic_write
-from autoloop.store.ledger import Ledger, LedgerRecord
+from autoloop.store.ledger import Ledger, LedgerError, LedgerRecord
 from autoloop.store.state import load_state
 
 _ARCHIVE = re.compile(r"^(?P<tag>.+)-(?P<stamp>\d{8}-\d{6})$")
@@ -121,16 +121,23 @@ def write_info(results_dir: Path, info: NightInfo) -> None:
         atomic_write(path, json.dumps(info.to_json(), indent=1) + "\n")
 
 
-def read_study(results_dir: Path, current_tag: str | None = None) -> list[StudyNight]:
+def read_study(results_dir: Path, current_tag: str | None = None,
+               unreadable: list[str] | None = None) -> list[StudyNight]:
     """Every night under ``results_dir``, archived ones and the live one, oldest first.
-    ``current_tag``: the night being run now, whose ledger may not exist yet."""
+    ``current_tag``: the night being run now, whose ledger may not exist yet. An archived
+    ledger that cannot be read is left out (its one-line reason appended to ``unreadable``):
+    a damaged old night must not stop a new one."""
     layout = Layout(results_dir)
     nights: list[StudyNight] = []
     if layout.archive.is_dir():
         for folder in sorted(layout.archive.iterdir(), key=lambda p: _stamp(p.name)):
             match = _ARCHIVE.match(folder.name)
             if match and (folder / "ledger.jsonl").exists():
-                nights.append(_night(folder, match["tag"], live=False))
+                try:
+                    nights.append(_night(folder, match["tag"], live=False))
+                except (LedgerError, OSError) as e:
+                    if unreadable is not None:
+                        unreadable.append(f"{folder.name}: {e}")
     if layout.ledger.exists():
         tag = load_state(layout.root).tag or current_tag
         if tag is not None:

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
         raise PersonNotesError(f"{root} is not a git repository: run autoloop note in the experiment repository "
                                "(or give it with -C DIR)")
     if (args.clear or args.unpin) and args.text:
-        raise PersonNotesError("give a note or --clear/--unpin, not both")
+        raise PersonNotesError(f"give a note or {'--unpin' if args.unpin else '--clear'}, not both")
     if args.pin and not args.text:
         raise PersonNotesError('--pin needs the lesson, e.g. autoloop note --pin "LR above 0.08 diverges"')
     results = Layout.of(root).root
