@@ -3,7 +3,8 @@
 On benchmarks/noise.py's simulated landscapes (a fake train.py whose val_bpb is a known true
 value plus Gaussian noise, run through the real loop, git, ledger and proposers), each seed
 runs a first night of ``--first`` trials (tag n1), then the same second night twice from the
-same starting code (tag n2, trained for ``--second`` trials, ``git checkout main`` first): once
+same starting code (tag n2, trained for ``--second`` trials, ``git checkout main`` first; with
+``--start from``, on the first night's final branch, ``run --from n1``): once
 as autoloop runs it by default (warm-started from the comparable first night: the mutator
 tries first what n1 kept and never repeats what n1 measured on this code, Optuna's study is
 seeded with n1's points re-based onto n2's baseline) and once with ``--no-warm-start`` (the
@@ -14,6 +15,7 @@ proposer, warm and cold, and the runs the duplicate gate saved by not retraining
 
     python benchmarks/warm_start.py                           # dense landscape, mutate and optuna-tpe, 3 seeds
     python benchmarks/warm_start.py --landscape sparse --seeds 5 --first 40 --second 20
+    python benchmarks/warm_start.py --start from              # the second nights start where the first stopped
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ def main() -> int:
     ap.add_argument("--second", type=int, default=20, help="trials of each second night")
     ap.add_argument("--sigma", type=float, default=0.01)
     ap.add_argument("--checkpoints", default="5,10,20")
+    ap.add_argument("--start", default="same", choices=("same", "from"),
+                    help="same: both second nights start from the first night's starting code (git checkout "
+                         "main); from: they start on its final branch (run --from n1)")
     args = ap.parse_args()
     checkpoints = tuple(int(k) for k in args.checkpoints.split(","))
     work = Path(tempfile.mkdtemp(prefix="autoloop-warm-bench-"))
@@ -97,12 +102,14 @@ def main() -> int:
                 git(first, "add", "-A")
                 git(first, "commit", "-q", "-m", "fake train.py")
                 run(first, "n1", args.first, seed, args.sigma, flags)
-                git(first, "checkout", "-q", "main")
+                if args.start == "same":
+                    git(first, "checkout", "-q", "main")
+                start = ("--from", "n1") if args.start == "from" else ()
                 for mode, extra in (("warm", ()), ("cold", ("--no-warm-start",))):
                     repo = work / f"{name}-{seed}-{mode}"
                     shutil.copytree(first, repo, symlinks=True)
                     # The second night's own seed: the same for warm and cold, not the first night's.
-                    run(repo, "n2", args.second, seed + 1000, args.sigma, flags, *extra)
+                    run(repo, "n2", args.second, seed + 1000, args.sigma, flags, *start, *extra)
                     results[mode].append(second_night(repo, checkpoints))
                     print(f"  {name} seed {seed} {mode}: gain@{checkpoints[-1]} "
                           f"{results[mode][-1]['at'][checkpoints[-1]]:.4f}", file=sys.stderr, flush=True)
@@ -113,8 +120,9 @@ def main() -> int:
                              sum(x["runs"] for x in nights)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    where = "from the same code" if args.start == "same" else "on its final branch (--from n1)"
     print(f"\n{args.landscape} landscape, sigma {args.sigma}: a first night of {args.first} trials, then a second "
-          f"night of {args.second} trials from the same code, warm-started or cold; {args.seeds} seeds (42..)")
+          f"night of {args.second} trials {where}, warm-started or cold; {args.seeds} seeds (42..)")
     head = "".join(f" {'gain@' + str(k):>9}" for k in checkpoints)
     print(f"{'proposer':<11} {'start':<5}{head} {'final':>8} {'not rerun':>9} {'runs':>5}")
     for name, mode, at, gain, saved, runs in rows:

@@ -170,3 +170,15 @@ def test_a_pinned_lesson_outlives_clear_and_reaches_every_prompt(tmp_path):
     assert "pinned lesson, 1970-01-01 00:00 UTC: «LR_A above 2 diverges»" in research_digest([], notes=notes)
     assert person_notes.clear_notes(results, pinned=True) == 1 and person_notes.active_notes(results) == []
     assert json.loads(Layout(results).person_notes.read_text())["events"][0]["pinned"] is True
+
+
+def test_the_warm_start_is_said_at_start_for_the_search_proposers_only(tmp_path):
+    from autoloop.engine.study import Memory
+    from autoloop.store.study import StudyNight
+
+    earlier = [StudyNight("nov29", tmp_path, False, NightInfo("nov29", 1.0))]
+    assert Memory(nights=earlier).warm_line("optuna") == (
+        "study: the search is warm-started from nov29 (--no-warm-start to start cold)")
+    assert Memory(nights=earlier, warm=False).warm_line("mutate") == "study: the search starts cold (--no-warm-start)"
+    assert Memory(nights=earlier).warm_line("agent") is None and Memory().warm_line("mutate") is None
+    assert Memory(nights=earlier, warm=False).points(None) == []   # --no-warm-start: nothing handed to the search

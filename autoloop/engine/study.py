@@ -64,6 +64,14 @@ class Memory:
     _codes: dict[str, str | None] = field(default_factory=dict)      # commit -> code_key of its target
     _texts: dict[str, tuple[str, ...] | None] = field(default_factory=dict)   # commit -> normalised target
 
+    def warm_line(self, proposer: str) -> str | None:
+        """Whether the search starts warm, said at the start for the proposers it seeds."""
+        if not self.nights or proposer not in ("mutate", "optuna", "portfolio"):
+            return None
+        tags = ", ".join(n.tag for n in self.nights)
+        return (f"study: the search is warm-started from {tags} (--no-warm-start to start cold)" if self.warm
+                else "study: the search starts cold (--no-warm-start)")
+
     def digest_nights(self) -> list[EarlierNight]:
         return [EarlierNight(n.tag, n.night_records, n.info.direction or "min") for n in self.nights]
 
@@ -159,7 +167,7 @@ def open_study(settings: Settings, ws: Workspace, results_dir: Path, tag: str, f
                      if n is not current and n.tag != tag and n not in memory.nights]
     start = ws.file_at(ws.head(), ws.target)
     memory.start_code = code_key(start) if start is not None else None
-    _say(say, memory, s.proposer)
+    _say(say, memory)
     return memory
 
 
@@ -176,7 +184,7 @@ def machine_gpu(device: str | None) -> str:
     return names[0] if names else "unknown"
 
 
-def _say(say: Callable[[str], None], memory: Memory, proposer: str) -> None:
+def _say(say: Callable[[str], None], memory: Memory) -> None:
     if not memory.nights and not memory.others:
         return
     tags = ", ".join(n.tag for n in memory.nights) or "none"
@@ -184,7 +192,3 @@ def _say(say: Callable[[str], None], memory: Memory, proposer: str) -> None:
         "digest and the duplicate gate")
     for other, why in memory.others:
         say(f"study: night {other.tag} not comparable ({'; '.join(why)}): its numbers are kept apart")
-    if memory.nights and proposer in ("mutate", "optuna", "portfolio", "auto"):
-        state = ("warm-started from them (--no-warm-start to start cold)" if memory.warm
-                 else "not warm-started (--no-warm-start)")
-        say(f"study: the search is {state}")
