@@ -182,3 +182,21 @@ def test_the_warm_start_is_said_at_start_for_the_search_proposers_only(tmp_path)
     assert Memory(nights=earlier, warm=False).warm_line("mutate") == "study: the search starts cold (--no-warm-start)"
     assert Memory(nights=earlier).warm_line("agent") is None and Memory().warm_line("mutate") is None
     assert Memory(nights=earlier, warm=False).points(None) == []   # --no-warm-start: nothing handed to the search
+
+
+def test_an_earlier_nights_open_hypotheses_and_recurring_crashes_are_named():
+    t = 1_700_000_000.0
+    base = LedgerRecord(trial=0, kind="baseline", started_at=t, ended_at=t + 1, proposer="-", commit="a" * 40,
+                        description="baseline", status="keep", metric=2.0, best="a" * 40, best_metric=2.0, noise=0.01)
+    close = LedgerRecord(trial=1, started_at=t + 2, ended_at=t + 3, proposer="agent", parent="a" * 40,
+                         commit="b" * 40, description="wider MLP", status="discard", metric=2.005, noise=0.01,
+                         extra={"hypothesis": "more capacity per token"})
+    far = close.model_copy(update={"trial": 2, "commit": "c" * 40, "metric": 2.5,
+                                   "extra": {"hypothesis": "a deeper net trains slower"}})
+    oom = [LedgerRecord(trial=3 + k, started_at=t + 9, ended_at=t + 10, proposer="agent", parent="a" * 40,
+                        commit=f"{k:040x}", description=f"batch x{k + 2}", status="crash", crash="fundamental",
+                        reason="CUDA out of memory") for k in range(2)]
+    section = research_digest([], earlier=[EarlierNight("nov29", [base, close, far, *oom])])
+    assert "  - open #1 +0.005000 within noise: «more capacity per token»" in section
+    assert "a deeper net trains slower" not in section        # shown wrong by a clear margin: not open
+    assert "  - crashed fundamental" in section and ": 2 (last #3, #4" in section

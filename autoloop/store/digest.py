@@ -15,7 +15,8 @@ other workers are trying now, bounded in bytes however long the night (default 8
   change as #12"), grouped by reason;
 * what is in flight, the person's notes, and the most recent results as far as room allows;
 * the study's earlier comparable nights (engine/study.py): what each kept, the directions
-  that failed there and their ranges, recurring crashes; at most a quarter of the bound,
+  that failed there and their ranges, hypotheses left open (within noise), recurring
+  crashes; at most a quarter of the bound,
   after the current night's kept changes and what runs now, so it never crowds them out.
 
 Everything that came from an agent (descriptions, hypotheses, crash and skip reasons) is
@@ -51,6 +52,7 @@ KEPT_SHARE = 0.5          # of the bound, at most, for the kept changes (unless 
 EARLIER_SHARE = 0.25
 EARLIER_DIRECTIONS = 6    # an earlier night's failed directions shown, the most tried first
 EARLIER_KEPT = 6          # an earlier night's kept changes shown, the last first
+EARLIER_OPEN = 2          # an earlier night's open hypotheses shown (within noise), the last ones
 NOTE_WIDTH = 300          # of one note from the person
 STOPWORDS = frozenset(("a an and the of to in on for with by from at as is it its into try use more less than then "
                        "same instead add adds remove removes set sets change changes").split())
@@ -204,6 +206,9 @@ def _earlier_nights(nights: Sequence[EarlierNight]) -> Section | None:
         directions = _directions(records, before, sigma, sign)
         for item in (directions.items if directions else ())[:EARLIER_DIRECTIONS]:
             lines.append("  - failed" + item[1:])
+        for r, ref in _open(records, before, sigma)[-EARLIER_OPEN:]:
+            lines.append(f"  - open #{trial_label(r.trial, r.attempt)} {_delta(_after(r) - ref)} within noise: "
+                         f"{quote(r.extra['hypothesis'], 80)}")
         crashes = _crashes(records, before, sigma, sign)
         for item in (crashes.items if crashes else ())[:2]:
             count = re.search(r"»: (\d+) \(", item)
@@ -211,6 +216,24 @@ def _earlier_nights(nights: Sequence[EarlierNight]) -> Section | None:
                 lines.append("  - crashed" + item[1:])
     return _titled("## Earlier nights of this study (same budget, data, metric and machine; their numbers are "
                    "measured as tonight's; do not repeat what failed)", lines, "lines about earlier nights")
+
+
+def _open(records: list[LedgerRecord], before: list[float | None],
+          sigma: float | None) -> list[tuple[LedgerRecord, float]]:
+    """Hypotheses left open: discarded attempts that stated one and came within the noise of
+    the best (neither shown right nor wrong by one run)."""
+    out = []
+    for r, ref in zip(records, before, strict=True):
+        noise = r.noise if r.noise is not None else sigma   # the estimate it was judged with
+        if (r.status == "discard" and r.kind != "baseline" and isinstance(r.extra.get("hypothesis"), str)
+                and r.metric is not None and ref is not None and noise is not None
+                and abs(_after(r) - ref) <= 2 * noise):
+            out.append((r, ref))
+    return out
+
+
+def _after(r: LedgerRecord) -> float:
+    return r.metric if r.metric is not None else float("nan")
 
 
 def _guards(records: list[LedgerRecord], guards: Sequence[str]) -> list[str]:
