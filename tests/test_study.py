@@ -117,3 +117,4 @@ def test_run_from_starts_on_an_earlier_nights_final_branch_with_a_pinned_lesson(
     refused = night(repo, tiny_data_dir, "n3", tmp_path / "n3", "1:LR_B=0.5", flags=("--from", "nope"))
     assert refused.returncode != 0 and "--from nope: branch autoloop/nope does not exist" in refused.stderr
     assert "Traceback" not in refused.stderr
+    assert read_ledger(repo) == ledger   # nothing moved: n2's results are still the live ones

@@ -221,12 +221,13 @@ def _start_branch(night: Night) -> None:
     resumed one; the main checkout at the ledger's best (a kill may have come between a
     record and the branch move)."""
     night.ws.ensure_clean()
+    start = _from_branch(night)   # checked before anything moves: a wrong --from changes nothing
     if not night.settings.resume:
         _archive_other_tag(night)
         for _, path in night.layout.worker_states():
             if not load_state(night.layout.root, path.name).in_flight:
                 path.unlink(missing_ok=True)
-    night.ws.start_branch(night.tag, resume=night.settings.resume, start=_from_branch(night))
+    night.ws.start_branch(night.tag, resume=night.settings.resume, start=start)
     night.arbiter.publish()
 
 
