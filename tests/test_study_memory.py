@@ -200,3 +200,16 @@ def test_an_earlier_nights_open_hypotheses_and_recurring_crashes_are_named():
     assert "  - open #1 +0.005000 within noise: «more capacity per token»" in section
     assert "a deeper net trains slower" not in section        # shown wrong by a clear margin: not open
     assert "  - crashed fundamental" in section and ": 2 (last #3, #4" in section
+
+
+def test_the_mutator_replays_only_the_last_value_an_earlier_night_kept_for_a_constant():
+    """Starting on the earlier night's final branch, LR_A is already at its last kept value:
+    its first keep (1.0 -> 2.0), superseded by 2.0 -> 0.5, must not be replayed (it goes back)."""
+    source = SOURCE.replace(b"LR_A = 1.0", b"LR_A = 0.5")
+    elsewhere = code_key("LR_A = 7.0\n")
+    request = SimpleNamespace(earlier=[_point("LR_A 1.0 -> 2.0", "keep", 1.5, elsewhere),
+                                       _point("LR_A 2.0 -> 0.5", "keep", 1.2, elsewhere)])
+    earlier = _earlier(request, source)
+    for seed in range(20):
+        move = MutateProposer.choose(find_constants(source), [], "c" * 40, seed, 1, earlier)
+        assert move is not None and (move.name, move.new) != ("LR_A", 2.0)

@@ -419,9 +419,15 @@ class MutateProposer:
         by_name = {c.name: c for c in constants}
         if earlier is not None:
             # Warm start: what earlier nights measured on this very code is not tried again,
-            # and what they kept is tried first, re-based onto this best's values.
+            # and the last value they kept for each constant is tried first, re-based onto this
+            # best's values. Only the last: an earlier keep a later one superseded would go back
+            # (benchmarks/warm_start.py --start from lost ground to a cold night until this).
             tried |= earlier.tried
+            seen: set[str] = set()
             for name, _, new in reversed(earlier.kept):
+                if name in seen:
+                    continue
+                seen.add(name)
                 const = by_name.get(name)
                 if (const is not None and not const.is_tuple and isinstance(new, (int, float))
                         and _canon(const.value) != _canon(new) and (name, _canon(new)) not in tried
