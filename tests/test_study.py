@@ -74,6 +74,10 @@ def test_a_second_night_remembers_the_first(repo, tiny_data_dir, tmp_path):
     history = json.loads(autoloop(repo, "history", "--json", data_dir=tiny_data_dir, check=True).stdout)
     assert [(n["tag"], n["comparable"], n["best"], n["running_best"]) for n in history["nights"]] == [
         ("n1", True, 2.0, 2.0), ("n2", True, 1.5, 1.5)]
+    autoloop(repo, "report", data_dir=tiny_data_dir, check=True)
+    report = (repo / "results" / "report.md").read_text()
+    assert "## The study across nights" in report and "| n1 |" in report and "![the running best" in report
+    assert (repo / "results" / "study.png").stat().st_size > 0
 
 
 def test_a_night_on_another_budget_is_not_comparable_and_its_change_runs_again(repo, tiny_data_dir, tmp_path):
