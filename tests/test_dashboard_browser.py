@@ -248,3 +248,47 @@ def test_the_cards_before_any_candidate_show_the_baseline_as_the_mean_of_its_run
         assert note == "3 attempts: 0 kept changes, 2 noise samples, 0 discarded, 0 crashed", note
         logs = browser.get_log("browser")
         assert [entry for entry in logs if entry["level"] in ("SEVERE", "WARNING")] == [], logs
+
+
+def test_the_study_across_nights_is_plotted_with_only_comparable_nights(tmp_path, tiny_data_dir, browser):
+    """Two nights run for real (the second starts where the first stopped) and a third, archived
+    with another budget: the study's panel lists all three and plots the running best of the two
+    comparable ones; the other is listed as not comparable, not plotted."""
+    import json
+    import shutil as sh
+
+    from selenium.webdriver.common.by import By
+
+    repo = fake_repo(tmp_path)
+    queue(repo, "01_better.py", fake(A=0.5), "a first gain")
+    first = subprocess.run(run_args(tag="n1"), cwd=repo, env=cli_env(tiny_data_dir), capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    queue(repo, "02_better.py", fake(A=0.5, B=1.0), "a second gain")
+    second = subprocess.run(run_args(tag="n2"), cwd=repo, env=cli_env(tiny_data_dir), capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    archived = next((repo / "results" / "archive").glob("n1-*"))
+    other = archived.parent / "short-20000101-000000"
+    sh.copytree(archived, other)
+    info = json.loads((other / "night.json").read_text())
+    (other / "night.json").write_text(json.dumps({**info, "tag": "short", "budget_s": 60.0}))
+
+    with DashboardProcess(repo) as dash:
+        browser.get(dash.url)
+        wait(lambda: browser.execute_script("return !document.getElementById('history-panel').hidden"),
+             "the study's panel")
+        tags = browser.execute_script(
+            "return [...document.querySelectorAll('#history tbody tr')].map(tr => tr.dataset.tag)")
+        assert sorted(tags) == ["n1", "n2", "short"]
+        points = browser.find_elements(By.CSS_SELECTOR, "#history-chart .history-pt")
+        assert [p.get_attribute("data-tag") for p in points] == ["n1", "n2"]
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#history-chart path.history-line")) == 1
+        short = browser.execute_script(
+            "return document.querySelector('#history tbody tr[data-tag=\"short\"]').textContent")
+        assert "no: budget 60s, not 1s" in short
+        # The running best steps down from the first night's 2.5 to the second's 1.5.
+        titles = [p.find_element(By.TAG_NAME, "title").get_attribute("textContent") for p in points]
+        assert titles == ["n1: best 2.5000, study best 2.5000", "n2: best 1.5000, study best 1.5000"]
+        logs = browser.get_log("browser")
+        assert [entry for entry in logs if entry["level"] in ("SEVERE", "WARNING")] == [], logs

@@ -4,6 +4,7 @@ and the SQLite study in results/optuna.db read back with Optuna itself."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -257,10 +258,17 @@ def test_a_new_tag_archives_the_study_with_the_ledger(bowl_repo, tiny_data_dir):
     storage = f"sqlite:///{archived[0] / STUDY_FILE}"
     (summary,) = optuna.get_all_study_summaries(storage)
     assert summary.n_trials >= len(old)
-    # The new study knows only the new night: its baseline, observed, and one suggestion.
+    # The new study has the new night's own trials (its baseline, observed, and one suggestion)
+    # and, warm-started (engine/study.py), the first night's measured candidates, re-based.
     trials = study_trials(bowl_repo)
-    assert [t.user_attrs["autoloop"]["trial"] for t in trials if t.user_attrs["autoloop"].get("observed")] == [0]
-    assert len([t for t in trials if not t.user_attrs["autoloop"].get("observed")]) >= 1
+    own = [t for t in trials if "warm" not in t.user_attrs]
+    assert [t.user_attrs["autoloop"]["trial"] for t in own if t.user_attrs["autoloop"].get("observed")] == [0]
+    assert len([t for t in own if not t.user_attrs["autoloop"].get("observed")]) >= 1
+    warm = sorted(t.user_attrs["autoloop"]["observed"] for t in trials if t.user_attrs.get("warm") == "t")
+    first_night = [json.loads(line) for line in (archived[0] / "ledger.jsonl").read_text().splitlines()]
+    assert warm and warm == sorted(f"t #{r['trial']}" for r in candidates(first_night)
+                                   if r["status"] in ("keep", "discard"))
+    assert "study: the search is warm-started from t (--no-warm-start to start cold)" in second.stdout
     assert all(r["proposer"] == "optuna" for r in candidates(read_ledger(bowl_repo)))
 
 

@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # One function per subcommand, in the order --help lists them.
     for add in (_add_prepare, _add_run, _add_trial, _add_verify, _add_ladder, _add_doctor, _add_status,
-                _add_attempts, _add_report, _add_note, _add_finalize, _add_dashboard, _add_watch, _add_mcp,
-                _add_init):
+                _add_attempts, _add_history, _add_report, _add_note, _add_finalize, _add_dashboard, _add_watch,
+                _add_mcp, _add_init):
         add(sub)
     # Which module runs it: not args.command, which run's --command (the trial's command line)
     # overwrites with its own default.
@@ -207,6 +207,18 @@ def _add_attempts(sub: Subparsers) -> None:
     _directory_flag(p)
 
 
+def _add_history(sub: Subparsers) -> None:
+    p = sub.add_parser("history", help="the study: every night of this workspace, its best and the running best",
+                       description="Every night of this workspace (archived under results/archive/ or live), "
+                                   "oldest first: dates, baseline, best, gain, kept changes, verify runs, "
+                                   "device-hours, budget and machine, and the running best of the study across the "
+                                   "nights comparable with the newest (same budget, corpus, metric and machine). "
+                                   "Reads results/ only (schema autoloop.history with --json).",
+                       epilog="example: autoloop history --json")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _directory_flag(p)
+
+
 def _add_report(sub: Subparsers) -> None:
     p = sub.add_parser("report", help="write the morning summary: results/report.md and results/progress.png",
                        description="Baseline vs best, the kept changes with their deltas, crashes by class with "
@@ -229,7 +241,11 @@ def _add_note(sub: Subparsers) -> None:
                                    "and clears are kept in results/person-notes.json and listed in the report.",
                        epilog='example: autoloop note "try SwiGLU; leave the learning rates alone"')
     p.add_argument("text", nargs="*", metavar="TEXT", help="the note (one line; quote it)")
-    p.add_argument("--clear", action="store_true", help="drop the notes in force (the report still lists them)")
+    p.add_argument("--clear", action="store_true",
+                   help="drop the notes in force, pinned lessons aside (the report still lists them)")
+    p.add_argument("--pin", action="store_true",
+                   help="a lesson for every later night of the study: --clear keeps it, --unpin drops it")
+    p.add_argument("--unpin", action="store_true", help="drop the pinned lessons")
     _directory_flag(p)
 
 

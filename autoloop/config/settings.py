@@ -116,6 +116,13 @@ class Settings(BaseModel):
     rerun_interrupted: bool = setting(
         True, "night", "with --resume, run again (once) an attempt a kill of the orchestrator interrupted while it "
         "trained or was judged, as a new attempt of its trial; the interrupted record stays", run_only=True)
+    from_tag: str | None = setting(
+        None, "night", "start this night on the final branch of the earlier night TAG (autoloop/TAG): its kept "
+        "changes are the new baseline", metavar="TAG", run_only=True, flag="--from")
+    warm_start: bool = setting(
+        True, "night", "seed the mutator's and Optuna's memory from earlier comparable nights of this workspace "
+        "(their points and values, re-based when the best moved); --no-warm-start starts the search cold",
+        run_only=True)
     hours: float | None = setting(
         None, "night", "start no trial that could not finish within H hours", metavar="H", run_only=True, gt=0)
     max_trials: int | None = setting(

@@ -15,6 +15,7 @@ attempts of the ledger built on the current best.
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import tokenize
 from collections.abc import Iterable
@@ -53,6 +54,12 @@ def normalise(source: str) -> tuple[str, ...]:
     except (tokenize.TokenError, IndentationError, SyntaxError):
         lines = (line.split("#", 1)[0] for line in source.splitlines())
         return tuple("".join(line.split()) for line in lines if line.strip())
+
+
+def code_key(source: str) -> str:
+    """A short key of the source as :func:`normalise` reads it: equal keys, the same code
+    (how the gate knows an earlier night's parent is this night's, whatever its commit)."""
+    return hashlib.sha256("\x00".join(normalise(source)).encode("utf-8", "replace")).hexdigest()[:16]
 
 
 def same_as(candidate: str, earlier: Iterable[Earlier]) -> Earlier | None:

@@ -14,6 +14,7 @@ about where something is. Nothing here touches the disk except ``ensure``.
       ledger.torn-<stamp>      a torn tail moved aside by the repair on start
       .autoloop.lock           held by the one orchestrator of this workspace
       state.json               the attempt in flight and its phase (state.py)
+      night.json               the night's facts for the study: budget, data, metric, machine (study.py)
       state-w<k>.json          the same for parallel worker k
       state-ahead.json         the look-ahead proposal in flight (state-w<k>-ahead.json: worker k's)
       prepared/<t>.json        a look-ahead candidate prepared and not yet run (lookahead.py)
@@ -30,6 +31,7 @@ about where something is. Nothing here touches the disk except ``ensure``.
       optuna.db                the Optuna proposer's study (SQLite; -wal, -shm beside it)
       archive/<tag>-<stamp>/   a previous tag's results, moved aside when a new tag starts
       report.md, progress.png  `autoloop report`
+      study.png                `autoloop report`: the running best across nights (history.py); not archived
       person-notes.json        `autoloop note`: the person's notes and clears (person_notes.py)
       .person-notes.lock       serialises the writers of person-notes.json
       stop-request.json        "stop after the running trial", for the orchestrator of one pid (stop_request.py)
@@ -55,8 +57,10 @@ OPTUNA_STUDY = "optuna.db"        # one night's Optuna study, relearnt from the 
 VERIFY = "verify"                 # autoloop verify's plan and its contributions picture
 PREPARED = "prepared"             # look-ahead candidates (--lookahead) waiting to run
 LADDER = "ladder"                 # autoloop ladder's plan and verdicts; its picture is ladder.png
-TAG_FILES = ("ledger.jsonl", "results.tsv", STATE, "runs", "agents", "quarantine", "progress.png", "report.md",
-             VERIFY, OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm", PREPARED, LADDER, f"{LADDER}.png")
+NIGHT_INFO = "night.json"         # the night's facts (budget, data, metric, machine) for the study across nights
+TAG_FILES = (NIGHT_INFO, "ledger.jsonl", "results.tsv", STATE, "runs", "agents", "quarantine", "progress.png",
+             "report.md", VERIFY, OPTUNA_STUDY, f"{OPTUNA_STUDY}-wal", f"{OPTUNA_STUDY}-shm", PREPARED, LADDER,
+             f"{LADDER}.png")
 
 
 def branch_name(tag: str) -> str:
@@ -214,6 +218,11 @@ class Layout:
         return self.agents / f"{attempt_stem(trial, attempt)}.hypothesis.txt"
 
     @property
+    def night_info(self) -> Path:
+        """The night's facts for the study (store/study.py); archived with its ledger."""
+        return self.root / NIGHT_INFO
+
+    @property
     def person_notes(self) -> Path:
         """The person's notes to the agent (`autoloop note`); kept across tags until cleared."""
         return self.root / "person-notes.json"
@@ -286,6 +295,10 @@ class Layout:
     @property
     def picture(self) -> Path:
         return self.root / "progress.png"
+
+    @property
+    def study_picture(self) -> Path:
+        return self.root / "study.png"
 
     @property
     def verify_plan(self) -> Path:

@@ -110,6 +110,7 @@ class Refusal:
 
     reason: str
     duplicate_of: str | None = None
+    earlier_night: str | None = None   # the duplicate's night, when it was an earlier one
 
 
 def strip_audit(record: dict[str, Any]) -> dict[str, Any]:
@@ -157,6 +158,10 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
     ws = slot.ws
     parent = ws.head()
     before = _start_proposing(night, slot, proposer, request, broken)
+    # The study's earlier comparable nights (engine/study.py): the digest's memory of them,
+    # and the search's warm start (none with --no-warm-start).
+    request.earlier_nights = night.memory.digest_nights()
+    request.earlier = list(night.memory.points(ws))
     asked = time.monotonic()   # a stepped wall clock must not skew the proposer's time
     proposal, failure, failed_extra = _ask(proposer, request)
     # The proposer's time, a fact of its record: `autoloop status` sums it per trial.
@@ -175,11 +180,14 @@ def prepare(night: Night, slot: Slot, proposer: Proposer, request: ProposalReque
         return Skipped(failure, outside, events, extra) if failure is not None else None
     # A verify run of the best without a change is a measurement, not a proposal: an
     # agent proposing that revert is not repeating an earlier attempt.
-    refused = screen(ws, broken, queries.of_night(night.arbiter.records()), parent)
+    refused = (screen(ws, broken, queries.of_night(night.arbiter.records()), parent)
+               or _measured_before(night, ws, parent))
     if refused:   # the proposal's facts stay with its record (a portfolio's choice: whose it was)
         extra = {**proposal.extra, **timing}
         if refused.duplicate_of is not None:
             extra["duplicate_of"] = refused.duplicate_of
+        if refused.earlier_night is not None:
+            extra["earlier_night"] = refused.earlier_night
         described = proposal.description if refused.duplicate_of is not None else None
         return Skipped(refused.reason, outside, events, extra, refused.duplicate_of, described)
     description = proposal.description
@@ -275,6 +283,21 @@ def screen(ws: Workspace, broken: str | None = None, records: Sequence[LedgerRec
     if broken is not None and edit == broken:
         return Refusal("the fix made no change to the broken edit")
     return same_change(ws, edit, records, parent)
+
+
+def _measured_before(night: Night, ws: Workspace, parent: str | None) -> Refusal | None:
+    """The duplicate gate across nights: the same change on the same parent code was measured
+    in an earlier comparable night; its result is the skip's reason, which the next prompt
+    shows first (digest.py), so the proposer reads the number instead of paying for it again."""
+    twin = night.memory.twin(ws, ws.target_path.read_text(errors="replace"), parent)
+    if twin is None:
+        return None
+    r = twin.record
+    result = (f"{r.metric_name} {r.metric:.6f}, {r.status}" if r.metric is not None and r.status != "crash"
+              else f"{r.status} {r.crash or ''}".strip())
+    why = f": {' '.join(r.reason.split())[:120]}" if r.reason else ""
+    return Refusal(f"same change as night {twin.label} on the same code ({result}{why}); measured in an earlier "
+                   "night, not trained again", twin.label, twin.label.split(" #")[0])
 
 
 def same_change(ws: Workspace, edit: str, records: Sequence[LedgerRecord], parent: str | None) -> Refusal | None:

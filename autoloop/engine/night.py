@@ -15,6 +15,7 @@ from pathlib import Path
 from autoloop.config.settings import Settings
 from autoloop.core.layout import Layout
 from autoloop.engine.arbiter import Arbiter
+from autoloop.engine.study import Memory
 from autoloop.execution.diskspace import low_disk_reason
 from autoloop.execution.executors import Executor
 from autoloop.execution.integrity import InputsSnapshot
@@ -57,6 +58,7 @@ class Night:
     data_dir: Path | None = None
     fingerprint: str | None = None
     inputs: InputsSnapshot | None = None
+    memory: Memory = field(default_factory=Memory)   # the study's earlier comparable nights (study.py)
 
     def low_disk(self) -> str | None:
         """The stop reason when a disk the night writes to is under --min-free-gb."""

@@ -14,7 +14,8 @@ and ``autoloop trial`` enter. In order, each step relying on the ones before it:
    checked-out one; the main checkout is put at the ledger's best;
 6. the data prepared and checked against the baseline's fingerprint, then the integrity
    snapshot of the measurement's inputs;
-7. the observers (git notes, trackers) caught up with the ledger and attached to the arbiter.
+7. ``run``: the night's facts written and the study's earlier nights read (study.py);
+8. the observers (git notes, trackers) caught up with the ledger and attached to the arbiter.
 
 What comes out is a :class:`~autoloop.engine.night.Night`: the collaborators the engine is built from.
 """
@@ -41,6 +42,7 @@ from autoloop.data import CorpusSpec, ensure_prepared
 from autoloop.engine import recovery
 from autoloop.engine.arbiter import Arbiter
 from autoloop.engine.night import Night, Stop
+from autoloop.engine.study import open_study
 from autoloop.execution.cgroups import containment, sweep_empty_groups
 from autoloop.execution.executors import make_executor
 from autoloop.execution.integrity import open_snapshot
@@ -93,6 +95,8 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             _recover(night, purpose)
             {"run": _start_branch, "trial": _trial_branch, "verify": _verify_branch}[purpose](night)
             prepare_data(night, reuse_snapshot=purpose == "trial")
+            if purpose == "run":
+                night.memory = open_study(settings, ws, layout.root, tag, night.fingerprint, console.line)
             with watched(night):
                 yield night
     finally:
@@ -217,13 +221,31 @@ def _start_branch(night: Night) -> None:
     resumed one; the main checkout at the ledger's best (a kill may have come between a
     record and the branch move)."""
     night.ws.ensure_clean()
+    start = _from_branch(night)   # checked before anything moves: a wrong --from changes nothing
     if not night.settings.resume:
         _archive_other_tag(night)
         for _, path in night.layout.worker_states():
             if not load_state(night.layout.root, path.name).in_flight:
                 path.unlink(missing_ok=True)
-    night.ws.start_branch(night.tag, resume=night.settings.resume)
+    night.ws.start_branch(night.tag, resume=night.settings.resume, start=start)
     night.arbiter.publish()
+
+
+def _from_branch(night: Night) -> str | None:
+    """`run --from TAG`: the earlier night's final branch, where this one starts (its kept
+    changes are this night's baseline); said in one line. None without --from or on a resume."""
+    earlier = night.settings.from_tag
+    if earlier is None or night.settings.resume:
+        return None
+    if earlier == night.tag:
+        raise NightError(f"--from {earlier}: that is this night's own tag; give a new --tag for the next night")
+    name = branch_name(earlier)
+    if not night.ws.branch_exists(earlier):
+        raise NightError(f"--from {earlier}: branch {name} does not exist (autoloop history lists the nights)")
+    sha = night.ws.repo.commit(name).hexsha
+    night.console.line(f"from: night {earlier}'s final branch {name} at {sha[:7]}: its kept changes are this "
+                       "night's baseline")
+    return name
 
 
 def _trial_branch(night: Night) -> None:

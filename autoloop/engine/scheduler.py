@@ -110,6 +110,9 @@ class Scheduler:
                            + (f"{self.n} workers, " if self.n > 1 else "")
                            + f"proposer {self.proposer.name}, budget {format_duration(s.budget)}, timeout "
                            f"{format_duration(s.timeout_s)}{until}" + (f"; {devices}" if devices else ""))
+        warm = night.memory.warm_line(self.proposer.name)
+        if warm:
+            night.console.line(warm)
         # A signal during the baseline or its noise runs ends the night there: with workers there
         # is no best to make their worktrees at (a Ctrl-C 3 s into the baseline was an internal error).
         reason = self._baseline() or self._signalled() or self._trials(envs)

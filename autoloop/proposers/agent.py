@@ -120,7 +120,7 @@ def prompt_digest(request: ProposalRequest) -> str:
     in_flight = [InFlight(d.get("trial"), d.get("parent"), str(d.get("description") or "")) for d in request.in_flight]
     return research_digest(request.history, direction=request.direction, metric=request.metric_name,
                            notes=request.notes, in_flight=in_flight, limit=request.digest_bytes,
-                           guards=request.guards)
+                           guards=request.guards, earlier=request.earlier_nights)
 
 
 def build_prompt(request: ProposalRequest, description_file: Path, hypothesis_file: Path | None = None) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autoloop.core.errors import AutoloopError
-from autoloop.store.digest import DEFAULT_BYTES, Note
+from autoloop.store.digest import DEFAULT_BYTES, EarlierNight, Note
 from autoloop.store.ledger import LedgerRecord
 
 
@@ -55,6 +55,11 @@ class ProposalRequest:
     # Parallel workers (candidate.Claims): what the other workers are trying right now, as
     # ledger-like dicts (parent, kind, description), so that no two try the same move at once.
     in_flight: list[dict[str, Any]] = field(default_factory=list)
+    # Earlier comparable nights' measured trials (warm_start.EarlierPoint), for the search
+    # proposers' memory; empty with --no-warm-start or on a study's first night.
+    earlier: list[Any] = field(default_factory=list)
+    # The same nights for the research digest's section of earlier nights (store/digest.py).
+    earlier_nights: list[EarlierNight] = field(default_factory=list)
 
 
 @dataclass

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from autoloop.core import module_constants
+from autoloop.core.duplicate_gate import code_key
 from autoloop.core.layout import Layout
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
 
@@ -340,6 +341,28 @@ def _records(request: ProposalRequest) -> list[dict[str, Any]]:
     return list(request.ledger_tail) + request.in_flight
 
 
+@dataclass(frozen=True)
+class Earlier:
+    """What earlier comparable nights say to the mutator (proposers/warm_start.py)."""
+
+    tried: set[tuple[str, object]]                 # moves measured on this very code
+    kept: list[tuple[str, object, object]]         # moves that were kept, oldest first
+
+
+def _earlier(request: ProposalRequest, source: bytes) -> Earlier | None:
+    if not request.earlier:
+        return None
+    code = code_key(source.decode("utf-8", errors="replace"))
+    tried = {(name, _canon(new)) for p in request.earlier if p.parent_code == code
+             for name, _, new in _moves(p.description)}
+    return Earlier(tried, [move for p in request.earlier if p.status == "keep" for move in _moves(p.description)])
+
+
+def _moves(description: str) -> list[tuple[str, object, object]]:
+    """The moves a description names: the mutator's one, or Optuna's list of them."""
+    return [parsed for part in description.split(", ") if (parsed := parse_description(part)) is not None]
+
+
 def tried_at(records: list[dict[str, Any]], best: str | None) -> set[tuple[str, object]]:
     """(name, new value) of every move already made on top of `best` (any outcome)."""
     tried: set[tuple[str, object]] = set()
@@ -378,7 +401,8 @@ class MutateProposer:
             constants = find_constants(source)
         except MutateError as e:
             raise ProposalFailed(str(e)) from None
-        move = self.choose(constants, _records(request), request.parent, request.seed, request.trial)
+        move = self.choose(constants, _records(request), request.parent, request.seed, request.trial,
+                           earlier=_earlier(request, source))
         if move is None:
             return None
         new_source = apply_move(source, move)
@@ -390,9 +414,25 @@ class MutateProposer:
 
     @staticmethod
     def choose(constants: list[Constant], records: list[dict[str, Any]], best: str | None, seed: int,
-               trial: int) -> Move | None:
+               trial: int, earlier: Earlier | None = None) -> Move | None:
         tried = tried_at(records, best)
         by_name = {c.name: c for c in constants}
+        if earlier is not None:
+            # Warm start: what earlier nights measured on this very code is not tried again,
+            # and the last value they kept for each constant is tried first, re-based onto this
+            # best's values. Only the last: an earlier keep a later one superseded would go back
+            # (benchmarks/warm_start.py --start from lost ground to a cold night until this).
+            tried |= earlier.tried
+            seen: set[str] = set()
+            for name, _, new in reversed(earlier.kept):
+                if name in seen:
+                    continue
+                seen.add(name)
+                const = by_name.get(name)
+                if (const is not None and not const.is_tuple and isinstance(new, (int, float))
+                        and _canon(const.value) != _canon(new) and (name, _canon(new)) not in tried
+                        and type(const.value) is type(new)):
+                    return make_move(const, 0, new)
         options: dict[str, list[Move]] = {}
         for const in constants:
             moves = [m for m in constant_moves(const) if m.key not in tried]

@@ -47,9 +47,10 @@ from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, P
 from autoloop.proposers.mutate import MutateError, _canon
 from autoloop.proposers.outcomes import TrialResult, trial_outcomes
 from autoloop.proposers.space import Key, Space, build_space
+from autoloop.proposers.warm_start import EarlierPoint, rebased
 from autoloop.repo.workspace import Workspace, WorkspaceError
 from autoloop.store import queries
-from autoloop.store.ledger import Ledger
+from autoloop.store.ledger import Ledger, LedgerRecord
 
 if TYPE_CHECKING:   # Optuna is optional (autoloop[hpo]): imported when a proposal needs it
     from optuna import Study
@@ -177,6 +178,7 @@ class OptunaProposer:
                 trials = study.get_trials(deepcopy=False)
                 changed = self._settle(optuna, study, trials, outcomes, in_flight)
                 changed |= self._observe(optuna, study, space, trials, outcomes, in_flight, ws, request.target)
+                changed |= self._warm(optuna, study, space, request.earlier, records)
                 if changed:
                     trials = study.get_trials(deepcopy=False)
                 return self._draw(optuna, study, space, trials, outcomes, request)
@@ -280,6 +282,31 @@ class OptunaProposer:
                 params=params, distributions=dists, value=o.value,
                 user_attrs={"autoloop": {"trial": trial, "values": values, "observed": o.proposer}}))
         return dists is not None
+
+    @staticmethod
+    def _warm(optuna: ModuleType, study: Study, space: Space, earlier: list[EarlierPoint],
+              records: list[LedgerRecord]) -> bool:
+        """Once per study: earlier comparable nights' measured points as completed trials,
+        their values re-based onto this night's baseline (warm_start.py), so the sampler
+        models from the first proposal and never asks again for a point already measured."""
+        if not earlier or study.user_attrs.get("warm_started"):
+            return False
+        base = queries.baseline_estimate(records)
+        dists, added = distributions(space), 0
+        for point in earlier:
+            value = rebased(point, base.metric if base is not None else None)
+            if value is None or point.source is None:
+                continue
+            values = space.read(point.source.encode("utf-8"))
+            params = space.params(values)
+            if params is None:
+                continue
+            study.add_trial(optuna.trial.create_trial(
+                params=params, distributions=dists, value=value,
+                user_attrs={"autoloop": {"values": values, "observed": point.label}, "warm": point.tag}))
+            added += 1
+        study.set_user_attr("warm_started", added)
+        return added > 0
 
     # -- drawing a new point -------------------------------------------------------------------
 

@@ -62,3 +62,10 @@ def file_at(root: Path, commit: str, path: str) -> str | None:
         return None
     out = _git(root, "show", "--no-color", "--end-of-options", f"{commit}:{path}")
     return None if out is None else out.decode("utf-8", errors="replace")
+
+
+def branch_names(root: Path) -> set[str] | None:
+    """The repository's local branch names (``autoloop history``: is a night's final branch
+    still there); None when git cannot say."""
+    out = _git(root, "for-each-ref", "--format=%(refname:short)", "refs/heads/")
+    return None if out is None else {line for line in out.decode("utf-8", "replace").splitlines() if line}

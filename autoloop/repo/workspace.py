@@ -279,9 +279,9 @@ class Workspace:
         name = self.branch_name(tag)
         return any(head.name == name for head in self.repo.heads)
 
-    def start_branch(self, tag: str, resume: bool) -> str:
-        """Check out autoloop/<tag>: created at HEAD for a new run, existing for a resume.
-        Returns the sha of HEAD afterwards."""
+    def start_branch(self, tag: str, resume: bool, start: str | None = None) -> str:
+        """Check out autoloop/<tag>: created at HEAD (or at ``start``, another branch: `run
+        --from`) for a new run, existing for a resume. Returns the sha of HEAD afterwards."""
         name = self.branch_name(tag)
         try:
             self.repo.git.check_ref_format("--branch", name)
@@ -295,6 +295,8 @@ class Workspace:
         try:
             if resume:
                 self.repo.git.checkout("-q", name)
+            elif start is not None:
+                self.repo.git.checkout("-q", "-b", name, start)
             else:
                 self.repo.git.checkout("-q", "-b", name)
         except GitCommandError as err:

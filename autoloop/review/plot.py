@@ -420,3 +420,26 @@ def write_contributions_png(rows: Sequence[tuple[str, Estimate | None, Estimate 
     plt.close(fig)
     atomic_write(path, image.getvalue())
     return path
+
+
+def write_study_png(nights: list[dict[str, Any]], path: Path, *, metric: str = "val_bpb") -> Path:
+    """The running best of the study across its comparable nights (history.py's rows), with
+    each night's own best as a point."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailable("matplotlib is not installed (pip install autoloop[plot])") from None
+    shown = [n for n in nights if n["comparable"] and n["best"] is not None]
+    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=110)
+    xs = list(range(len(shown)))
+    ax.step(xs, [n["running_best"] for n in shown], where="post", color="#1a9850", label="study best")
+    ax.scatter(xs, [n["best"] for n in shown], color="#2c5aa0", zorder=3, label="the night's best")
+    ax.set_xticks(xs, [_short(n["tag"], 16) for n in shown])
+    ax.set_ylabel(metric)
+    ax.set_title("The study across nights (comparable nights only)")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -424,7 +424,10 @@ def notes_section(notes: Sequence[dict[str, Any]]) -> list[str]:
            "What `autoloop note` told the agent; every prompt after a note carried it until it was cleared.", ""]
     for event in notes:
         when = _clock(event["at"])
-        out.append(f"- {when}: notes cleared" if event.get("clear") else f"- {when}: {_md(event['note'])}")
+        if event.get("clear"):
+            out.append(f"- {when}: {'pinned lessons' if event.get('pinned') else 'notes'} cleared")
+        else:
+            out.append(f"- {when}: {'(pinned) ' if event.get('pinned') else ''}{_md(event['note'])}")
     return out + [""]
 
 
@@ -493,6 +496,21 @@ class ReportFiles:
     not_ours: list[str] = field(default_factory=list)   # integrity_lines: printed by `autoloop report` too
 
 
+def study_lines(results: Layout, output: Layout) -> list[str]:
+    """The study across nights (history.py), with its picture; nothing for a single night."""
+    from autoloop.review import plot
+    from autoloop.review.history import history_payload, history_section
+
+    payload = history_payload(results.root)
+    if len(payload["nights"]) < 2:
+        return []
+    try:
+        picture = plot.write_study_png(payload["nights"], output.study_picture, metric=payload["metric"] or "metric")
+    except plot.PlotUnavailable:
+        return history_section(payload)
+    return history_section(payload, picture.relative_to(output.root).as_posix())
+
+
 def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | None = None) -> ReportFiles:
     """Write report.md and progress.png for the ledger in ``results_dir`` into ``output_dir``
     (default: ``results_dir``)."""
@@ -523,6 +541,7 @@ def write_report(results_dir: Path, output_dir: Path | None = None, tag: str | N
                            verification=verification_lines(results, output, records, tag)
                            + ladder_lines(results, output, records, tag),
                            notes=person_notes.history(results.root))
+    text += "\n" + "\n".join(study_lines(results, output))
     found = integrity_lines(results.root)
     if found:   # first thing on the page: these records are not counted anywhere below
         text = "\n".join(["## Records autoloop did not write", "", *[f"- {line}" for line in found], "", text])

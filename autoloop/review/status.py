@@ -77,6 +77,8 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         # Kept changes apart from the baseline, its noise samples and the re-runs (queries.attempt_kind).
         "status_counts": queries.attempt_counts(night),
         "crash_counts": dict(Counter(r.crash for r in night if r.crash)),
+        # Proposals the duplicate gate found an earlier comparable night had measured (engine/study.py).
+        "earlier_duplicates": sum(1 for r in night if r.status == "skip" and r.extra.get("earlier_night")),
         "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
         "device_busy": None if fed is None or fed.busy_share is None else round(fed.busy_share, 4),
         "device_span_s": None if fed is None else round(fed.span_s, 1),
@@ -258,6 +260,9 @@ def _result_lines(data: dict[str, Any]) -> list[str]:
         crashes = ", ".join(f"{k} {v}" for k, v in sorted(data["crash_counts"].items()))
         lines.append(f"{data['trials']} trials, {data['attempts']} attempts: {counts}"
                      + (f" (crashes: {crashes})" if crashes else ""))
+    if data.get("earlier_duplicates"):
+        lines.append(f"{data['earlier_duplicates']} already measured in an earlier night on the same code: not "
+                     "trained again (its result was shown to the proposer)")
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
     return lines

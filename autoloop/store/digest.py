@@ -13,7 +13,11 @@ other workers are trying now, bounded in bytes however long the night (default 8
   description;
 * crashes grouped by class and reason; proposals that were not run (a duplicate: "same
   change as #12"), grouped by reason;
-* what is in flight, the person's notes, and the most recent results as far as room allows.
+* what is in flight, the person's notes, and the most recent results as far as room allows;
+* the study's earlier comparable nights (engine/study.py): what each kept, the directions
+  that failed there and their ranges, hypotheses left open (within noise), recurring
+  crashes; at most a quarter of the bound,
+  after the current night's kept changes and what runs now, so it never crowds them out.
 
 Everything that came from an agent (descriptions, hypotheses, crash and skip reasons) is
 untrusted: :func:`quote` makes it one line between « and », without those marks or the
@@ -43,6 +47,12 @@ MAX_GROUPS = 40           # directions, crash reasons, skip reasons: the largest
 # in its share of the bound; 0 names each by trial and delta alone.
 KEPT_WIDTHS = (100, 60, 32, 16, 0)
 KEPT_SHARE = 0.5          # of the bound, at most, for the kept changes (unless names alone need more)
+# Of the bound, at most, for earlier nights of the study: the current night's own sections
+# come first (its kept changes, what runs now) and keep at least the rest.
+EARLIER_SHARE = 0.25
+EARLIER_DIRECTIONS = 6    # an earlier night's failed directions shown, the most tried first
+EARLIER_KEPT = 6          # an earlier night's kept changes shown, the last first
+EARLIER_OPEN = 2          # an earlier night's open hypotheses shown (within noise), the last ones
 NOTE_WIDTH = 300          # of one note from the person
 STOPWORDS = frozenset(("a an and the of to in on for with by from at as is it its into try use more less than then "
                        "same instead add adds remove removes set sets change changes").split())
@@ -72,6 +82,16 @@ class Note:
 
     at: float
     text: str
+    pinned: bool = False      # a lesson for every later night (`autoloop note --pin`): --clear keeps it
+
+
+@dataclass(frozen=True)
+class EarlierNight:
+    """An earlier comparable night of the study (store/study.py): its tag and its records."""
+
+    tag: str
+    records: Sequence[LedgerRecord]
+    direction: str = "min"
 
 
 @dataclass(frozen=True)
@@ -85,8 +105,10 @@ class InFlight:
 
 def research_digest(records: Sequence[LedgerRecord], *, direction: str = "min", metric: str = "val_bpb",
                     notes: Sequence[Note] = (), in_flight: Sequence[InFlight] = (),
-                    limit: int = DEFAULT_BYTES, guards: Sequence[str] = ()) -> str:
-    """The digest of ``records`` (ledger order), at most ``limit`` bytes of UTF-8."""
+                    limit: int = DEFAULT_BYTES, guards: Sequence[str] = (),
+                    earlier: Sequence[EarlierNight] = ()) -> str:
+    """The digest of ``records`` (ledger order), at most ``limit`` bytes of UTF-8;
+    ``earlier``: the study's earlier comparable nights, oldest first."""
     sign = 1.0 if direction == "min" else -1.0     # a gain is a negative delta for min, positive for max
     records = full_rung_view(list(records))   # --scout: scout results are not full-budget numbers
     before = queries.best_before(records)
@@ -110,6 +132,10 @@ def research_digest(records: Sequence[LedgerRecord], *, direction: str = "min", 
     whole(_guards(records, guards))
     whole(_kept(records, before, sigma, min(room, int(limit * KEPT_SHARE)), room))
     whole(_in_flight(in_flight))
+    # Earlier nights: within their share, after the current night's own essentials.
+    section = _fit(_earlier_nights(earlier), min(room, int(limit * EARLIER_SHARE)))
+    body += section
+    room -= _size(section)
     # Then as many items of each as the rest of the bound holds.
     for make_section in (_directions, _crashes, _not_run, _recent):
         section = _fit(make_section(records, before, sigma, sign), room)
@@ -154,8 +180,60 @@ def _notes(notes: Sequence[Note]) -> list[str]:
         return []
     lines = ["## Notes from the person running the night (follow them)", ""]
     for note in notes:
-        lines.append(f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(note.at))}: {quote(note.text, NOTE_WIDTH)}")
+        pinned = "pinned lesson, " if note.pinned else ""
+        lines.append(f"- {pinned}{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(note.at))}: "
+                     f"{quote(note.text, NOTE_WIDTH)}")
     return lines + [""]
+
+
+def _earlier_nights(nights: Sequence[EarlierNight]) -> Section | None:
+    """Per earlier night, the newest first: its result, what it kept, the directions that
+    failed (with the values tried) and the crashes that recurred. Items are dropped from the
+    end (the oldest nights' details first) when the share is short."""
+    lines: list[str] = []
+    for night in reversed(nights):
+        records = full_rung_view(list(night.records))
+        before, sigma = queries.best_before(records), queries.noise(records)
+        sign = 1.0 if night.direction == "min" else -1.0
+        base, (_, best) = queries.baseline_estimate(records), queries.best(records)
+        result = (f"baseline {_num(base.metric)}, best {_num(best)} ({_delta(best - base.metric)})"
+                  if base is not None and best is not None else "no baseline")
+        lines.append(f"- night {quote(night.tag, 40)}: {len(records)} attempts, {result}")
+        kept = [(r, ref) for r, ref in zip(records, before, strict=True)
+                if r.status == "keep" and r.kind != "baseline" and not queries.is_noise_sample(r)]
+        for r, ref in kept[-EARLIER_KEPT:]:
+            lines.append("  - kept" + _kept_line(r, ref, sigma, 60)[1:])
+        directions = _directions(records, before, sigma, sign)
+        for item in (directions.items if directions else ())[:EARLIER_DIRECTIONS]:
+            lines.append("  - failed" + item[1:])
+        for r, ref in _open(records, before, sigma)[-EARLIER_OPEN:]:
+            lines.append(f"  - open #{trial_label(r.trial, r.attempt)} {_delta(_after(r) - ref)} within noise: "
+                         f"{quote(r.extra['hypothesis'], 80)}")
+        crashes = _crashes(records, before, sigma, sign)
+        for item in (crashes.items if crashes else ())[:2]:
+            count = re.search(r"»: (\d+) \(", item)
+            if count is not None and int(count.group(1)) > 1:   # recurring: more than once
+                lines.append("  - crashed" + item[1:])
+    return _titled("## Earlier nights of this study (same budget, data, metric and machine; their numbers are "
+                   "measured as tonight's; do not repeat what failed)", lines, "lines about earlier nights")
+
+
+def _open(records: list[LedgerRecord], before: list[float | None],
+          sigma: float | None) -> list[tuple[LedgerRecord, float]]:
+    """Hypotheses left open: discarded attempts that stated one and came within the noise of
+    the best (neither shown right nor wrong by one run)."""
+    out = []
+    for r, ref in zip(records, before, strict=True):
+        noise = r.noise if r.noise is not None else sigma   # the estimate it was judged with
+        if (r.status == "discard" and r.kind != "baseline" and isinstance(r.extra.get("hypothesis"), str)
+                and r.metric is not None and ref is not None and noise is not None
+                and abs(_after(r) - ref) <= 2 * noise):
+            out.append((r, ref))
+    return out
+
+
+def _after(r: LedgerRecord) -> float:
+    return r.metric if r.metric is not None else float("nan")
 
 
 def _guards(records: list[LedgerRecord], guards: Sequence[str]) -> list[str]:

@@ -182,6 +182,7 @@ class Extra(TypedDict, total=False):
     propose_seconds: float               # the proposer's time (monotonic)
     git_config_changed: list[str]        # git's configuration or hooks changed, put back
     duplicate_of: str                    # the attempt the duplicate gate found it repeats
+    earlier_night: str                   # the earlier night whose attempt it repeats (engine/study.py)
     lookahead: dict[str, Any]            # prepared ahead: prepared, prepared_on, merged_onto
     rerun_of: int                        # the interrupted attempt this one runs again
     scouted: int                         # the scout attempt that promoted this full run

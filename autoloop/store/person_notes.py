@@ -12,7 +12,10 @@ while it reads the events, adds one and writes the whole file anew with
 :func:`autoloop.store.atomic.atomic_write` (temp file, fsync, rename): two writers never lose
 each other's note, and the loop, which reads without the lock, sees the old file or the
 new one, never half of one. Notes stay across tags (a new tag archives the ledger, not
-the person's instructions) until cleared.
+the person's instructions) until cleared. A *pinned* note (``autoloop note --pin``) is a
+lesson of the study for every later night: ``--clear`` keeps it, ``--unpin`` drops the
+pinned ones (``{"at": t, "note": text, "pinned": true}``, ``{"at": t, "clear": true,
+"pinned": true}``).
 """
 
 from __future__ import annotations
@@ -41,37 +44,42 @@ def notes_path(results_dir: Path) -> Path:
     return Layout(Path(results_dir)).person_notes
 
 
-def add_note(results_dir: Path, text: str, now: float | None = None) -> Note:
-    """Record one note (its spacing and line breaks collapsed to one line)."""
+def add_note(results_dir: Path, text: str, now: float | None = None, pinned: bool = False) -> Note:
+    """Record one note (its spacing and line breaks collapsed to one line); ``pinned``: a
+    lesson for every later night, which ``--clear`` keeps (``--unpin`` drops it)."""
     line = " ".join(str(text).split())
     if not line:
         raise PersonNotesError('an empty note: give the text, e.g. autoloop note "try SwiGLU"')
     if len(line) > MAX_NOTE:
         raise PersonNotesError(f"a note is at most {MAX_NOTE} characters (this one has {len(line)}): "
                                "say it shorter, or in several notes")
-    note = Note(time.time() if now is None else now, line)
-    _append(results_dir, {"at": note.at, "note": note.text})
+    note = Note(time.time() if now is None else now, line, pinned)
+    _append(results_dir, {"at": note.at, "note": note.text, **({"pinned": True} if pinned else {})})
     return note
 
 
-def clear_notes(results_dir: Path, now: float | None = None) -> int:
-    """Clear the notes in force (they stay in the history for the report); how many there were."""
+def clear_notes(results_dir: Path, now: float | None = None, pinned: bool = False) -> int:
+    """Clear the notes in force (they stay in the history for the report); how many there were.
+    The pinned lessons stay unless ``pinned`` (``autoloop note --unpin``), which clears those alone."""
     if not notes_path(results_dir).exists():
         return 0
-    cleared = len(active_notes(results_dir))
+    cleared = len([n for n in active_notes(results_dir) if n.pinned == pinned])
     if cleared:
-        _append(results_dir, {"at": time.time() if now is None else now, "clear": True})
+        _append(results_dir, {"at": time.time() if now is None else now, "clear": True,
+                              **({"pinned": True} if pinned else {})})
     return cleared
 
 
 def active_notes(results_dir: Path) -> list[Note]:
-    """The notes in force: those written since the last clear, oldest first."""
+    """The notes in force, oldest first: the pinned lessons since the last --unpin, and the
+    other notes since the last --clear."""
     notes: list[Note] = []
     for event in history(results_dir):
         if event.get("clear"):
-            notes = []
+            pinned = event.get("pinned") is True
+            notes = [n for n in notes if n.pinned != pinned]
         else:
-            notes.append(Note(event["at"], event["note"]))
+            notes.append(Note(event["at"], event["note"], event.get("pinned") is True))
     return notes
 
 

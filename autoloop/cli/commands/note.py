@@ -16,20 +16,27 @@ def run(args: argparse.Namespace) -> int:
     if not (root / ".git").exists():
         raise PersonNotesError(f"{root} is not a git repository: run autoloop note in the experiment repository "
                                "(or give it with -C DIR)")
-    if args.clear and args.text:
-        raise PersonNotesError("give a note or --clear, not both")
+    if (args.clear or args.unpin) and args.text:
+        raise PersonNotesError(f"give a note or {'--unpin' if args.unpin else '--clear'}, not both")
+    if args.pin and not args.text:
+        raise PersonNotesError('--pin needs the lesson, e.g. autoloop note --pin "LR above 0.08 diverges"')
     results = Layout.of(root).root
-    if args.clear:
-        n = clear_notes(results)
-        print(f"cleared {n} note{'s' if n != 1 else ''}: later prompts carry none" if n else "no notes to clear")
+    if args.clear or args.unpin:
+        n = clear_notes(results, pinned=args.unpin)
+        what = "pinned lesson" if args.unpin else "note"
+        print(f"cleared {n} {what}{'s' if n != 1 else ''}" if n else f"no {what}s to clear")
         return 0
     if args.text:
-        note = add_note(results, " ".join(args.text))
-        print(f"noted at {_hhmm(note.at)}: every later prompt carries it (autoloop note --clear drops it)")
+        note = add_note(results, " ".join(args.text), pinned=args.pin)
+        if args.pin:
+            print(f"pinned at {_hhmm(note.at)}: every later prompt of every later night carries it "
+                  "(autoloop note --unpin drops it)")
+        else:
+            print(f"noted at {_hhmm(note.at)}: every later prompt carries it (autoloop note --clear drops it)")
         return 0
     notes = active_notes(results)
     for note in notes:
-        print(f"{_hhmm(note.at)}  {note.text}")
+        print(f"{_hhmm(note.at)}  {'[pinned] ' if note.pinned else ''}{note.text}")
     if not notes:
         print('no notes in force (add one: autoloop note "try SwiGLU; leave the LRs alone")')
     return 0

@@ -214,6 +214,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(views.attempt(_int(query, "trial", -1), _int(query, "attempt", 1)))
         elif path == "/api/live":
             self._json(views.live())
+        elif path == "/api/history":
+            self._json(views.history())
         else:
             self._text(HTTPStatus.NOT_FOUND, "not found")
 

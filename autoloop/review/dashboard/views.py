@@ -20,7 +20,8 @@ from typing import Any
 
 from autoloop.core.layout import Layout
 from autoloop.observe.console import parse_progress
-from autoloop.repo.gitview import record_diff
+from autoloop.repo.gitview import branch_names, record_diff
+from autoloop.review.history import history_payload
 from autoloop.review.machine_speed import machine_data
 from autoloop.review.status import status_data
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
@@ -108,6 +109,10 @@ class WorkspaceViews:
         data["front"] = front_data(records, data["direction"])   # the trade-offs panel (store/tradeoffs.py)
         data.pop("last", None)   # the table has every row
         return data
+
+    def history(self) -> dict[str, Any]:
+        """The study across nights (history.py): the page asks again only when the ledger grew."""
+        return history_payload(self.results, branch_names(self.root))
 
     def attempts(self, start: int = 0) -> dict[str, Any]:
         """Rows from ledger index ``start`` on. ``first`` identifies the ledger: when it changes

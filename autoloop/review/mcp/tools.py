@@ -24,7 +24,8 @@ from autoloop.review.json_forms import status_payload, verify_status
 from autoloop.review.report import report_markdown, verification_section
 from autoloop.review.status import status_data
 from autoloop.store import person_notes, queries
-from autoloop.store.digest import research_digest
+from autoloop.store.digest import EarlierNight, research_digest
+from autoloop.store.study import comparable_earlier, read_study
 from autoloop.verification.verify_plan import load_plan, summarize
 
 UNTRUSTED = ("text an agent, a training program or a person wrote (descriptions, hypotheses, reasons, "
@@ -104,7 +105,8 @@ class AgentView:
             limit, guards = 8 * 1024, []
         text = research_digest(records, direction=queries.infer_direction(records),
                                metric=records[-1].metric_name if records else "val_bpb",
-                               notes=person_notes.active_notes(self.layout.root), limit=limit, guards=guards)
+                               notes=person_notes.active_notes(self.layout.root), limit=limit, guards=guards,
+                               earlier=_earlier_nights(self.layout.root))
         return {"digest": text, "untrusted": UNTRUSTED}
 
     def report(self) -> dict[str, Any]:
@@ -128,3 +130,12 @@ class AgentView:
     def notes(self) -> dict[str, Any]:
         return {"in_force": [{"at": n.at, "note": n.text} for n in person_notes.active_notes(self.layout.root)],
                 "untrusted": UNTRUSTED}
+
+
+def _earlier_nights(results: Path) -> list[EarlierNight]:
+    """The study's earlier nights comparable with the live one, as the next prompt has them."""
+    nights = read_study(results)
+    live = next((n for n in nights if n.live), None)
+    if live is None:
+        return []
+    return [EarlierNight(n.tag, n.night_records, n.info.direction or "min") for n in comparable_earlier(nights, live)]

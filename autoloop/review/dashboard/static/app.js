@@ -10,7 +10,7 @@ const CRASH_CLASSES = ['trivial', 'fundamental', 'timeout'];
 const COLOR = { keep: '#1a9850', discard: '#8c8c8c', baseline: '#2c5aa0', line: '#dde2e7',
                 trivial: '#e08214', fundamental: '#c51b1b', timeout: '#7b3294' };
 const state = { rows: [], first: null, summary: null, sort: { key: 'index', dir: 1 }, selected: null,
-                tableKey: '', plotKey: '' };
+                tableKey: '', plotKey: '', historyKey: null };
 
 // -- small helpers -------------------------------------------------------------------------
 
@@ -66,6 +66,10 @@ async function tick() {
       state.rows = state.rows.concat(attempts.rows);
     }
     state.summary = summary;
+    if (state.historyKey !== state.rows.length) {   // the study changes only when the ledger does
+      state.historyKey = state.rows.length;
+      renderHistory(await getJSON('api/history'));
+    }
     renderSummary(summary);
     renderRungs(summary);
     renderLive(live);
@@ -451,4 +455,53 @@ function frontChart(axis, metric) {
                      + (p.kept ? ' (kept)' : '') + (p.front ? ' (on the front)' : '')));
   }
   return chart;
+}
+
+// -- the study across nights ---------------------------------------------------------------
+
+function renderHistory(h) {
+  const panel = document.getElementById('history-panel');
+  const nights = h.nights || [];
+  panel.hidden = nights.length < 2;   // one night: the page above is the whole study
+  if (panel.hidden) return;
+  const comparable = nights.filter((n) => n.comparable);
+  document.getElementById('history-note').textContent =
+    `${nights.length} nights; the running best counts the ${comparable.length} comparable with ${h.reference} (same budget, corpus, metric and machine)`;
+  const body = document.querySelector('#history tbody');
+  body.replaceChildren(...nights.map((n) => el('tr', { 'data-tag': n.tag, className: n.comparable ? '' : 'muted' },
+    el('td', { text: n.tag }), el('td', { text: n.started_at ? new Date(n.started_at * 1000).toLocaleString() : '-' }),
+    el('td', { text: n.attempts }), el('td', { text: fmt(n.baseline) }), el('td', { text: fmt(n.best) }),
+    el('td', { text: signed(n.gain) }), el('td', { text: n.kept }), el('td', { text: fmt(n.device_hours, 2) }),
+    el('td', { text: fmt(n.running_best) }),
+    el('td', { text: n.comparable ? 'yes' : 'no: ' + n.not_comparable.join('; ') }))));
+  // The running best, one step per comparable night; each night's own best as a point.
+  const chart = document.getElementById('history-chart');
+  chart.replaceChildren();
+  const W = 960, H = 220, L = 96, R = 16, T = 12, B = 40;
+  chart.append(svg('rect', { x: 0, y: 0, width: W, height: H, fill: 'white' }));
+  const values = comparable.flatMap((n) => [n.best, n.running_best]).filter((v) => v !== null && v !== undefined);
+  if (!values.length) return;
+  let lo = Math.min(...values), hi = Math.max(...values);
+  if (hi - lo < 1e-9) { lo -= 0.5; hi += 0.5; }
+  const pad = (hi - lo) * 0.08;
+  lo -= pad; hi += pad;
+  const x = (i) => L + (W - L - R) * (comparable.length > 1 ? i / (comparable.length - 1) : 0.5);
+  const y = (v) => T + (H - T - B) * (hi - v) / (hi - lo);   // higher values up, whichever is better
+  for (let k = 0; k <= 3; k++) {
+    const v = lo + (hi - lo) * k / 3;
+    chart.append(svg('line', { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: COLOR.line }));
+    chart.append(Object.assign(svg('text', { x: L - 6, y: y(v) + 4, 'text-anchor': 'end' }), { textContent: v.toFixed(4) }));
+  }
+  let d = '';
+  comparable.forEach((n, i) => {
+    if (n.running_best === null || n.running_best === undefined) return;
+    d += d ? `H${x(i)}V${y(n.running_best)}` : `M${x(i)},${y(n.running_best)}`;
+  });
+  if (d) chart.append(svg('path', { d, fill: 'none', stroke: COLOR.keep, 'stroke-width': 2, class: 'history-line' }));
+  comparable.forEach((n, i) => {
+    chart.append(Object.assign(svg('text', { x: x(i), y: H - 14, 'text-anchor': 'middle' }), { textContent: n.tag }));
+    if (n.best === null || n.best === undefined) return;
+    chart.append(svg('circle', { cx: x(i), cy: y(n.best), r: 5, fill: COLOR.baseline, class: 'history-pt',
+                                 'data-tag': n.tag }, `${n.tag}: best ${fmt(n.best)}, study best ${fmt(n.running_best)}`));
+  });
 }
