@@ -1,0 +1,229 @@
+"""`--notify` and `--on` on short real nights (real CLI, real git, the scripted stand-in of
+helpers/watch.py): a local HTTP server is the notification target (apprise's json:// form),
+hooks are real shell commands in the night's containment."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers.loop import read_ledger
+from helpers.watch import fake, fake_repo, queue, run_night
+
+from autoloop.core.night_events import NightEvent, failure_cause, safe_text
+from autoloop.observe.event_watch import EventWatch
+from autoloop.store.ledger import LedgerRecord
+
+pytest.importorskip("apprise")
+
+SECRET = "s3cr3t-" + uuid.uuid4().hex[:12]
+
+
+class Target:
+    """A local webhook: records every POST (path, headers, JSON body); answers ``status``."""
+
+    def __init__(self, status: int = 200):
+        self.status = status
+        self.posts: list[tuple[str, dict, dict]] = []
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                target.posts.append((self.path, dict(self.headers), json.loads(body or b"{}")))
+                self.send_response(target.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        # The secret travels as a header filled in from the environment at send time.
+        self.url = f"json://127.0.0.1:{self.server.server_port}/night?+X-Token=${{NOTIFY_TOKEN}}"
+
+    def titles(self) -> list[str]:
+        return [body["title"] for _, _, body in self.posts]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def target():
+    t = Target()
+    yield t
+    t.close()
+
+
+def night_queue(repo: Path) -> None:
+    """Two new bests, a discard, then three crashes in a row (three different typos: the
+    duplicate gate would skip a repeated one)."""
+    queue(repo, "01_lower_a.py", fake(A=0.5), "lower a")
+    queue(repo, "02_lower_more.py", fake(A=0.25), "lower a more @everyone\x1b[31m")
+    queue(repo, "03_raise_b.py", fake(A=0.25, B=3.0), "raise b")
+    for i, a in enumerate((0.2, 0.15, 0.1)):
+        queue(repo, f"0{4 + i}_typo.py", fake(A=a).replace('print("---")', 'print("---"'), f"typo {i}")
+
+
+def everything_written(repo: Path) -> str:
+    """Every file under results/ (ledger, results.tsv, state, logs, hooks' files) as text."""
+    return "\n".join(p.read_text(errors="replace") for p in (repo / "results").rglob("*")
+                     if p.is_file() and p.suffix not in (".png", ".db"))
+
+
+def test_notify_one_message_per_new_best_a_crash_streak_and_the_end_no_secret_kept(
+        tmp_path, tiny_data_dir, target):
+    repo = fake_repo(tmp_path)
+    night_queue(repo)
+    proc = run_night(repo, tiny_data_dir, "--notify", target.url, "--notify-every", "0",
+                     env={"NOTIFY_TOKEN": SECRET})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    titles = target.titles()
+    assert [t.split(":")[1].strip().split()[0] for t in titles] == ["new", "new", "3", "the"], titles
+    assert "new best val_bpb 2.5000 (-0.5000" in titles[0] and "new best val_bpb 2.2500 (-0.2500" in titles[1]
+    assert "3 crashes in a row" in titles[2] and "the night ended" in titles[3]
+    bodies = [body["message"] for _, _, body in target.posts]
+    assert "lower a more" in bodies[1] and "@everyone" not in bodies[1] and "\x1b" not in bodies[1]
+    assert "val_bpb 3.0000 -> 2.2500" in bodies[3] and "2 kept changes" in bodies[3] and "3 crashes" in bodies[3]
+    # The secret reached the target, and nothing the night wrote or printed.
+    assert {headers["X-Token"] for _, headers, _ in target.posts} == {SECRET}
+    assert SECRET not in everything_written(repo) + proc.stdout + proc.stderr
+    assert "NOTIFY_TOKEN" not in (repo / "results" / "results.tsv").read_text()
+
+
+def test_notify_rate_limit_holds_back_a_second_event_of_a_kind(tmp_path):
+    from autoloop.observe.notify import Notifier
+
+    said: list[str] = []
+    notifier = Notifier(["json://127.0.0.1:9/x"], every_s=600, warn=said.append, pause_s=0)
+    event = lambda kind: NightEvent(kind, "t", kind, "text")   # noqa: E731
+    assert notifier.send(event("new_best")) and not notifier.send(event("new_best"))
+    assert notifier.send(event("crash_streak"))
+    assert notifier.send(event("night_end")) and notifier.send(event("night_end"))   # the end always goes out
+    notifier.close()
+    # Port 9 refuses: each URL's failure is said once, naming the event and the tries.
+    assert len(said) == 1 and "new_best not delivered after 3 tries" in said[0], said
+
+
+def test_a_failing_target_neither_slows_nor_stops_the_night(tmp_path, tiny_data_dir):
+    failing = Target(status=500)
+    try:
+        repo = fake_repo(tmp_path)
+        night_queue(repo)
+        t0 = time.monotonic()
+        proc = run_night(repo, tiny_data_dir, "--notify", failing.url, "--notify-every", "0",
+                         env={"NOTIFY_TOKEN": SECRET})
+        took = time.monotonic() - t0
+    finally:
+        failing.close()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    judged = [r for r in read_ledger(repo) if r["status"] != "skip"]
+    assert len(judged) == 7   # baseline + six queued changes: every one ran
+    warnings = [line for line in proc.stdout.splitlines() if "not delivered" in line]
+    assert len(warnings) == 1 and "new_best" in warnings[0] and SECRET not in proc.stdout, proc.stdout
+    assert len(failing.posts) >= 3   # it was tried (three times for the first event at least)
+    print(f"night with a failing notification target: {took:.1f}s (benchmarks/notify_delay.py compares)")
+
+
+def test_a_missing_variable_or_a_malformed_url_is_one_line_before_anything_runs(tmp_path, tiny_data_dir):
+    repo = fake_repo(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_TOKEN"}
+    proc = run_night(repo, tiny_data_dir, "--notify", "json://127.0.0.1:9/x?+X-Token=${NOTIFY_TOKEN}", env=env)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "${NOTIFY_TOKEN} is not set in the environment" in proc.stderr.strip().splitlines()[-1]
+    assert not (repo / "results" / "ledger.jsonl").exists() or not read_ledger(repo)
+    proc = run_night(repo, tiny_data_dir, "--notify", "nowhere")
+    assert proc.returncode != 0 and "is not a notification URL" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------ hooks
+
+
+def test_hooks_get_the_event_json_on_stdin_a_failing_one_leaves_the_night_running_a_hanging_one_ends(
+        tmp_path, tiny_data_dir):
+    from jsonschema import validate
+
+    from autoloop.review.json_forms import schema
+
+    repo = fake_repo(tmp_path)
+    night_queue(repo)
+    out = tmp_path / "hook-out"
+    out.mkdir()
+    marker = f"hang-{uuid.uuid4().hex}"
+    hang = f"{sys.executable} -c 'import time; time.sleep(600)' {marker}"
+    proc = run_night(
+        repo, tiny_data_dir,
+        "--on", f"night_end=cat > {out}/$AUTOLOOP_EVENT.json; echo \"$AUTOLOOP_TAG $AUTOLOOP_EVENT\" > {out}/env",
+        "--on", "new_best=echo failing on purpose; exit 3",
+        "--on", f"crash_streak={hang}", "--hook-timeout", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The failing hook (on the first new best) left the night running: every change ran.
+    assert len([r for r in read_ledger(repo) if r["status"] != "skip"]) == 7
+    failed = [line for line in proc.stdout.splitlines() if "hook new_best: failed (exit code 3)" in line]
+    assert len(failed) == 2, proc.stdout
+    # The hanging one was ended at its limit, its whole tree with it.
+    assert "hook crash_streak: ended at its limit of 2s" in proc.stdout, proc.stdout
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    # The end's JSON on stdin matches its schema, and the environment says the same.
+    event = json.loads((out / "night_end.json").read_text())
+    validate(event, schema("event"))
+    assert event["kind"] == "night_end" and event["data"]["kept"] == 2 and event["data"]["crashes"] == 3
+    assert (out / "env").read_text().split() == ["t", "night_end"]
+    kept = sorted((repo / "results" / "hooks").glob("*.json"))
+    assert [p.name.split("-", 1)[1] for p in kept] == ["new_best.json", "new_best.json", "crash_streak.json",
+                                                       "night_end.json"]
+    for path in kept:
+        validate(json.loads(path.read_text()), schema("event"))
+    assert "failing on purpose" in (repo / "results" / "hooks" / "1-new_best.log").read_text()
+
+
+def test_an_unknown_hook_event_is_one_line(tmp_path, tiny_data_dir):
+    repo = fake_repo(tmp_path)
+    proc = run_night(repo, tiny_data_dir, "--on", "new_worst=true")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "unknown event 'new_worst'" in proc.stderr
+
+
+# ------------------------------------------------------------------------------ the pure parts
+
+
+def skip(reason: str, trial: int) -> LedgerRecord:
+    return LedgerRecord(trial=trial, started_at=0, ended_at=1, proposer="agent", description="", status="skip",
+                        reason=reason)
+
+
+@pytest.mark.parametrize("reason, cause", [
+    ("agent exited with code 1: Not logged in · Please run /login", "auth"),
+    ("agent exited with code 1: Invalid API key", "auth"),
+    ("agent exited with code 1: API Error: 429 rate_limit_error", "quota"),
+    ("agent exited with code 1: You have exceeded your quota", "quota"),
+    ("agent could not start: command not found: claude", "missing binary"),
+    ("agent timed out after 15m", "timeout"),
+    ("agent made no change to train.py", "other"),
+])
+def test_a_proposer_failure_names_its_cause(reason, cause):
+    assert failure_cause(reason) == cause
+
+
+def test_three_failed_proposals_in_a_row_are_one_event_with_the_agent_cause():
+    watch = EventWatch("t", [])
+    events = [e for i in range(1, 5) for e in watch.recorded(skip("agent exited with code 1: Invalid API key", i))]
+    assert [e.kind for e in events] == ["proposer_failures"]
+    assert events[0].data["cause"] == "auth" and "(auth)" in events[0].title
+
+
+def test_agent_text_is_made_safe_to_show():
+    text = safe_text("fix\x1b[2J lr\n@here <!channel> \u202egnp.exe " + "x" * 400)
+    assert "\x1b" not in text and "\n" not in text and "\u202e" not in text
+    assert "@here" not in text and "<!channel>" not in text and len(text) == 300
