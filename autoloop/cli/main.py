@@ -173,10 +173,12 @@ def _add_doctor(sub: Subparsers) -> None:
                     "version, login or API key), the optional extras and --isolate. One line each: ok, warn or "
                     "fail. Exit code 1 when any check fails. Settings come from autoloop.toml / pyproject.toml "
                     "and the flags below, the same as autoloop run takes; nothing trains and nothing reaches "
-                    "the network.",
+                    "the network (unless --notify-test sends one notification to each --notify URL).",
         epilog="example: autoloop doctor --agent claude",
     )
     add_setting_flags(p, "run")
+    p.add_argument("--notify-test", action="store_true",
+                   help="send one test notification to each --notify URL (otherwise only their form is checked)")
     _directory_flag(p)
 
 
