@@ -13,8 +13,10 @@ filled-in value masked too).
 
 Never slowing the night: events go to one background thread through a queue. A send is tried
 ``TRIES`` times with a short pause; a URL that still fails is one warning line, said once per
-URL a night. Each kind of event goes out at most once per ``--notify-every`` (the stop and
-the end always). At the end the thread gets ``CLOSE_TIMEOUT_S`` to deliver what is queued.
+URL a night, and gets one try per event from then on. Each kind of event goes out at most
+once per ``--notify-every`` (the stop and the end always). At the end the thread gets
+``CLOSE_TIMEOUT_S`` to deliver what is queued; events still waiting then (a new best behind
+a slow target) are left out, but for the stop's and the end's.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from autoloop.core.night_events import ALWAYS_SENT, NightEvent
 
 TRIES = 3                 # a target that is down for a moment (a restart) still gets the event
 PAUSE_S = 2.0             # between tries; cut short when the night is closing
-CLOSE_TIMEOUT_S = 30.0    # what the end of the night waits for queued sends at most
+CLOSE_TIMEOUT_S = 15.0    # what the end of the night waits for queued sends at most
 # apprise's own limits per request (URL arguments cto/rto), so that a target that accepts the
 # connection and never answers holds the delivery thread, never the night, for seconds.
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -111,7 +113,7 @@ def send_once(apprise: Any, url: str, title: str, body: str, environ: Mapping[st
         target = apprise.Apprise()
         if not target.add(expand(url, environ)):
             return "apprise does not understand the URL"
-        with apprise.LogCapture(level=logging.WARNING) as said:
+        with apprise.LogCapture(level=logging.WARNING, fmt="%(message)s") as said:
             delivered = target.notify(body=body, title=title)
         if delivered:
             return None
@@ -138,6 +140,7 @@ class Notifier:
         self.last_sent: dict[str, float] = {}
         self.held_back: dict[str, int] = {}
         self.delivered = 0
+        self.dropped = 0
         self.failed: set[str] = set()
         self._closing = threading.Event()
         self._queue: queue.Queue[NightEvent | None] = queue.Queue()
@@ -163,12 +166,19 @@ class Notifier:
             event = self._queue.get()
             if event is None:
                 return
+            if self._closing.is_set() and event.kind not in ALWAYS_SENT:
+                self.dropped += 1   # the end's summary says the night's outcome; the end waits for it alone
+                continue
             for url in self.urls:
                 self._deliver(url, event)
 
     def _deliver(self, url: str, event: NightEvent) -> None:
         why: str | None = None
-        for attempt in range(TRIES):
+        # A URL that failed all its tries before, or the night's end: one try, so that a dead
+        # target (one that never answers costs apprise's 4 s timeout a try) cannot build up a
+        # queue the end of the night would wait for.
+        tries = 1 if url in self.failed or self._closing.is_set() else TRIES
+        for attempt in range(tries):
             if attempt:
                 self._closing.wait(self.pause_s)
             why = send_once(self.apprise, url, event.title, event.text, self.environ)
@@ -178,7 +188,8 @@ class Notifier:
         if url not in self.failed:
             self.failed.add(url)
             self.warn(f"notify {masked(self.apprise, url, self.environ)}: {event.kind} not delivered after "
-                      f"{TRIES} tries ({why}); the night goes on, and later failures of this URL are not said")
+                      f"{tries} tr{'ies' if tries > 1 else 'y'} ({why}); the night goes on, later events get one "
+                      "try each and their failures are not said")
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         self._closing.set()
