@@ -111,9 +111,11 @@ def test_notify_rate_limit_holds_back_a_second_event_of_a_kind(tmp_path):
     assert notifier.send(event("new_best")) and not notifier.send(event("new_best"))
     assert notifier.send(event("crash_streak"))
     assert notifier.send(event("night_end")) and notifier.send(event("night_end"))   # the end always goes out
+    assert notifier.held_back == {"new_best": 1}
     notifier.close()
-    # Port 9 refuses: each URL's failure is said once, naming the event and the tries.
-    assert len(said) == 1 and "new_best not delivered after 3 tries" in said[0], said
+    # Port 9 refuses: the URL's failure is said once (which event is first to fail depends on
+    # how far the thread got before the close, which sends the stop and the end only).
+    assert len(said) == 1 and "not delivered after" in said[0], said
 
 
 def test_a_failing_target_neither_slows_nor_stops_the_night(tmp_path, tiny_data_dir):
