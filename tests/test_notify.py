@@ -191,6 +191,54 @@ def test_hooks_get_the_event_json_on_stdin_a_failing_one_leaves_the_night_runnin
     assert "failing on purpose" in (repo / "results" / "hooks" / "1-new_best.log").read_text()
 
 
+AGENT = """import sys
+sys.stdin.read()
+print("Error: Invalid API key · Please run /login")
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("case", ["low disk", "an error", "an agent without its key"])
+def test_the_stop_events_each_with_the_end_last(case, tmp_path, tiny_data_dir):
+    from jsonschema import validate
+
+    from autoloop.review.json_forms import schema
+
+    repo = fake_repo(tmp_path)
+    out = tmp_path / "hook-out"
+    out.mkdir()
+    capture = f"cat > {out}/$AUTOLOOP_EVENT.json"
+    args = [arg for kind in ("low_disk", "stopped_by_error", "proposer_failures", "night_end")
+            for arg in ("--on", f"{kind}={capture}")]
+    env = {}
+    if case == "low disk":
+        args += ["--min-free-gb", "1000000"]
+    elif case == "an error":
+        env["AUTOLOOP_FAULT_WRITE"] = "ENOSPC:ledger.jsonl:1"   # the baseline's record cannot be written
+    else:
+        agent = tmp_path / "agent.py"
+        agent.write_text(AGENT)
+        args += ["--proposer", "agent", "--agent-cmd", f"{sys.executable} {agent}", "--skip-preflight",
+                 "--max-agent-failures", "3", "--lookahead", "0"]
+    proc = run_night(repo, tiny_data_dir, *args, env=env)
+    assert proc.returncode == (1 if case == "an error" else 0), proc.stdout + proc.stderr
+    events = {path.stem: json.loads(path.read_text()) for path in out.glob("*.json")}
+    for event in events.values():
+        validate(event, schema("event"))
+    expected = {"low disk": "low_disk", "an error": "stopped_by_error", "an agent without its key": "proposer_failures"}
+    assert sorted(events) == sorted([expected[case], "night_end"]), proc.stdout
+    assert events["night_end"]["time"] >= events[expected[case]]["time"]
+    if case == "low disk":
+        assert events["low_disk"]["data"]["reason"].startswith("low disk:")
+    elif case == "an error":
+        assert "No space left on device" in events["stopped_by_error"]["text"]
+        assert events["night_end"]["data"]["reason"] == "stopped by an error"
+    else:
+        data = events["proposer_failures"]["data"]
+        assert data["cause"] == "auth" and data["count"] == 3 and "Invalid API key" in data["reason"]
+        assert "failed 3 times in a row" in events["night_end"]["data"]["reason"]
+
+
 def test_an_unknown_hook_event_is_one_line(tmp_path, tiny_data_dir):
     repo = fake_repo(tmp_path)
     proc = run_night(repo, tiny_data_dir, "--on", "new_worst=true")

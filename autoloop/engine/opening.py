@@ -123,8 +123,9 @@ def watched(night: Night, purpose: Purpose = "run") -> Iterator[None]:
         raise
     finally:
         night.arbiter.observers.remove(observers.recorded)
-        # The stop's reason as the scheduler stored it; an error that escaped it is the cause.
-        observers.ended(load_state(night.layout.root).stop_reason, error)
+        # The stop's reason as the scheduler stored it; an error that escaped is the cause
+        # (state.json may still hold an earlier run's reason when it came before the scheduler's).
+        observers.ended(None if error is not None else load_state(night.layout.root).stop_reason, error)
         observers.close()
 
 
