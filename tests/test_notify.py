@@ -312,3 +312,19 @@ def test_doctor_cli_takes_notify_test():
 
     args = build_parser().parse_args(["doctor", "--notify", "ntfy://topic", "--notify-test", "--on", "night_end=true"])
     assert args.notify_test and args.notify == ["ntfy://topic"] and args.hooks == [("night_end", "true")]
+
+
+def test_the_config_file_takes_notify_and_a_hooks_table_and_the_flags_add_to_it(tmp_path):
+    from autoloop.config.loading import ConfigError, load_settings
+
+    (tmp_path / "autoloop.toml").write_text(
+        'notify = ["ntfy://night-${TOPIC}"]\nnotify-every = "5m"\nhook-timeout = "30s"\n\n'
+        '[hooks]\nnight_end = "scripts/upload.sh"\nnew_best = "echo best"\n')
+    settings = load_settings(tmp_path)
+    assert settings.notify == ["ntfy://night-${TOPIC}"] and settings.notify_every == 300 and settings.hook_timeout == 30
+    assert settings.hooks == {"night_end": "scripts/upload.sh", "new_best": "echo best"}
+    settings = load_settings(tmp_path, {"hooks": {"new_best": "echo flag", "low_disk": "true"}})
+    assert settings.hooks == {"night_end": "scripts/upload.sh", "new_best": "echo flag", "low_disk": "true"}
+    (tmp_path / "autoloop.toml").write_text('[hooks]\nnew_worst = "true"\n')
+    with pytest.raises(ConfigError, match="unknown event 'new_worst'"):
+        load_settings(tmp_path)
