@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.gh import stand_in_gh, without_gh
 from helpers.git import git
 from helpers.night import build_night, realistic_steps
 
@@ -36,10 +37,6 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 @pytest.fixture
 def night(tmp_path):
     return build_night(tmp_path, realistic_steps(), tag="t")
-
-
-def without_gh() -> str:
-    return os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "gh").exists())
 
 
 def test_push_to_a_bare_repository_never_the_loops_branch_never_forced(night, tmp_path):
@@ -74,34 +71,13 @@ def test_pr_without_gh_is_one_line_and_makes_nothing(night, tmp_path):
     assert not git(repo, "branch", "--list", "autoloop/t-final")
 
 
-STAND_IN = '''#!{python}
-"""A stand-in gh: records its command line and the body file's text; logged in unless told."""
-import json, os, sys
-args = sys.argv[1:]
-record = {{"argv": args}}
-if "--body-file" in args:
-    record["body"] = open(args[args.index("--body-file") + 1]).read()
-with open(os.environ["GH_LOG"], "a") as f:
-    f.write(json.dumps(record) + "\\n")
-if args[:2] == ["auth", "status"] and os.environ.get("GH_LOGGED_OUT"):
-    print("You are not logged into any GitHub hosts. To log in, run: gh auth login", file=sys.stderr)
-    sys.exit(1)
-if args[:2] == ["pr", "create"]:
-    print("https://github.com/someone/experiment/pull/7")
-'''
 
 
 def test_pr_with_a_stand_in_gh_gets_the_command_line_and_the_body(night, tmp_path):
     repo = night.repo
     remote = bare(tmp_path)
     git(repo, "remote", "add", "origin", str(remote))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    gh = bin_dir / "gh"
-    gh.write_text(STAND_IN.format(python=sys.executable))
-    gh.chmod(0o755)
-    log = tmp_path / "gh.jsonl"
-    env = {"PATH": f"{bin_dir}{os.pathsep}{without_gh()}", "GH_LOG": str(log)}
+    env, log = stand_in_gh(tmp_path)
 
     line = one_line_error(cli(repo, "--pr", env={**env, "GH_LOGGED_OUT": "1"}))
     assert "gh is not logged in" in line and "gh auth login" in line

@@ -100,7 +100,7 @@ def pr_body(root: Path, tag: str, base: str, branch: str) -> str:
     lines = report.header_lines(night, tag, metric, queries.infer_direction(night), None)
     lines += report.result_section(night, baseline, metric, len(kept))
     lines += report.kept_section(kept, metric)
-    lines += report.verification_lines(results, results, records, tag)
+    lines += _verification(results, records, tag)
     diff = _git(root, "diff", "--no-color", base, f"refs/heads/{branch}", "--", "results/results.tsv").stdout
     if diff.strip():
         shown = diff.splitlines()
@@ -110,6 +110,17 @@ def pr_body(root: Path, tag: str, base: str, branch: str) -> str:
             lines += [f"_{cut} more lines: `git diff {base[:7]} {branch} -- results/results.tsv`_", ""]
     lines += ["_Opened by `autoloop finalize --pr`; descriptions are the proposer's own words._", ""]
     return "\n".join(lines)
+
+
+def _verification(results: Layout, records: list[LedgerRecord], tag: str) -> list[str]:
+    """The report's Verification section (each kept change's contribution), without its
+    picture: a pull request's body cannot show a file of results/."""
+    from autoloop.verification.verify_plan import load_plan, summarize
+
+    plan = load_plan(results)
+    if plan is None or plan.tag != tag:
+        return []
+    return report.verification_section(summarize(plan, records), None)
 
 
 def check_gh() -> str:
