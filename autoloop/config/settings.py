@@ -58,7 +58,7 @@ SECTIONS = {
     "safety": "safety (memory, logs, disk, network)",
     "workers": "parallel workers",
     "slurm": "where trials run (slurm)",
-    "watch": "watching the night (trackers)",
+    "watch": "watching the night (trackers, notifications, hooks)",
     "verify": "verification (autoloop verify, run --verify-at-end)",
 }
 
