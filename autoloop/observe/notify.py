@@ -15,8 +15,8 @@ Never slowing the night: events go to one background thread through a queue. A s
 ``TRIES`` times with a short pause; a URL that still fails is one warning line, said once per
 URL a night, and gets one try per event from then on. Each kind of event goes out at most
 once per ``--notify-every`` (the stop and the end always). At the end the thread gets
-``CLOSE_TIMEOUT_S`` to deliver what is queued; events still waiting then (a new best behind
-a slow target) are left out, but for the stop's and the end's.
+``CLOSE_TIMEOUT_S`` to deliver what is queued, one try each; a target that failed before
+gets only the stop and the end then.
 """
 
 from __future__ import annotations
@@ -166,13 +166,14 @@ class Notifier:
             event = self._queue.get()
             if event is None:
                 return
-            if self._closing.is_set() and event.kind not in ALWAYS_SENT:
-                self.dropped += 1   # the end's summary says the night's outcome; the end waits for it alone
-                continue
             for url in self.urls:
                 self._deliver(url, event)
 
     def _deliver(self, url: str, event: NightEvent) -> None:
+        if self._closing.is_set() and url in self.failed and event.kind not in ALWAYS_SENT:
+            # A target that failed before: the end waits for its stop and summary alone.
+            self.dropped += 1
+            return
         why: str | None = None
         # A URL that failed all its tries before, or the night's end: one try, so that a dead
         # target (one that never answers costs apprise's 4 s timeout a try) cannot build up a
