@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from autoloop.core.errors import AutoloopError
@@ -145,3 +146,13 @@ def open_pr(root: Path, gh: str, branch: str, title: str, body: str) -> str:
     if done.returncode != 0:
         raise PublishError(f"--pr: gh pr create failed: {_last_line(done.stderr + done.stdout)}")
     return _last_line(done.stdout)
+
+
+def publish(root: Path, branch: str, tag: str, base: str, remote: str, gh: str | None, force: bool,
+            say: Callable[[str], None]) -> None:
+    """Push the branch; with ``gh`` (check_gh's), open its pull request. Each step said."""
+    push(root, branch, tag, remote, force=force)
+    say(f"pushed {branch} to {remote}")
+    if gh is not None:
+        title = pr_title(Ledger(Layout.of(root).root).records(), tag)
+        say(f"pull request: {open_pr(root, gh, branch, title, pr_body(root, tag, base, branch))}")

@@ -41,18 +41,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace, root: Path, result: FinalizeResult, remote: str, gh: str | None) -> None:
-    from autoloop.review.publish import open_pr, pr_body, pr_title, push
-    from autoloop.store.ledger import Ledger
+    from autoloop.review.publish import publish
 
-    tag = result.tag or ""
-    push(root, result.branch, tag, remote, force=args.force)
-    print(f"pushed {result.branch} to {remote}")
-    if gh is not None:
-        from autoloop.core.layout import Layout
-
-        title = pr_title(Ledger(Layout.of(root).root).records(), tag)
-        url = open_pr(root, gh, result.branch, title, pr_body(root, tag, result.base, result.branch))
-        print(f"pull request: {url}")
+    publish(root, result.branch, result.tag or "", result.base, remote, gh, force=args.force, say=print)
 
 
 def _print_tree(result: FinalizeResult) -> None:
