@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from helpers.gh import stand_in_gh
 from helpers.git import git, init_repo, private_copy
 from helpers.loop import assert_invariants, autoloop, read_ledger
 
@@ -247,6 +248,19 @@ def test_a_rider_on_the_line_next_to_a_real_change_is_taken_out_alone_and_droppe
     assert f"left out: trial 2 WARMUP 10 -> {lucky_warmup()} (within noise in autoloop verify)" in proc.stdout
     assert git(repo, "log", "--format=%s", "-1", "autoloop/t-final") == "LR 0.01 -> 0.02"
     assert git(repo, "show", "autoloop/t-final:train.py") == with_constants(source, LR="0.02").rstrip("\n")
+
+    # finalize --pr: the body gh would get carries each kept change's verified contribution.
+    remote = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    git(repo, "remote", "add", "origin", str(remote))
+    env, log = stand_in_gh(tmp_path)
+    proc = autoloop(repo, "finalize", "--branch", "autoloop/t-pr", "--pr", data_dir=tiny_data_dir, env=env)
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(log.read_text().splitlines()[-1])["body"]
+    assert "## Kept changes" in body and "## Verification" in body and "![" not in body
+    rows = {line.split(" | ")[0]: line for line in body.splitlines() if line.startswith("| #")}
+    assert rows["| #1 LR 0.01 -> 0.02"].endswith("| confirmed | - | - |")
+    assert rows[f"| #2 WARMUP 10 -> {lucky_warmup()}"].endswith("| within noise | - | - |")
 
 
 

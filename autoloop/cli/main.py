@@ -173,10 +173,12 @@ def _add_doctor(sub: Subparsers) -> None:
                     "version, login or API key), the optional extras and --isolate. One line each: ok, warn or "
                     "fail. Exit code 1 when any check fails. Settings come from autoloop.toml / pyproject.toml "
                     "and the flags below, the same as autoloop run takes; nothing trains and nothing reaches "
-                    "the network.",
+                    "the network (unless --notify-test sends one notification to each --notify URL).",
         epilog="example: autoloop doctor --agent claude",
     )
     add_setting_flags(p, "run")
+    p.add_argument("--notify-test", action="store_true",
+                   help="send one test notification to each --notify URL (otherwise only their form is checked)")
     _directory_flag(p)
 
 
@@ -307,6 +309,14 @@ def _add_finalize(sub: Subparsers) -> None:
     p.add_argument("--drop-unproven", action="store_true",
                    help="leave out the kept changes that autoloop verify did not confirm (contribution within "
                         "noise, or harmful); needs a finished autoloop verify of the best")
+    p.add_argument("--push", nargs="?", const="", default=None, metavar="REMOTE",
+                   help="push the new branch to REMOTE (default origin, else the only remote); never the loop's "
+                        "branch, never with force unless --force")
+    p.add_argument("--force", action="store_true",
+                   help="with --push: replace the remote branch of that name (git push --force-with-lease)")
+    p.add_argument("--pr", action="store_true",
+                   help="push, then open a pull request with the GitHub CLI (gh, logged in): its body the report's "
+                        "summary, the kept changes with their verified contributions and the results.tsv diff")
     _directory_flag(p)
 
 

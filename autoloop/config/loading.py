@@ -118,10 +118,10 @@ def load_settings(workdir: Path, overrides: dict[str, Any] | None = None) -> Set
     merged = _normalise(table, source or "", flag_style=False)
     cli = {k: v for k, v in (overrides or {}).items() if v is not None}
     cli_values = _normalise(cli, "", flag_style=True)
-    if "slurm_options" in cli_values and isinstance(merged.get("slurm_options", (None,))[0], dict):
-        # --slurm-option KEY=VALUE adds to the file's table rather than replacing it.
-        cli_values["slurm_options"] = ({**merged["slurm_options"][0], **cli_values["slurm_options"][0]},
-                                       cli_values["slurm_options"][1])
+    for key in ("slurm_options", "hooks"):
+        if key in cli_values and isinstance(merged.get(key, (None,))[0], dict):
+            # --slurm-option KEY=VALUE and --on EVENT=CMD add to the file's table rather than replacing it.
+            cli_values[key] = ({**merged[key][0], **cli_values[key][0]}, cli_values[key][1])
     merged.update(cli_values)   # CLI wins
     settings = build_settings({k: v for k, (v, _) in merged.items()},
                               {k: label for k, (_, label) in merged.items()})

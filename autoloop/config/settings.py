@@ -58,7 +58,7 @@ SECTIONS = {
     "safety": "safety (memory, logs, disk, network)",
     "workers": "parallel workers",
     "slurm": "where trials run (slurm)",
-    "watch": "watching the night (trackers)",
+    "watch": "watching the night (trackers, notifications, hooks)",
     "verify": "verification (autoloop verify, run --verify-at-end)",
 }
 
@@ -397,6 +397,47 @@ class Settings(BaseModel):
         "commas. A tracker failure is one warning, never a stop", metavar="NAME", run_only=True,
         repeatable=True)
 
+    notify: list[str] = setting(
+        [], "watch", "send the night's events (a new best, a streak of crashes or proposer failures, a stop by "
+        "an error, low disk, the end) to this apprise URL: slack://, discord://, tgram://, ntfy://, mailto://, "
+        "json://host/path, ... (optional extra autoloop[notify]; repeatable). ${VAR} in it is read from the "
+        "environment when sending, so a secret never sits in a file", metavar="URL", run_only=True,
+        repeatable=True)
+    notify_every: float = setting(
+        600.0, "watch", "at most one notification of each kind of event this often, e.g. 10m (the stop and "
+        "the end always go out; 0: no limit)", metavar="DURATION", run_only=True)
+    hooks: dict[str, str] = setting(
+        {}, "watch", "run CMD on EVENT (new_best, crash_streak, proposer_failures, stopped_by_error, low_disk, "
+        "night_end; repeat the flag; a [hooks] table in the config file), the event as JSON on its stdin",
+        metavar="EVENT=CMD", flag="--on", run_only=True)
+    hook_timeout: float = setting(
+        60.0, "watch", "end a hook's whole process tree after this long", metavar="DURATION", run_only=True)
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _notify(cls, v: Any) -> Any:
+        items = [v] if isinstance(v, str) else v
+        if isinstance(items, list) and all(isinstance(i, str) for i in items):
+            urls = [i.strip() for i in items if i.strip()]
+            for url in urls:
+                if "://" not in url:
+                    raise ValueError(f"{url!r} is not a notification URL (SCHEME://..., e.g. ntfy://topic)")
+            return list(dict.fromkeys(urls))
+        return v
+
+    @field_validator("hooks", mode="before")
+    @classmethod
+    def _hooks(cls, v: Any) -> Any:
+        from autoloop.core.night_events import EVENT_KINDS
+
+        if isinstance(v, dict):
+            for event, command in v.items():
+                if event not in EVENT_KINDS:
+                    raise ValueError(f"unknown event {event!r} (one of {', '.join(EVENT_KINDS)})")
+                if not isinstance(command, str) or not command.strip():
+                    raise ValueError(f"{event}: the command is empty")
+        return v
+
     @field_validator("track", mode="before")
     @classmethod
     def _track(cls, v: Any) -> Any:
@@ -450,7 +491,7 @@ class Settings(BaseModel):
                     raise ValueError(f"{key}: must be a number, got {_show(value)}")
         return data
 
-    @field_validator("budget", "agent_timeout", mode="before")
+    @field_validator("budget", "agent_timeout", "hook_timeout", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:
         try:
@@ -458,7 +499,7 @@ class Settings(BaseModel):
         except ConfigError as e:
             raise ValueError(str(e)) from None
 
-    @field_validator("agent_stall_timeout", mode="before")
+    @field_validator("agent_stall_timeout", "notify_every", mode="before")
     @classmethod
     def _stall_timeout(cls, v: Any) -> float:
         # 0 or "off" turns the watch off; anything else is a duration like the others.

@@ -48,7 +48,7 @@ from autoloop.execution.executors import make_executor
 from autoloop.execution.integrity import open_snapshot
 from autoloop.execution.isolate import isolation_available
 from autoloop.observe.console import Console
-from autoloop.observe.observers import open_observers
+from autoloop.observe.observers import open_observers, open_telling
 from autoloop.repo.workspace import Workspace
 from autoloop.repo.worktrees import ensure_worktrees_ignored
 from autoloop.store import queries
@@ -97,27 +97,39 @@ def open_night(settings: Settings, workdir: Path, console: Console, purpose: Pur
             prepare_data(night, reuse_snapshot=purpose == "trial")
             if purpose == "run":
                 night.memory = open_study(settings, ws, layout.root, tag, night.fingerprint, console.line)
-            with watched(night):
+            with watched(night, purpose):
                 yield night
     finally:
         ws.close()
 
 
 @contextmanager
-def watched(night: Night) -> Iterator[None]:
+def watched(night: Night, purpose: Purpose = "run") -> Iterator[None]:
     """Git notes and the --track trackers: brought up to date with the ledger (recovery's
     records included) before the first new attempt, then told of each record as the arbiter
-    appends it; at the end the trackers finish what is queued."""
+    appends it; at the end the trackers finish what is queued. A run's events (--notify,
+    --on) are told as they happen, its end last."""
     # The arbiter answers records() from memory: no re-reading of the ledger per record.
+    s = night.settings
+    telling = open_telling(night.ws.root, night.layout.root, night.tag, night.arbiter, night.console,
+                           list[str](s.notify), s.notify_every, dict[str, str](s.hooks),
+                           s.hook_timeout) if purpose == "run" else None
     observers = open_observers(night.ws.root, night.layout.root, night.tag, night.arbiter, night.console,
-                               list[str](night.settings.track), night.settings.target,
-                               {"budget_s": night.settings.budget, "direction": night.settings.direction})
+                               list[str](s.track), s.target, {"budget_s": s.budget, "direction": s.direction},
+                               telling)
     observers.catch_up()
     night.arbiter.observers.append(observers.recorded)
+    error: BaseException | None = None
     try:
         yield
+    except BaseException as e:
+        error = e
+        raise
     finally:
         night.arbiter.observers.remove(observers.recorded)
+        # The stop's reason as the scheduler stored it; an error that escaped is the cause
+        # (state.json may still hold an earlier run's reason when it came before the scheduler's).
+        observers.ended(None if error is not None else load_state(night.layout.root).stop_reason, error)
         observers.close()
 
 

@@ -1,10 +1,12 @@
-"""What follows each ledger append besides the loop's own work: git notes and trackers.
+"""What follows each ledger append besides the loop's own work: git notes, trackers and the
+night's events (--notify, --on hooks).
 
 The loop calls :meth:`Observers.recorded` right after a record is appended, and
 :meth:`Observers.catch_up` once at start (after recovery), which brings notes and trackers
 up to date with everything the ledger holds, attempts recorded by ``--resume`` or by a run
 that was killed before its observers saw them included. Neither can stop the loop: a
-failure is one warning line, and the next start catches up.
+failure is one warning line, and the next start catches up. Events are told as they happen
+and never caught up: a new best from last night is no news this morning.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from autoloop.core.night_events import NightEvent
 from autoloop.observe.console import Console
+from autoloop.observe.event_watch import EventWatch, ending_events
 from autoloop.observe.git_notes import Notes, NotesError
+from autoloop.observe.hooks import Hooks
+from autoloop.observe.notify import Notifier
 from autoloop.observe.trackers import TrackerError, Tracking, open_tracker
 from autoloop.store.ledger import LedgerRecord
 
@@ -25,12 +31,48 @@ class Records(Protocol):
     def records(self) -> list[LedgerRecord]: ...
 
 
-class Observers:
-    def __init__(self, ledger: Records, console: Console, notes: Notes | None = None,
-                 tracking: Tracking | None = None):
-        self.ledger, self.console, self.notes, self.tracking = ledger, console, notes, tracking
+class Telling:
+    """The night's events, from the records as they are appended, to --notify and --on."""
+
+    def __init__(self, tag: str, records: list[LedgerRecord], notifier: Notifier | None, hooks: Hooks | None):
+        self.tag, self.notifier, self.hooks = tag, notifier, hooks
+        self.watch = EventWatch(tag, records)
+        self.told: list[NightEvent] = []
 
     def recorded(self, record: LedgerRecord) -> None:
+        for event in self.watch.recorded(record):
+            self.tell(event)
+
+    def tell(self, event: NightEvent) -> None:
+        self.told.append(event)
+        if self.notifier is not None:
+            self.notifier.send(event)
+        if self.hooks is not None:
+            self.hooks.send(event)
+
+    def ended(self, reason: str | None, error: BaseException | None, records: list[LedgerRecord]) -> None:
+        for event in ending_events(self.tag, reason, error, records):
+            self.tell(event)
+
+    def close(self) -> None:
+        if self.notifier is not None:
+            self.notifier.close()
+        if self.hooks is not None:
+            self.hooks.close()
+
+
+class Observers:
+    def __init__(self, ledger: Records, console: Console, notes: Notes | None = None,
+                 tracking: Tracking | None = None, telling: Telling | None = None):
+        self.ledger, self.console, self.notes, self.tracking = ledger, console, notes, tracking
+        self.telling = telling
+
+    def recorded(self, record: LedgerRecord) -> None:
+        if self.telling is not None:
+            try:
+                self.telling.recorded(record)
+            except Exception as e:  # telling never stops the loop
+                self.console.line(f"warning: events of #{record.trial}.{record.attempt} not told ({e})")
         if self.notes is not None and record.commit:
             try:
                 self.notes.record(self.ledger.records(), record)
@@ -57,13 +99,24 @@ class Observers:
                 names = ", ".join(t.name for t in self.tracking.trackers)
                 self.console.line(f"track: {queued} recorded attempt(s) not yet in {names}; logging them")
 
+    def ended(self, reason: str | None, error: BaseException | None) -> None:
+        """The night stopped (``reason`` as state.json has it; ``error`` when one ended it)."""
+        if self.telling is not None:
+            try:
+                self.telling.ended(reason, error, self.ledger.records())
+            except Exception as e:  # telling never stops the loop
+                self.console.line(f"warning: the night's end not told ({e})")
+
     def close(self) -> None:
         if self.tracking is not None:
             self.tracking.close()
+        if self.telling is not None:
+            self.telling.close()
 
 
 def open_observers(root: Path, results_dir: Path, tag: str, ledger: Records, console: Console,
-                   track: list[str], target: str, run_settings: dict[str, Any]) -> Observers:
+                   track: list[str], target: str, run_settings: dict[str, Any],
+                   telling: Telling | None = None) -> Observers:
     """Notes always; the trackers named in ``track``. A tracker that is not installed is a
     setup mistake (TrackerError, before anything runs); one that fails to start (a store it
     cannot open) is a warning line, and the night goes on without it: its done-file then
@@ -84,4 +137,20 @@ def open_observers(root: Path, results_dir: Path, tag: str, ledger: Records, con
                             warn=lambda text: console.line(f"warning: {text}"))
         console.line(f"track: each attempt goes to {', '.join(t.name for t in trackers)} "
                      f"(group autoloop/{tag})")
-    return Observers(ledger, console, Notes(root), tracking)
+    return Observers(ledger, console, Notes(root), tracking, telling)
+
+
+def open_telling(root: Path, results_dir: Path, tag: str, ledger: Records, console: Console,
+                 notify: list[str], notify_every: float, hooks: dict[str, str],
+                 hook_timeout: float) -> Telling | None:
+    """None without --notify and --on; a NotifyError (apprise missing, a bad URL, an unset
+    ${VAR}) before anything runs."""
+    if not notify and not hooks:
+        return None
+    warn = lambda text: console.line(f"warning: {text}")   # noqa: E731
+    notifier = Notifier(notify, notify_every, warn) if notify else None
+    runner = Hooks(hooks, root, results_dir, hook_timeout, warn) if hooks else None
+    said = ([f"{len(notify)} notification URL(s)"] if notify else []) + (
+        [f"hooks on {', '.join(hooks)}"] if hooks else [])
+    console.line(f"events: {' and '.join(said)}")
+    return Telling(tag, ledger.records(), notifier, runner)

@@ -3,9 +3,11 @@
 Each check prints one line, ``ok``, ``warn`` or ``fail``, as soon as it is done (importing
 torch takes seconds): git and its identity, a clean tree, the target's contract, the data,
 torch and the device, free disk, the configured agent (its preflight, proposers/preflight.py),
-the optional extras and ``--isolate``. ``fail`` means ``autoloop run`` would stop on it (or
+the optional extras, ``--isolate``, each ``--notify`` URL's form and each ``--on`` hook's
+command. ``fail`` means ``autoloop run`` would stop on it (or
 not get far); ``warn`` means it works, but you may want to know. Every check is local and
-takes at most seconds; none trains, none reaches the network. The command
+takes at most seconds; none trains, none reaches the network (but ``--notify-test``, which
+sends one notification to each URL). The command
 (``cli/commands/doctor.py``) reads the flags, prints and sets the exit status.
 """
 
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
     from autoloop.repo.workspace import Workspace
 
 
-def run_doctor(root: Path, load: Callable[[], Settings], say: Callable[[str], None]) -> list[Check]:
+def run_doctor(root: Path, load: Callable[[], Settings], say: Callable[[str], None],
+               notify_test: bool = False) -> list[Check]:
     """Every check, each said as one line when done; returns them (a fail: exit non-zero).
 
     ``load`` gives the Settings (config file and flags); a ConfigError is itself a failed
@@ -55,6 +58,8 @@ def run_doctor(root: Path, load: Callable[[], Settings], say: Callable[[str], No
         settings = Settings()
     for step in _steps(root, settings):
         record(step())
+    record(_notify(settings, notify_test))
+    record(_hooks(root, settings))
     counts = {s: sum(c.status == s for c in checks) for s in ("ok", "warn", "fail")}
     say(f"doctor: {counts['ok']} ok, {plural(counts['warn'], 'warning')}, {plural(counts['fail'], 'failure')}"
         + ("" if failures(checks) else ": ready for autoloop run"))
@@ -312,6 +317,64 @@ def _isolation(settings: Settings) -> Check:
     if settings.isolate:
         return fail("isolate", f"--isolate is set, but network namespaces are not available ({why})")
     return warn("isolate", f"--isolate would not work here ({why})")
+
+
+def _notify(settings: Settings, send: bool) -> list[Check]:
+    """Each --notify URL's form as apprise reads it (its ${VAR}s set); one test message each
+    only when asked. A bad URL fails: `autoloop run` refuses to start with it."""
+    if not settings.notify:
+        return []
+    from autoloop.observe.notify import NotifyError, check_url, load_apprise, masked, send_once
+
+    try:
+        apprise = load_apprise()
+    except NotifyError as e:
+        return [fail("notify", str(e))]
+    checks = []
+    for url in settings.notify:
+        shown = masked(apprise, url, os.environ)
+        why = check_url(url)
+        if why:
+            checks.append(fail("notify", f"{shown}: {why}"))
+        elif send:
+            failed = send_once(apprise, url, "autoloop doctor", "a test notification from autoloop doctor",
+                               os.environ)
+            checks.append(fail("notify", f"{shown}: the test notification was not delivered ({failed})") if failed
+                          else ok("notify", f"{shown}: the test notification was delivered"))
+        else:
+            checks.append(ok("notify", f"{shown}: its form is right (--notify-test sends one)"))
+    return checks
+
+
+# Words `sh -c` runs without looking on PATH.
+_SHELL_WORDS = frozenset("! . : [ alias break case cd command continue echo eval exec exit export false for if "
+                         "printf read return set shift test times trap true type ulimit umask unset wait while "
+                         "{ (".split())
+
+
+def _hooks(root: Path, settings: Settings) -> list[Check]:
+    """Each hook's command: valid sh, and its first word a builtin, on PATH or a file in the
+    repository. A bad one warns: a hook's failure never stops the night, but it never runs either."""
+    import shlex
+
+    checks = []
+    for event, command in settings.hooks.items():
+        syntax = subprocess.run(["/bin/sh", "-n", "-c", command], capture_output=True, text=True, timeout=10)
+        if syntax.returncode != 0:
+            said = " ".join(syntax.stderr.split())[:200] or f"exit code {syntax.returncode}"
+            checks.append(warn("hook", f"--on {event}: not a valid sh command ({said})"))
+            continue
+        try:
+            words = shlex.split(command)
+        except ValueError as e:
+            checks.append(warn("hook", f"--on {event}: {e}"))
+            continue
+        first = next((w for w in words if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)), "")
+        found = (first in _SHELL_WORDS or shutil.which(first) is not None
+                 or ("/" in first and os.access(root / first, os.X_OK)))
+        checks.append(ok("hook", f"--on {event}: {first} (limit {settings.hook_timeout:g}s)") if found else
+                      warn("hook", f"--on {event}: {first!r} is neither on PATH nor an executable file here"))
+    return checks
 
 
 def _gpus(settings: Settings) -> Check:

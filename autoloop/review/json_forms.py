@@ -16,7 +16,7 @@ from autoloop.verification.verify_plan import Summary, load_plan, summarize
 STATUS_SCHEMA, STATUS_VERSION = "autoloop.status", 1
 VERIFY_SCHEMA, VERIFY_VERSION = "autoloop.verify", 1
 SCHEMA_FILES = {"status": "status.schema.json", "attempts": "attempts.schema.json", "verify": "verify.schema.json",
-                "ladder": "ladder.schema.json", "history": "history.schema.json"}
+                "ladder": "ladder.schema.json", "history": "history.schema.json", "event": "event.schema.json"}
 
 
 def schema(name: str) -> dict[str, Any]:

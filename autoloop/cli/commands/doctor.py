@@ -12,5 +12,5 @@ from autoloop.cli.paths import repo_root
 def run(args: argparse.Namespace) -> int:
     from autoloop.review.doctor import run_doctor
 
-    checks = run_doctor(repo_root(args.directory), lambda: settings_from(args), print)
+    checks = run_doctor(repo_root(args.directory), lambda: settings_from(args), print, notify_test=args.notify_test)
     return 1 if any(c.status == "fail" for c in checks) else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autoloop.cli.paths import repo_root
@@ -13,8 +14,15 @@ if TYPE_CHECKING:
 
 def run(args: argparse.Namespace) -> int:
     from autoloop.review.finalize import finalize
+    from autoloop.review.publish import PublishError, check_gh, which_remote
 
     root = repo_root(args.directory)
+    if args.force and args.push is None and not args.pr:
+        raise PublishError("--force goes with --push or --pr")
+    # Before the branch is made, so that a missing gh or remote leaves nothing half done.
+    publishing = args.push is not None or args.pr
+    remote = which_remote(root, args.push or None) if publishing else None
+    gh = check_gh() if args.pr else None
     result = finalize(root, tag=args.tag, branch=args.branch, squash_overlapping=args.squash_overlapping,
                       results_commit=not args.no_results, drop_unproven=args.drop_unproven)
     n = len(result.commits)
@@ -27,7 +35,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {warning}")
     _print_tree(result)
     print(f"review: git log -p {result.base[:7]}..{result.branch}")
+    if remote is not None:
+        _publish(args, root, result, remote, gh)
     return 0
+
+
+def _publish(args: argparse.Namespace, root: Path, result: FinalizeResult, remote: str, gh: str | None) -> None:
+    from autoloop.review.publish import publish
+
+    publish(root, result.branch, result.tag or "", result.base, remote, gh, force=args.force, say=print)
 
 
 def _print_tree(result: FinalizeResult) -> None:
