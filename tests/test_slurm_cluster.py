@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, autoloop, queue_file
-from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
+from slurm_cluster import GPU_PARTITION, slurm_cluster  # noqa: F401 - the session fixture
 
 from autoloop.core.classify import classify
 
@@ -410,3 +411,81 @@ def test_a_trial_spans_two_nodes_through_torchs_launcher(tmp_path, cluster):
     second = outcome.log_path.with_name(f"{outcome.log_path.stem}.node1.log")   # the other node's share
     assert second.exists() and "val_bpb" not in second.read_text()
     assert cluster.run("scontrol", "show", "job", jobs[0]["job_id"]).count("NumNodes=2") == 1
+
+
+def gpu_train(value: float, barrier: Path | None = None) -> str:
+    """Each rank says which node, job, devices and rank it was given; rank 0 reports ``value``.
+    With ``barrier``, rank 0 waits (bounded) until two trials' jobs run at once, so that the
+    GPUs they hold are held together."""
+    wait = "" if barrier is None else (
+        f"    barrier = pathlib.Path({str(barrier)!r})\n"
+        "    (barrier / env['SLURM_JOB_ID']).write_text('x')\n"
+        "    deadline = time.monotonic() + 90\n"
+        "    while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:\n"
+        "        time.sleep(0.2)\n")
+    return (f"import os, pathlib, time\nVALUE = {value!r}\nenv = os.environ\n"
+            # One write per line: the two ranks share the log's pipe, and print() writes the end apart.
+            "os.write(1, f\"rank {env['RANK']}/{env['WORLD_SIZE']} node {env['SLURMD_NODENAME']} \"\n"
+            "         f\"job {env['SLURM_JOB_ID']} \"\n"
+            "         f\"cuda {env.get('CUDA_VISIBLE_DEVICES')} job_gpus {env.get('SLURM_JOB_GPUS')}\\n\".encode())\n"
+            "if env['RANK'] == '0':\n"
+            "    import subprocess\n"   # what Slurm says it bound, asked while the job runs (it forgets after)
+            "    said = subprocess.run(['scontrol', 'show', 'job', '-d', env['SLURM_JOB_ID']], capture_output=True,\n"
+            "                          text=True).stdout\n"
+            "    gres = ' '.join(w for w in said.split() if w.startswith('GRES='))\n"
+            "    os.write(1, f'slurm bound {gres}\\n'.encode())\n"
+            + wait + "    os.write(1, f'---\\nval_bpb: {VALUE:.6f}\\n'.encode())\n")
+
+
+RANK_LINE = re.compile(r"^rank (\d)/(\d) node (\S+) job (\d+) cuda (\S+) job_gpus (\S+)$", re.MULTILINE)
+
+
+def test_each_trial_gets_the_gpus_slurm_bound_on_its_node(tmp_path, tiny_data_dir, cluster):
+    """A site's shape: the orchestrator on a host without GPUs, the trials on GPU nodes. Each
+    trial's two ranks see the two GPUs Slurm bound to its job (scontrol's IDX), no device
+    variable from here; two trials at once hold disjoint GPUs. (On the code before: "--workers 2
+    x --gpus-per-trial 2 needs 4 GPUs, 0 visible", nothing run.)"""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    repo = init_repo(tmp_path / "repo", {"train.py": gpu_train(1.0)})
+    queue_file(repo, "01_a.py", gpu_train(0.9, barrier), "a")
+    queue_file(repo, "02_b.py", gpu_train(0.95, barrier), "b")
+    proc = autoloop(repo, "run", "--budget", "2", "--timeout", "90", "--proposer", "queue", "--tag", "t",
+                    "--command", f"{sys.executable} train.py", "--executor", "slurm", "--slurm-partition",
+                    GPU_PARTITION, "--workers", "2", "--gpus-per-trial", "2", "--max-trials", "2",
+                    data_dir=tiny_data_dir, env={"AUTOLOOP_DEVICE": ""}, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "each on what slurm binds to its job on its node" in proc.stdout, proc.stdout
+    ledger = assert_invariants(repo)
+    assert sorted(r["description"] for r in ledger) == ["a", "b", "baseline"], ledger
+    held: dict[str, set[tuple[str, str]]] = {}
+    for record in ledger:
+        assert record["status"] in ("keep", "discard"), record
+        log = (repo / "results" / record["log_path"]).read_text()
+        ranks = RANK_LINE.findall(log)
+        assert sorted(r[:2] for r in ranks) == [("0", "2"), ("1", "2")], log   # two ranks, launched by torch
+        assert len({r[2:] for r in ranks}) == 1, ranks   # both on one node, one job, the same devices
+        _, _, node, job_id, cuda, job_gpus = ranks[0]
+        assert job_id == record["extra"]["job_id"] and node in cluster.gpu_nodes, (ranks, record["extra"])
+        gpus = cuda.split(",")
+        assert len(gpus) == 2 and cuda == job_gpus, ranks   # what Slurm bound, nothing else
+        bound = re.search(r"^slurm bound GRES=gpu:\w+:2\(IDX:(\d)[-,](\d)\)$", log, re.MULTILINE)
+        assert bound and gpus == [bound.group(1), bound.group(2)], log
+        held[record["description"]] = {(node, gpu) for gpu in gpus}
+    assert len(list(barrier.iterdir())) == 2   # the two trials' jobs ran at once
+    assert not held["a"] & held["b"], held
+
+
+def test_more_gpus_per_trial_than_the_partition_offers_is_one_line(tmp_path, tiny_data_dir, cluster):
+    """Checked against the partition's nodes (sinfo GRES), not this host, which has none."""
+    repo = init_repo(tmp_path / "repo", {"train.py": gpu_train(1.0)})
+    base = ("run", "--budget", "2", "--proposer", "queue", "--command", f"{sys.executable} train.py",
+            "--executor", "slurm", "--gpus-per-trial")
+    proc = autoloop(repo, *base, "8", "--slurm-partition", GPU_PARTITION, data_dir=tiny_data_dir,
+                    env={"AUTOLOOP_DEVICE": ""})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    said = f"--gpus-per-trial 8: partition {GPU_PARTITION} has up to 4 per node (sinfo GRES)"
+    assert said in proc.stderr, proc.stderr
+    proc = autoloop(repo, *base, "2", data_dir=tiny_data_dir, env={"AUTOLOOP_DEVICE": ""})
+    assert proc.returncode != 0 and "--gpus-per-trial 2: the default partition has none (sinfo GRES)" in proc.stderr
+    assert not cluster.queue() and not (repo / "results" / "ledger.jsonl").exists()

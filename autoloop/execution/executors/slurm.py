@@ -186,6 +186,9 @@ class SlurmExecutor:
         self.pending_timeout_s = pending_timeout_s
         self.submitit: submitit.Executor
         self.plan: str | None = None   # what the job asks for and why, said once at start
+        # On a cluster Slurm binds each job's GPUs on its node; submitit's local and debug
+        # clusters run the trial on this machine, where the slots' devices apply as with --executor local.
+        self.places_devices = cluster == "slurm"
         # One task per node, each a share of the trial (submitit's local executor runs one task).
         self.nodes = int(parameters.get("nodes", 1)) if cluster == "slurm" else 1
         if cluster == "slurm":
