@@ -432,7 +432,10 @@ def gpu_train(value: float, barrier: Path | None = None) -> str:
             "    import subprocess\n"   # what Slurm says it bound, asked while the job runs (it forgets after)
             "    said = subprocess.run(['scontrol', 'show', 'job', '-d', env['SLURM_JOB_ID']], capture_output=True,\n"
             "                          text=True).stdout\n"
-            "    gres = ' '.join(w for w in said.split() if w.startswith('GRES='))\n"
+            "    step_id = env['SLURM_JOB_ID'] + '.' + env['SLURM_STEP_ID']\n"
+            "    step = subprocess.run(['scontrol', 'show', 'step', '-o', step_id], capture_output=True,\n"
+            "                          text=True).stdout\n"
+            "    gres = ' '.join(w for w in said.split() + step.split() if w.startswith(('GRES=', 'TRES=', 'CPUs=')))\n"
             "    os.write(1, f'slurm bound {gres}\\n'.encode())\n"
             + wait + "    os.write(1, f'---\\nval_bpb: {VALUE:.6f}\\n'.encode())\n")
 
@@ -443,7 +446,8 @@ RANK_LINE = re.compile(r"^rank (\d)/(\d) node (\S+) job (\d+) cuda (\S+) job_gpu
 def test_each_trial_gets_the_gpus_slurm_bound_on_its_node(tmp_path, tiny_data_dir, cluster):
     """A site's shape: the orchestrator on a host without GPUs, the trials on GPU nodes. Each
     trial's two ranks see the two GPUs Slurm bound to its job (scontrol's IDX), no device
-    variable from here; two trials at once hold disjoint GPUs. (On the code before: "--workers 2
+    variable from here; two trials at once hold disjoint GPUs; the job and its srun step have
+    a GPU's share of the node's CPUs for each GPU. (On the code before: "--workers 2
     x --gpus-per-trial 2 needs 4 GPUs, 0 visible", nothing run.)"""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -469,8 +473,13 @@ def test_each_trial_gets_the_gpus_slurm_bound_on_its_node(tmp_path, tiny_data_di
         assert job_id == record["extra"]["job_id"] and node in cluster.gpu_nodes, (ranks, record["extra"])
         gpus = cuda.split(",")
         assert len(gpus) == 2 and cuda == job_gpus, ranks   # what Slurm bound, nothing else
-        bound = re.search(r"^slurm bound GRES=gpu:\w+:2\(IDX:(\d)[-,](\d)\)$", log, re.MULTILINE)
+        said = re.search(r"^slurm bound (.*)$", log, re.MULTILINE)
+        bound = re.search(r"\bGRES=gpu:\w+:2\(IDX:(\d)[-,](\d)\)", said.group(1) if said else "")
         assert bound and gpus == [bound.group(1), bound.group(2)], log
+        # A GPU's share of the node's CPUs (4 CPUs / 4 GPUs) for the job, held by its srun step. (The
+        # step would hold them without SRUN_CPUS_PER_TASK too: a plain srun step takes the job's
+        # CPUs on the node; that export is checked in the batch script, tests/test_executors.py.)
+        assert said.group(1).startswith("TRES=cpu=2,") and " CPUs=2 " in said.group(1), said.group(1)
         held[record["description"]] = {(node, gpu) for gpu in gpus}
     assert len(list(barrier.iterdir())) == 2   # the two trials' jobs ran at once
     assert not held["a"] & held["b"], held

@@ -88,3 +88,13 @@ def test_gpu_plan_says_what_it_asks_and_why(monkeypatch):
     assert slurm_gpus.gpu_plan(cpu_ranks, "slurm") == (0, "slurm: no GPU asked for: --device cpu runs the trial's "
                                                           "2 rank(s) per node on its CPUs")
     assert SlurmExecutor.from_settings(build_settings({"executor": "slurm", "slurm_cluster": "local"}), ".").plan
+
+
+def test_a_gpus_share_of_the_node_from_sinfo():
+    from autoloop.execution.executors.slurm_site import parse_shares
+    sinfo = ("cpu*|64|256000|(null)\n"
+             "gpu|128|1024000|gpu:h100:8(S:0-1)\n"
+             "gpu|64|512000|gpu:a100:8\n")
+    assert parse_shares(sinfo, "gpu") == (8, 64000)   # the smaller share: 64 CPUs and 500 GB over 8 GPUs
+    assert parse_shares(sinfo, None) is None           # the default partition has no GPUs
+    assert parse_shares("gpu|4|4000|gpu:a100:4\n", "gpu") == (1, 1000)

@@ -45,6 +45,7 @@ import psutil
 from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
 from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters, this_node
+from autoloop.execution.executors.slurm_site import site_job
 from autoloop.execution.executors.slurm_state import LIVE, QuietWatcher, base_state, describe, read_job, settled
 from autoloop.execution.procs import TOKEN_VAR, end_token_holders
 from autoloop.execution.runner import _PROGRESS_RE, RunOutcome, RunSpec, default_timeout, run_process
@@ -68,36 +69,40 @@ RESUBMIT = {"PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL
 TIME_MARGIN_S = 300     # scheduler limit = trial timeout + this: job start-up, imports, the tree kill
 POLL_S = 1.0            # how often the orchestrator looks at the job and its log
 LOCAL_RESULT_WAIT_S = 2  # submitit waits this long for a result pickle (15 s: for network filesystems)
-# Set by our own settings; in slurm_options they would silently fight those.
-_OWN_PARAMETERS = {"partition": "slurm_partition", "time": "slurm_time_limit",
-                   "gpus_per_node": "slurm_gpus_per_trial", "nodes": "nodes_per_trial",
-                   "ntasks_per_node": "nodes_per_trial"}
-
-
 def time_limit_minutes(settings: Settings) -> int:
     """The scheduler's limit per job, in whole minutes (sbatch --time)."""
     seconds = settings.slurm_time_limit or settings.timeout_s + TIME_MARGIN_S
     return max(1, math.ceil(seconds / 60))
 
 
-def sbatch_parameters(settings: Settings, gpus: int | None = None) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters from the settings; ExecutorError for an unknown option."""
-    valid = submitit.SlurmExecutor._valid_parameters()
+def sbatch_parameters(settings: Settings, gpus: int | None = None, root: Path | None = None,
+                      cluster: str = "local") -> dict[str, Any]:
+    """submitit SlurmExecutor parameters from the settings (the site's part: slurm_site.py);
+    ExecutorError for an option that cannot work. The job function's python, where a container
+    runs it, under the key ``python``."""
     gpus = gpu_plan(settings, "local")[0] if gpus is None else gpus
     params: dict[str, Any] = {"time": time_limit_minutes(settings), "gpus_per_node": gpus,
                               **multi_parameters(gpus, settings.nodes_per_trial), "job_name": "autoloop"}
     if settings.slurm_partition:
         params["partition"] = settings.slurm_partition
-    for raw, value in settings.slurm_options.items():
-        key = raw.replace("-", "_")
-        if key in _OWN_PARAMETERS:
-            raise ExecutorError(f"slurm_options: {raw!r} is set by {_OWN_PARAMETERS[key]}; use that setting")
-        if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ExecutorError(f"slurm_options: unknown sbatch option {raw!r}{hint}")
-        params[key] = value
+    _check_typos(settings.slurm_options)
+    site = site_job(settings, gpus, root or Path("."), cluster)
+    params.update(site.parameters)
+    if site.python:
+        params["python"] = site.python
+    if site.said:
+        params["said"] = ", ".join(site.said)
     return params
+
+
+def _check_typos(options: dict[str, Any]) -> None:
+    """A key one letter from one of submitit's (``acount``) is a typo, not an sbatch option to pass on."""
+    valid = submitit.SlurmExecutor._valid_parameters()
+    for raw in options:
+        key = str(raw).replace("-", "_")
+        close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.85)
+        if key not in valid and close:
+            raise ExecutorError(f"slurm_options: unknown sbatch option {raw!r} (did you mean {close[0]!r}?)")
 
 
 def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
@@ -180,6 +185,7 @@ class SlurmExecutor:
         if missing:
             raise ExecutorError(f"--executor slurm: {' and '.join(missing)} not found on PATH; run the loop on a "
                                 "Slurm login node (or --slurm-cluster local to try it on this machine)")
+        parameters = dict(parameters)
         self.cluster = cluster
         self.folder = Path(folder).absolute()
         self.poll_s = poll_s
@@ -197,7 +203,8 @@ class SlurmExecutor:
             if not isinstance(submitit.SlurmJob.watcher, QuietWatcher):
                 submitit.SlurmJob.watcher = QuietWatcher(delay_s=60)
             try:
-                self.submitit = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0)
+                python = parameters.pop("python", None)   # a container's: the job function runs in it
+                self.submitit = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=python)
                 # --no-requeue: a job Slurm requeued would run again under the same id after its
                 # first run's result file was written, and submitit would read that one; so a
                 # preempted job ends PREEMPTED and this loop submits the trial again (run()).
@@ -220,9 +227,11 @@ class SlurmExecutor:
             raise ExecutorError(_NO_SUBMITIT)
         folder = Path(settings.slurm_folder)
         gpus, why = gpu_plan(settings, settings.slurm_cluster)
+        params = sbatch_parameters(settings, gpus, Path(root), settings.slurm_cluster)
+        said = params.pop("said", None)
         executor = cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
-                       sbatch_parameters(settings, gpus), pending_timeout_s=settings.slurm_pending_timeout)
-        executor.plan = why
+                       params, pending_timeout_s=settings.slurm_pending_timeout)
+        executor.plan = why + (f"; {said}" if said and settings.slurm_cluster == "slurm" else "")
         return executor
 
     # -- one trial ---------------------------------------------------------------------------
