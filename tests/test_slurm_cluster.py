@@ -481,8 +481,16 @@ def test_each_trial_gets_the_gpus_slurm_bound_on_its_node(tmp_path, tiny_data_di
         # CPUs on the node; that export is checked in the batch script, tests/test_executors.py.)
         assert said.group(1).startswith("TRES=cpu=2,") and " CPUs=2 " in said.group(1), said.group(1)
         held[record["description"]] = {(node, gpu) for gpu in gpus}
+        # Every record says where it ran: the node, the GPU model Slurm bound, the job's name.
+        extra = record["extra"]
+        model = "a100" if node == cluster.gpu_nodes[0] else "h100"
+        assert (extra["node"], extra["gpu_model"]) == (node, model), extra
+        assert extra["job_name"] == f"autoloop-t-{record['trial']}.{record['attempt']}", extra
     assert len(list(barrier.iterdir())) == 2   # the two trials' jobs ran at once
     assert not held["a"] & held["b"], held
+    models = [r["extra"]["gpu_model"] for r in ledger]
+    # Where the scheduler put them decides whether the models mixed; said when they did.
+    assert ("warning: " in proc.stdout and "ran on GPU model" in proc.stdout) == (len(set(models)) > 1), proc.stdout
 
 
 def test_more_gpus_per_trial_than_the_partition_offers_is_one_line(tmp_path, tiny_data_dir, cluster):

@@ -98,3 +98,24 @@ def test_a_gpus_share_of_the_node_from_sinfo():
     assert parse_shares(sinfo, "gpu") == (8, 64000)   # the smaller share: 64 CPUs and 500 GB over 8 GPUs
     assert parse_shares(sinfo, None) is None           # the default partition has no GPUs
     assert parse_shares("gpu|4|4000|gpu:a100:4\n", "gpu") == (1, 1000)
+
+
+def test_where_a_job_ran_from_scontrol():
+    info = slurm_state.parse_scontrol("JobId=3 JobName=autoloop-t-2.1 JobState=COMPLETED NodeList=gpu07 "
+                                      "JOB_GRES=gpu:h100:2 Nodes=gpu07 CPU_IDs=0-15 Mem=0 GRES=")
+    assert slurm_state.placement(info) == {"node": "gpu07", "gpu_model": "h100"}
+    untyped = slurm_state.parse_scontrol("JobId=4 JobState=RUNNING NodeList=n1 JOB_GRES=gpu:4")
+    assert slurm_state.placement(untyped) == {"node": "n1"}
+    assert slurm_state.placement(slurm_state.parse_scontrol("JobId=5 JobState=PENDING NodeList=(null)")) == {}
+
+
+def test_out_of_memory_is_named_as_such(monkeypatch):
+    from types import SimpleNamespace
+
+    from autoloop.execution.executors import slurm
+    monkeypatch.setattr(slurm, "_job_state", lambda job, ended=False: "OUT_OF_MEMORY (exit 0:125)")
+    job = SimpleNamespace(job_id="12")
+    ended = slurm._scheduler_ended(job, "SIGKILL", True, {"job_id": "12"})
+    assert "out of memory" in ended["job_error"] and "preemption" not in ended["job_error"], ended
+    error, timed_out, state = slurm._no_outcome_error(job, RuntimeError("Job 12 killed"), None)
+    assert error.startswith("job 12 ran out of memory") and not timed_out and state.startswith("OUT_OF_MEMORY")

@@ -46,7 +46,15 @@ from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
 from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters, this_node
 from autoloop.execution.executors.slurm_site import site_job
-from autoloop.execution.executors.slurm_state import LIVE, QuietWatcher, base_state, describe, read_job, settled
+from autoloop.execution.executors.slurm_state import (
+    LIVE,
+    QuietWatcher,
+    base_state,
+    describe,
+    placement,
+    read_job,
+    settled,
+)
 from autoloop.execution.procs import TOKEN_VAR, end_token_holders
 from autoloop.execution.runner import _PROGRESS_RE, RunOutcome, RunSpec, default_timeout, run_process
 
@@ -253,6 +261,11 @@ class SlurmExecutor:
             _set_aside_log(spec.log_path, outcome.job["job_id"], why)
         if resubmitted:
             outcome = outcome.model_copy(update={"job": {**outcome.job, "resubmitted": resubmitted}})
+        if self.cluster == "slurm" and outcome.job.get("job_id"):
+            # Where it ran, for every record: a partition mixing GPU models changes the speed
+            # (and train.py's batch) between trials.
+            found = placement(read_job(str(outcome.job["job_id"])))
+            outcome = outcome.model_copy(update={"job": {**outcome.job, **found}})
         return outcome
 
     def _run_job(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
@@ -266,11 +279,14 @@ class SlurmExecutor:
             job = self.submitit.submit(run_on_node, spec.model_dump_json(), stop_event, on_progress, on_start)
         else:
             try:
+                if self.cluster == "slurm":   # squeue then says which trial a job is
+                    self.submitit.update_parameters(job_name=spec.name or "autoloop")
                 job = self.submitit.submit(run_on_node, spec.model_dump_json(), nodes=self.nodes)
             except Exception as exc:  # sbatch refused it: recorded like a launch failure
                 return self._outcome(spec, started_at, t0, follower, {"executor": self.name, "cluster": self.cluster},
                                      launch_error=f"job submission failed: {_said(exc)}")
         info: dict[str, Any] = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id),
+                                **({"job_name": spec.name} if spec.name and self.cluster == "slurm" else {}),
                                 **_job_logs(job)}
         self._announce(job, {**info, "nonce_sha256": nonce_digest(spec.env.get("AUTOLOOP_NONCE"))}, on_start, on_job)
         end = _JobEnd()
@@ -412,6 +428,8 @@ def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object
     what = _said(failure) if failure is not None else f"returned {type(data).__name__}, not an outcome"
     error = f"job {job.job_id} ended without a trial outcome (state {state}): {what}"
     timed_out = state.upper().startswith("TIMEOUT")
+    if state.upper().startswith("OUT_OF_MEMORY"):
+        error = f"job {job.job_id} ran out of memory: Slurm's limit for the job (state {state}): {what}"
     if timed_out:
         error = f"job {job.job_id} hit the scheduler's time limit (state {state}): {what}"
     return error, timed_out, state
@@ -443,7 +461,9 @@ def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool, info:
         return {}   # a trial that died of a signal of its own: the runner's classification stands
     timed_out = word == "TIMEOUT" or node_signal == "SIGUSR2"
     how = {"TIMEOUT": "time limit", "PREEMPTED": "preemption", "NODE_FAIL": "its node failed",
-           "CANCELLED": "cancelled", "REQUEUED": "requeued", "PENDING": "requeued"}.get(word, "preemption or scancel")
+           "CANCELLED": "cancelled", "REQUEUED": "requeued", "PENDING": "requeued",
+           "OUT_OF_MEMORY": "out of memory: the job passed its memory limit (slurm_mem_per_gpu)",
+           }.get(word, "preemption or scancel")
     return {"job_error": f"job {job.job_id} was ended by the scheduler ({how}; {node_signal or 'a signal'} on its "
                          f"node; state {state})", "timed_out": timed_out, "job": {**info, "job_state": state}}
 

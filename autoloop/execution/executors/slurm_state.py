@@ -77,7 +77,7 @@ def parse_sacct(text: str) -> dict[str, str]:
 
 def read_job(job_id: str) -> dict[str, str]:
     """What the cluster says about one job ({} when nothing answers): State, Reason, ExitCode, NodeList."""
-    out = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    out = _run(["scontrol", "show", "job", "-d", "-o", str(job_id)])   # -d: JOB_GRES names the GPU model
     info = parse_scontrol(out) if out else {}
     if accounting_enabled() and (not info or info.get("State") not in LIVE):
         # sacct says who cancelled ("CANCELLED by 1234") and knows jobs scontrol forgot.
@@ -115,6 +115,21 @@ def describe(info: dict[str, str]) -> str:
     if restarts and restarts != "0":
         extra.append(f"requeued {restarts}x")
     return f"{state} ({', '.join(extra)})" if extra else state
+
+
+def placement(info: dict[str, str]) -> dict[str, str]:
+    """Where the job ran: ``node`` (NodeList) and ``gpu_model`` (``JOB_GRES=gpu:a100:2`` -> ``a100``;
+    left out when the GRES names no type)."""
+    found: dict[str, str] = {}
+    node = info.get("NodeList")
+    if node and node not in ("(null)", "None"):
+        found["node"] = node
+    for gres in (info.get("JOB_GRES") or "").split(","):
+        parts = gres.split(":")
+        if parts[0] == "gpu" and len(parts) >= 3 and not parts[1].isdigit():
+            found["gpu_model"] = parts[1]
+            break
+    return found
 
 
 def base_state(info: dict[str, str]) -> str:
