@@ -88,10 +88,11 @@ def token_holders(token: str) -> list[psutil.Process]:
 
 @pytest.fixture
 def fake_sbatch(tmp_path, monkeypatch) -> Path:
-    """An sbatch on PATH that refuses everything: the executor may be built, nothing submitted."""
+    """An sbatch on PATH that refuses everything: the executor may be built, nothing submitted.
+    sinfo too: the private cluster a test of this session may have started must not answer."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("sbatch", "srun", "scancel"):
+    for name in ("sbatch", "srun", "scancel", "sinfo"):
         tool = bin_dir / name
         tool.write_text("#!/bin/sh\necho 'fake: no cluster here' >&2\nexit 1\n")
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)

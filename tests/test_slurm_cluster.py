@@ -128,7 +128,7 @@ def test_sigterm_of_the_orchestrator_cancels_the_running_job(tmp_path, tiny_data
 
 
 def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None, minutes: int = 5,
-                 **parameters):
+                 retries: int = 3, **parameters):
     """Run one trial job through SlurmExecutor in a thread; (thread, result holder, spec)."""
     from autoloop.execution.runner import RunSpec
 
@@ -138,8 +138,8 @@ def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = 
     spec = RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
                      budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
     executor = SlurmExecutor("slurm", tmp_path / "slurm", {"time": minutes, "gpus_per_node": 0, **parameters},
-                             poll_s=0.2,
-                             pending_timeout_s=pending_timeout_s)
+                             poll_s=0.2, pending_timeout_s=pending_timeout_s, retries=retries,
+                             backoff=0.1)   # the waits between resubmissions: not this test's subject
     jobs: list[dict] = []
     result: list = []
     thread = threading.Thread(target=lambda: result.append(executor.run(spec, on_job=jobs.append)), daemon=True)
@@ -195,9 +195,9 @@ def test_a_preempted_trial_is_submitted_again_once(tmp_path, cluster):
     assert "was preempted; the trial is submitted again" in kept.read_text()
 
 
-def test_a_trial_preempted_twice_is_a_crash_with_slurms_reason(tmp_path, cluster):
+def test_a_trial_preempted_past_its_retries_is_a_crash_with_slurms_reason(tmp_path, cluster):
     runs = tmp_path / "runs.txt"
-    thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=2))
+    thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=2), retries=1)
     wait_for("the job to start", lambda: runs_of(runs) == 1)
     preempt(cluster)
     wait_for("the trial to be submitted again and start", lambda: runs_of(runs) == 2)
@@ -506,3 +506,30 @@ def test_more_gpus_per_trial_than_the_partition_offers_is_one_line(tmp_path, tin
     proc = autoloop(repo, *base, "2", data_dir=tiny_data_dir, env={"AUTOLOOP_DEVICE": ""})
     assert proc.returncode != 0 and "--gpus-per-trial 2: the default partition has none (sinfo GRES)" in proc.stderr
     assert not cluster.queue() and not (repo / "results" / "ledger.jsonl").exists()
+
+
+def test_one_state_query_answers_for_every_workers_job(cluster):
+    """The watcher all workers share asks squeue once per update for all their jobs."""
+    from autoloop.execution.executors.slurm_state import QuietWatcher
+
+    ids = [cluster.run("sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true").strip() for _ in range(2)]
+    watcher = QuietWatcher(delay_s=60)
+    for job_id in [*ids, "999999"]:
+        watcher.register_job(job_id)
+    watcher.update()
+    assert watcher.calls == 1
+    assert [watcher.streak(i) for i in ids] == [("PENDING", 1), ("PENDING", 1)]
+    assert watcher.streak("999999") == ("MISSING", 1)   # never known: no word of it
+
+
+def test_doctor_asks_sbatch_test_only_with_the_nights_options(tmp_path, tiny_data_dir, cluster):
+    repo = init_repo(tmp_path / "repo", {"train.py": gpu_train(1.0)})
+    base = ("doctor", "--executor", "slurm", "--slurm-partition", GPU_PARTITION, "--gpus-per-trial", "2",
+            "--command", f"{sys.executable} train.py")
+    proc = autoloop(repo, *base, data_dir=tiny_data_dir)
+    line = next((x for x in proc.stdout.splitlines() if "--test-only" in x), "")
+    assert "sbatch" in line and "to start at" in line and "refused" not in line, proc.stdout
+    proc = autoloop(repo, *base, "--slurm-option", "reservation=nosuch", data_dir=tiny_data_dir)
+    line = next((x for x in proc.stdout.splitlines() if "--test-only" in x), "")
+    assert proc.returncode != 0 and "--test-only refused the job" in line and "eservation" in line, proc.stdout
+    assert not cluster.queue()   # nothing was queued

@@ -345,6 +345,10 @@ class Settings(BaseModel):
     slurm_exclusive: bool = setting(
         False, "slurm", "whole nodes per trial: sbatch --exclusive and --mem=0 (all their CPUs and memory)")
     slurm_folder: str = setting(DEFAULT_SLURM_DIR, "slurm", "submitit's job files", metavar="DIR")
+    slurm_retries: int = setting(
+        3, "slurm", "submit a trial again this many times when the cluster ends its job (preempted, node "
+        "failure, lost), after 30 s, 60 s, ... (up to 5m); not counted against the change (default {default})",
+        metavar="N", ge=0, le=20)
     slurm_pending_timeout: float | None = setting(
         3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and record it as a "
         "crash, so that a stuck queue cannot hold the night (default {default}; 0: wait forever)",

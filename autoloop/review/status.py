@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autoloop.core.layout import Layout
-from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
+from autoloop.observe.console import parse_progress, plural, shorten, time_left, whole_seconds
 from autoloop.review import machine_speed, scout, throughput
 from autoloop.review.jobs import job_data, job_lines
 from autoloop.store import person_notes, queries
@@ -77,6 +77,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         # Kept changes apart from the baseline, its noise samples and the re-runs (queries.attempt_kind).
         "status_counts": queries.attempt_counts(night),
         "crash_counts": dict(Counter(r.crash for r in night if r.crash)),
+        "cluster_ended": queries.cluster_ended(night),
         "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
         "device_busy": None if fed is None or fed.busy_share is None else round(fed.busy_share, 4),
         "device_span_s": None if fed is None else round(fed.span_s, 1),
@@ -258,6 +259,9 @@ def _result_lines(data: dict[str, Any]) -> list[str]:
         crashes = ", ".join(f"{k} {v}" for k, v in sorted(data["crash_counts"].items()))
         lines.append(f"{data['trials']} trials, {data['attempts']} attempts: {counts}"
                      + (f" (crashes: {crashes})" if crashes else ""))
+    if data.get("cluster_ended"):
+        lines.append(f"cluster ended {plural(data['cluster_ended'], 'job')} (preempted, node failure, lost): "
+                     "each trial submitted again, not counted against its change")
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
     return lines

@@ -71,9 +71,18 @@ except ImportError:   # optional dependency: only `--executor slurm` needs it
 
 T = TypeVar("T")
 
-REQUEUES = 1           # a trial the cluster ended (RESUBMIT) is submitted again once; twice, it is a crash
-# Ends that say nothing of the candidate: the trial is submitted again (REQUEUES times), not blamed.
-RESUBMIT = {"PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL)"}
+# A trial the cluster ended (RESUBMIT) is submitted again, slurm_retries times (default 3), after
+# a wait that doubles from BACKOFF_S up to BACKOFF_MAX_S (a preempting job or a failed node is
+# seldom gone at once); one more such end is a crash.
+BACKOFF_S = 30.0
+BACKOFF_MAX_S = 300.0
+# Ends that say nothing of the candidate: the trial is submitted again, not blamed.
+RESUBMIT = {"PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL)",
+            "LOST": "was lost: the cluster no longer knows it"}
+# State updates in a row that find a job without a result PREEMPTED (its end: requeue is off)
+# or without a word from the cluster (forgotten): two, so that a job still completing (its
+# result on its way) is not taken for one.
+GONE_AFTER = 2
 TIME_MARGIN_S = 300     # scheduler limit = trial timeout + this: job start-up, imports, the tree kill
 POLL_S = 1.0            # how often the orchestrator looks at the job and its log
 LOCAL_RESULT_WAIT_S = 2  # submitit waits this long for a result pickle (15 s: for network filesystems)
@@ -101,6 +110,11 @@ def sbatch_parameters(settings: Settings, gpus: int | None = None, root: Path | 
     if site.said:
         params["said"] = ", ".join(site.said)
     return params
+
+
+def backoff_s(attempt: int, base: float = BACKOFF_S) -> float:
+    """The wait before the ``attempt``-th resubmission (1, 2, ...): base, doubled each time, capped."""
+    return min(BACKOFF_MAX_S, base * 2 ** (attempt - 1)) if base > 0 else 0.0
 
 
 def _check_typos(options: dict[str, Any]) -> None:
@@ -186,7 +200,7 @@ class SlurmExecutor:
     name = "slurm"
 
     def __init__(self, cluster: str, folder: Path, parameters: dict[str, Any], poll_s: float = POLL_S,
-                 pending_timeout_s: float | None = None):
+                 pending_timeout_s: float | None = None, retries: int = 3, backoff: float = BACKOFF_S):
         if submitit is None:
             raise ExecutorError(_NO_SUBMITIT)
         missing = [tool for tool in ("sbatch", "srun") if cluster == "slurm" and shutil.which(tool) is None]
@@ -194,6 +208,7 @@ class SlurmExecutor:
             raise ExecutorError(f"--executor slurm: {' and '.join(missing)} not found on PATH; run the loop on a "
                                 "Slurm login node (or --slurm-cluster local to try it on this machine)")
         parameters = dict(parameters)
+        self.retries, self.backoff_s = retries, backoff
         self.cluster = cluster
         self.folder = Path(folder).absolute()
         self.poll_s = poll_s
@@ -238,7 +253,7 @@ class SlurmExecutor:
         params = sbatch_parameters(settings, gpus, Path(root), settings.slurm_cluster)
         said = params.pop("said", None)
         executor = cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
-                       params, pending_timeout_s=settings.slurm_pending_timeout)
+                       params, pending_timeout_s=settings.slurm_pending_timeout, retries=settings.slurm_retries)
         executor.plan = why + (f"; {said}" if said and settings.slurm_cluster == "slurm" else "")
         return executor
 
@@ -247,18 +262,23 @@ class SlurmExecutor:
     def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
             on_job: OnJob | None = None) -> RunOutcome:
-        """The trial as a job; a job the cluster preempted, or whose node failed, is submitted
-        again, ``REQUEUES`` times (sbatch --no-requeue: this loop requeues, not Slurm, see
-        :func:`sbatch_parameters`)."""
+        """The trial as a job; a job the cluster preempted, lost, or whose node failed, is
+        submitted again, ``retries`` times after a growing wait (sbatch --no-requeue: this loop
+        requeues, not Slurm, see :func:`sbatch_parameters`)."""
         resubmitted: list[str] = []
         while True:
             outcome = self._run_job(spec, on_progress, stop_event, on_start, on_job)
             stopped = stop_event is not None and stop_event.is_set()
             why = RESUBMIT.get(outcome.job.get("job_state", "").split(" ")[0])
-            if why is None or stopped or len(resubmitted) >= REQUEUES:
+            if why is None or stopped or len(resubmitted) >= self.retries:
                 break
             resubmitted.append(f"job {outcome.job['job_id']}: {outcome.job['job_state']}")
-            _set_aside_log(spec.log_path, outcome.job["job_id"], why)
+            wait = backoff_s(len(resubmitted), self.backoff_s)
+            _set_aside_log(spec.log_path, outcome.job["job_id"], why, wait)
+            if stop_event is not None and stop_event.wait(wait):
+                break   # stopped while waiting: the outcome says how the last job ended
+            if stop_event is None:
+                time.sleep(wait)
         if resubmitted:
             outcome = outcome.model_copy(update={"job": {**outcome.job, "resubmitted": resubmitted}})
         if self.cluster == "slurm" and outcome.job.get("job_id"):
@@ -317,6 +337,11 @@ class SlurmExecutor:
                 while not job.done():
                     self._look(job, spec, t0, stop_event, end)
                     follower.poll(on_progress)
+                    gone = self._gone(job)
+                    if gone is not None:
+                        # submitit would wait for ever: PREEMPTED and UNKNOWN are not "done" to it.
+                        end.failure = gone
+                        break
                     time.sleep(self.poll_s)
             if end.failure is None and end.pending_expired is None:
                 end.data = job.results()[0]   # a job over several nodes: the first node's is the trial's
@@ -335,6 +360,24 @@ class SlurmExecutor:
                                    f"{format_duration(self.pending_timeout_s or 0)} (state {_job_state(job)}; "
                                    "slurm_pending_timeout): cancelled")
             self._cancel(job)
+
+    def _gone(self, job: Job[Any]) -> JobGone | None:
+        """The job ended without a result as far as the shared watcher's last update saw: preempted
+        (requeue is off, so that is its end), or forgotten by the cluster (no word of it), each
+        in ``GONE_AFTER`` updates in a row. None while it may still give one."""
+        watcher = submitit.SlurmJob.watcher if self.cluster == "slurm" else None
+        if not isinstance(watcher, QuietWatcher) or job.paths.result_pickle.exists():
+            return None
+        job_id = str(job.job_id)
+        state, n = watcher.streak(job_id)
+        if n < GONE_AFTER:
+            return None
+        if state == "PREEMPTED":
+            return JobGone(f"job {job_id} was preempted and left no result", "PREEMPTED")
+        if state == "MISSING":
+            return JobGone(f"job {job_id} is no longer known to the cluster (slurmctld forgot it: MinJobAge "
+                           "passed, no job accounting) and left no result", "LOST")
+        return None
 
     def _pending_too_long(self, spec: RunSpec, t0: float) -> bool:
         """The job has not started the trial (run_process on the node creates its log first
@@ -422,9 +465,17 @@ def _end_strays(job: Job[Any], token: str, log_path: Path) -> None:
             f.write(f"\n[autoloop] ended {strays} trial process(es) left by job {job.job_id}\n")
 
 
+class JobGone(RuntimeError):
+    """A job that ended without a result while submitit would still wait for it; ``state``: its end."""
+
+    def __init__(self, message: str, state: str):
+        super().__init__(message)
+        self.state = state
+
+
 def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object) -> tuple[str, bool, str]:
     """Why a job gave no trial outcome, whether the scheduler's time limit ended it, and its state."""
-    state = _job_state(job, ended=True)
+    state = failure.state if isinstance(failure, JobGone) else _job_state(job, ended=True)
     what = _said(failure) if failure is not None else f"returned {type(data).__name__}, not an outcome"
     error = f"job {job.job_id} ended without a trial outcome (state {state}): {what}"
     timed_out = state.upper().startswith("TIMEOUT")
@@ -468,12 +519,13 @@ def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool, info:
                          f"node; state {state})", "timed_out": timed_out, "job": {**info, "job_state": state}}
 
 
-def _set_aside_log(log_path: Path, job_id: str, why: str) -> None:
+def _set_aside_log(log_path: Path, job_id: str, why: str, wait: float = 0.0) -> None:
     """The ended job's log, kept beside the one its resubmission writes (which must not
     exist before the new job starts: its absence is how a pending job is told apart)."""
     with contextlib.suppress(OSError):
         with open(log_path, "a") as f:
-            f.write(f"[autoloop] job {job_id} {why}; the trial is submitted again\n")
+            after = f" in {format_duration(wait)}" if wait > 0 else ""
+            f.write(f"[autoloop] job {job_id} {why}; the trial is submitted again{after}\n")
         log_path.replace(log_path.with_name(f"{log_path.stem}.job-{job_id}{log_path.suffix}"))
 
 
@@ -507,6 +559,32 @@ def _said(exc: BaseException) -> str:
         end = next((i for i, line in enumerate(lines) if line.startswith("You can check")), len(lines))
         return lines[end - 1] if end > 1 else lines[0]
     return lines[0]
+
+
+def test_only(settings: Settings, root: Path) -> tuple[bool, str]:
+    """``sbatch --test-only`` of a trial's job with the night's options (partition, GPUs, CPUs,
+    memory, setup, container, pass-through options): (whether Slurm would take it, what it said,
+    one line). Nothing is queued."""
+    import subprocess
+    import tempfile
+
+    try:
+        executor = SlurmExecutor.from_settings(settings, root)
+    except ExecutorError as exc:
+        return False, str(exc)
+    sub = executor.submitit
+    if not isinstance(sub, submitit.SlurmExecutor):
+        return False, f"--slurm-cluster {settings.slurm_cluster} submits no sbatch job"
+    text = sub._make_submission_file_text(sub._submitit_command_str, "test-only")
+    with tempfile.TemporaryDirectory(prefix="autoloop-sbatch-") as tmp:
+        script = Path(tmp) / "trial.sh"
+        script.write_text(text)
+        try:
+            proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, f"sbatch --test-only did not answer: {exc}"
+    said = " ".join((proc.stderr + proc.stdout).split()).replace("sbatch: ", "")
+    return proc.returncode == 0, said or f"sbatch --test-only exited {proc.returncode}"
 
 
 def cancel_recorded_job(job: dict[str, Any]) -> str | None:
