@@ -252,10 +252,13 @@ def test_slurms_own_time_limit_is_a_timeout_with_its_reason(tmp_path, cluster):
 def test_a_job_pending_too_long_is_cancelled_and_recorded(tmp_path, cluster):
     blocker = cluster.run("sbatch", "--parsable", "-c", "2", "-o", "/dev/null", "--wrap", "sleep 300").strip()
     wait_for("the blocker to hold the node", lambda: "RUNNING" in cluster.run("scontrol", "show", "job", blocker))
-    thread, result, jobs = executor_run(tmp_path, fake_train(1.0), pending_timeout_s=3)
+    thread, result, jobs = executor_run(tmp_path, fake_train(1.0), pending_timeout_s=3, retries=1)
     thread.join(120)
     assert result, "the executor never returned"
     outcome = result[0]
+    # The queue's doing: submitted again once (retries=1), then a crash naming the wait.
+    assert len(jobs) == 2 and len(outcome.job["resubmitted"]) == 1, (jobs, outcome.job)
+    assert outcome.job["resubmitted"][0] == f"job {jobs[0]['job_id']}: PENDING_LIMIT", outcome.job
     assert outcome.job_error and "still waiting in the queue after 3s" in outcome.job_error, outcome
     assert "PENDING" in outcome.job_error, outcome.job_error   # with Slurm's reason (Resources)
     assert cluster.queue() == [blocker]   # ours is gone, the blocker is not ours to cancel

@@ -347,11 +347,13 @@ class Settings(BaseModel):
     slurm_folder: str = setting(DEFAULT_SLURM_DIR, "slurm", "submitit's job files", metavar="DIR")
     slurm_retries: int = setting(
         3, "slurm", "submit a trial again this many times when the cluster ends its job (preempted, node "
-        "failure, lost), after 30 s, 60 s, ... (up to 5m); not counted against the change (default {default})",
+        "failure, lost, past slurm_pending_timeout), after 30 s, 60 s, ... (up to 5m); not counted against the "
+        "change (default {default})",
         metavar="N", ge=0, le=20)
     slurm_pending_timeout: float | None = setting(
-        3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and record it as a "
-        "crash, so that a stuck queue cannot hold the night (default {default}; 0: wait forever)",
+        3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and submit it again "
+        "(slurm_retries), then record a crash, so that a stuck queue cannot hold the night (default {default}; "
+        "0: wait forever)",
         metavar="DURATION")
 
     @field_validator("slurm_time_limit", mode="before")

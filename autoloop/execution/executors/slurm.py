@@ -78,7 +78,8 @@ BACKOFF_S = 30.0
 BACKOFF_MAX_S = 300.0
 # Ends that say nothing of the candidate: the trial is submitted again, not blamed.
 RESUBMIT = {"PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL)",
-            "LOST": "was lost: the cluster no longer knows it"}
+            "LOST": "was lost: the cluster no longer knows it",
+            "PENDING_LIMIT": "waited in the queue past slurm_pending_timeout"}
 # State updates in a row that find a job without a result PREEMPTED (its end: requeue is off)
 # or without a word from the cluster (forgotten): two, so that a job still completing (its
 # result on its way) is not taken for one.
@@ -313,6 +314,7 @@ class SlurmExecutor:
         self._wait(job, spec, t0, follower, stop_event, on_progress, end)
         follower.poll(on_progress)
         if end.pending_expired is not None:
+            info["job_state"] = "PENDING_LIMIT"   # the queue's doing, not the trial's: submitted again (run())
             return self._outcome(spec, started_at, t0, follower, info,
                                  job_error=None if end.stopped else end.pending_expired, stopped=end.stopped,
                                  note=end.pending_expired)
