@@ -467,7 +467,7 @@ def _end_strays(job: Job[Any], token: str, log_path: Path) -> None:
             f.write(f"\n[autoloop] ended {strays} trial process(es) left by job {job.job_id}\n")
 
 
-class JobGone(RuntimeError):
+class JobGone(ExecutorError):
     """A job that ended without a result while submitit would still wait for it; ``state``: its end."""
 
     def __init__(self, message: str, state: str):
