@@ -276,8 +276,9 @@ def stuck_queue(tmp_path, monkeypatch) -> None:
 
 
 def test_a_job_pending_past_the_limit_is_cancelled_and_a_crash(tmp_path, stuck_queue):
+    # retries=0: no resubmission (tests/test_slurm_cluster.py has the one before the crash).
     executor = SlurmExecutor("local", tmp_path / "results" / "slurm", {"time": 5, "gpus_per_node": 0}, poll_s=0.1,
-                             pending_timeout_s=2)
+                             pending_timeout_s=2, retries=0)
     spec = spec_for(tmp_path, REPORT)
     jobs: list[dict] = []
     started = time.monotonic()
