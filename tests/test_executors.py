@@ -88,10 +88,11 @@ def token_holders(token: str) -> list[psutil.Process]:
 
 @pytest.fixture
 def fake_sbatch(tmp_path, monkeypatch) -> Path:
-    """An sbatch on PATH that refuses everything: the executor may be built, nothing submitted."""
+    """An sbatch on PATH that refuses everything: the executor may be built, nothing submitted.
+    sinfo too: the private cluster a test of this session may have started must not answer."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("sbatch", "srun", "scancel"):
+    for name in ("sbatch", "srun", "scancel", "sinfo"):
         tool = bin_dir / name
         tool.write_text("#!/bin/sh\necho 'fake: no cluster here' >&2\nexit 1\n")
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
@@ -112,6 +113,28 @@ def test_sbatch_parameters_come_from_the_settings(tmp_path, fake_sbatch):
     for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=2", "#SBATCH --time=30",
                  "#SBATCH --account=proj", "#SBATCH --mem=64G", "#SBATCH --cpus-per-task=8"):
         assert line in text, line
+    # any other sbatch option passes through; setup lines and a container reach the batch script
+    site = make_executor(build_settings({
+        "executor": "slurm", "slurm_options": {"reservation": "night", "exclusive-user": True, "requeue": False},
+        "slurm_setup": ["module load cuda/12.4", "source .venv/bin/activate"],
+        "slurm_container": "apptainer:/images/torch.sif", "gpus_per_trial": 2, "slurm_cpus_per_gpu": 6,
+        "slurm_mem_per_gpu": "64g"}), tmp_path)
+    text = site.submitit._make_submission_file_text(site.submitit._submitit_command_str, "uid")
+    lines = text.splitlines()
+    for line in ("#SBATCH --reservation=night", "#SBATCH --exclusive-user", "#SBATCH --cpus-per-task=12",
+                 "#SBATCH --mem-per-gpu=64G", "module load cuda/12.4", "source .venv/bin/activate",
+                 "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}"):
+        assert line in lines, (line, text)
+    assert "requeue" not in text.replace("no-requeue", "")   # false: left out
+    assert lines.index("module load cuda/12.4") < next(i for i, x in enumerate(lines) if x.startswith("srun "))
+    assert f"apptainer exec --nv --bind {tmp_path} /images/torch.sif python3 -u -m submitit.core._submit" in text
+    assert "12 CPUs, 64G per GPU, in container apptainer:/images/torch.sif" in site.plan
+    whole = make_executor(build_settings({"executor": "slurm", "slurm_exclusive": True, "gpus_per_trial": 8,
+                                          "slurm_container": "pyxis:nvcr.io#nvidia/pytorch:24.05-py3"}), tmp_path)
+    text = whole.submitit._make_submission_file_text(whole.submitit._submitit_command_str, "uid")
+    assert "#SBATCH --exclusive" in text and "#SBATCH --mem=0" in text and "cpus-per-task" not in text
+    assert (f"--container-image 'nvcr.io#nvidia/pytorch:24.05-py3' --container-mounts {tmp_path}:{tmp_path} "
+            f"--container-workdir {tmp_path} python3 -u -m submitit.core._submit") in text
     # default limit: the trial timeout plus the margin, whole minutes
     default = make_executor(build_settings({"executor": "slurm", "timeout": "10m", "budget": "5m"}), tmp_path)
     assert default.submitit.parameters["time"] == 15 and "partition" not in default.submitit.parameters
@@ -145,9 +168,16 @@ def test_cli_refuses_bad_slurm_settings_in_one_line(tmp_path, tiny_data_dir):
     repo = init_repo(tmp_path / "repo", {"train.py": REPORT})
     args = ["run", "--executor", "slurm", "--slurm-cluster", "local", "--max-trials", "1", "--budget", "1",
             "--proposer", "queue"]
-    proc = autoloop(repo, *args, "--slurm-option", "bogus=1", data_dir=tiny_data_dir)
-    assert proc.returncode == 1 and proc.stderr.strip() == "autoloop: slurm_options: unknown sbatch option 'bogus'", \
-        proc.stderr
+    proc = autoloop(repo, *args, "--slurm-option", "acount=1", data_dir=tiny_data_dir)
+    assert proc.returncode == 1 and proc.stderr.strip() == ("autoloop: slurm_options: unknown sbatch option 'acount' "
+                                                            "(did you mean 'account'?)"), proc.stderr
+    for bad, said in ((("--slurm-container", "docker:img"), "expected pyxis:IMAGE or apptainer:IMAGE, got"),
+                      (("--slurm-mem-per-gpu", "lots"), "expected a size like 64G"),
+                      (("--slurm-option", "gpus=2"), "slurm_options: 'gpus' is set by gpus_per_trial"),
+                      (("--slurm-option", "setup=module load x"), "'setup' is set by slurm_setup")):
+        proc = autoloop(repo, *args, *bad, data_dir=tiny_data_dir)
+        assert proc.returncode in (1, 2) and said in proc.stderr, (bad, proc.stderr)
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     proc = autoloop(repo, *args, "--slurm-option", "novalue", data_dir=tiny_data_dir)
     assert proc.returncode == 2 and "expected KEY=VALUE" in proc.stderr and "Traceback" not in proc.stderr
     code = ("import sys; sys.modules['submitit'] = None\n"
@@ -246,8 +276,9 @@ def stuck_queue(tmp_path, monkeypatch) -> None:
 
 
 def test_a_job_pending_past_the_limit_is_cancelled_and_a_crash(tmp_path, stuck_queue):
+    # retries=0: no resubmission (tests/test_slurm_cluster.py has the one before the crash).
     executor = SlurmExecutor("local", tmp_path / "results" / "slurm", {"time": 5, "gpus_per_node": 0}, poll_s=0.1,
-                             pending_timeout_s=2)
+                             pending_timeout_s=2, retries=0)
     spec = spec_for(tmp_path, REPORT)
     jobs: list[dict] = []
     started = time.monotonic()

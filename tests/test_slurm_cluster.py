@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, autoloop, queue_file
-from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
+from slurm_cluster import GPU_PARTITION, slurm_cluster  # noqa: F401 - the session fixture
 
 from autoloop.core.classify import classify
 
@@ -127,7 +128,7 @@ def test_sigterm_of_the_orchestrator_cancels_the_running_job(tmp_path, tiny_data
 
 
 def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = None, minutes: int = 5,
-                 **parameters):
+                 retries: int = 3, **parameters):
     """Run one trial job through SlurmExecutor in a thread; (thread, result holder, spec)."""
     from autoloop.execution.runner import RunSpec
 
@@ -137,8 +138,8 @@ def executor_run(tmp_path: Path, script: str, pending_timeout_s: float | None = 
     spec = RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
                      budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
     executor = SlurmExecutor("slurm", tmp_path / "slurm", {"time": minutes, "gpus_per_node": 0, **parameters},
-                             poll_s=0.2,
-                             pending_timeout_s=pending_timeout_s)
+                             poll_s=0.2, pending_timeout_s=pending_timeout_s, retries=retries,
+                             backoff=0.1)   # the waits between resubmissions: not this test's subject
     jobs: list[dict] = []
     result: list = []
     thread = threading.Thread(target=lambda: result.append(executor.run(spec, on_job=jobs.append)), daemon=True)
@@ -194,9 +195,9 @@ def test_a_preempted_trial_is_submitted_again_once(tmp_path, cluster):
     assert "was preempted; the trial is submitted again" in kept.read_text()
 
 
-def test_a_trial_preempted_twice_is_a_crash_with_slurms_reason(tmp_path, cluster):
+def test_a_trial_preempted_past_its_retries_is_a_crash_with_slurms_reason(tmp_path, cluster):
     runs = tmp_path / "runs.txt"
-    thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=2))
+    thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=2), retries=1)
     wait_for("the job to start", lambda: runs_of(runs) == 1)
     preempt(cluster)
     wait_for("the trial to be submitted again and start", lambda: runs_of(runs) == 2)
@@ -251,10 +252,13 @@ def test_slurms_own_time_limit_is_a_timeout_with_its_reason(tmp_path, cluster):
 def test_a_job_pending_too_long_is_cancelled_and_recorded(tmp_path, cluster):
     blocker = cluster.run("sbatch", "--parsable", "-c", "2", "-o", "/dev/null", "--wrap", "sleep 300").strip()
     wait_for("the blocker to hold the node", lambda: "RUNNING" in cluster.run("scontrol", "show", "job", blocker))
-    thread, result, jobs = executor_run(tmp_path, fake_train(1.0), pending_timeout_s=3)
+    thread, result, jobs = executor_run(tmp_path, fake_train(1.0), pending_timeout_s=3, retries=1)
     thread.join(120)
     assert result, "the executor never returned"
     outcome = result[0]
+    # The queue's doing: submitted again once (retries=1), then a crash naming the wait.
+    assert len(jobs) == 2 and len(outcome.job["resubmitted"]) == 1, (jobs, outcome.job)
+    assert outcome.job["resubmitted"][0] == f"job {jobs[0]['job_id']}: PENDING_LIMIT", outcome.job
     assert outcome.job_error and "still waiting in the queue after 3s" in outcome.job_error, outcome
     assert "PENDING" in outcome.job_error, outcome.job_error   # with Slurm's reason (Resources)
     assert cluster.queue() == [blocker]   # ours is gone, the blocker is not ours to cancel
@@ -410,3 +414,125 @@ def test_a_trial_spans_two_nodes_through_torchs_launcher(tmp_path, cluster):
     second = outcome.log_path.with_name(f"{outcome.log_path.stem}.node1.log")   # the other node's share
     assert second.exists() and "val_bpb" not in second.read_text()
     assert cluster.run("scontrol", "show", "job", jobs[0]["job_id"]).count("NumNodes=2") == 1
+
+
+def gpu_train(value: float, barrier: Path | None = None) -> str:
+    """Each rank says which node, job, devices and rank it was given; rank 0 reports ``value``.
+    With ``barrier``, rank 0 waits (bounded) until two trials' jobs run at once, so that the
+    GPUs they hold are held together."""
+    wait = "" if barrier is None else (
+        f"    barrier = pathlib.Path({str(barrier)!r})\n"
+        "    (barrier / env['SLURM_JOB_ID']).write_text('x')\n"
+        "    deadline = time.monotonic() + 90\n"
+        "    while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:\n"
+        "        time.sleep(0.2)\n")
+    return (f"import os, pathlib, time\nVALUE = {value!r}\nenv = os.environ\n"
+            # One write per line: the two ranks share the log's pipe, and print() writes the end apart.
+            "os.write(1, f\"rank {env['RANK']}/{env['WORLD_SIZE']} node {env['SLURMD_NODENAME']} \"\n"
+            "         f\"job {env['SLURM_JOB_ID']} \"\n"
+            "         f\"cuda {env.get('CUDA_VISIBLE_DEVICES')} job_gpus {env.get('SLURM_JOB_GPUS')}\\n\".encode())\n"
+            "if env['RANK'] == '0':\n"
+            "    import subprocess\n"   # what Slurm says it bound, asked while the job runs (it forgets after)
+            "    said = subprocess.run(['scontrol', 'show', 'job', '-d', env['SLURM_JOB_ID']], capture_output=True,\n"
+            "                          text=True).stdout\n"
+            "    step_id = env['SLURM_JOB_ID'] + '.' + env['SLURM_STEP_ID']\n"
+            "    step = subprocess.run(['scontrol', 'show', 'step', '-o', step_id], capture_output=True,\n"
+            "                          text=True).stdout\n"
+            "    gres = ' '.join(w for w in said.split() + step.split() if w.startswith(('GRES=', 'TRES=', 'CPUs=')))\n"
+            "    os.write(1, f'slurm bound {gres}\\n'.encode())\n"
+            + wait + "    os.write(1, f'---\\nval_bpb: {VALUE:.6f}\\n'.encode())\n")
+
+
+RANK_LINE = re.compile(r"^rank (\d)/(\d) node (\S+) job (\d+) cuda (\S+) job_gpus (\S+)$", re.MULTILINE)
+
+
+def test_each_trial_gets_the_gpus_slurm_bound_on_its_node(tmp_path, tiny_data_dir, cluster):
+    """A site's shape: the orchestrator on a host without GPUs, the trials on GPU nodes. Each
+    trial's two ranks see the two GPUs Slurm bound to its job (scontrol's IDX), no device
+    variable from here; two trials at once hold disjoint GPUs; the job and its srun step have
+    a GPU's share of the node's CPUs for each GPU. (On the code before: "--workers 2
+    x --gpus-per-trial 2 needs 4 GPUs, 0 visible", nothing run.)"""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    repo = init_repo(tmp_path / "repo", {"train.py": gpu_train(1.0)})
+    queue_file(repo, "01_a.py", gpu_train(0.9, barrier), "a")
+    queue_file(repo, "02_b.py", gpu_train(0.95, barrier), "b")
+    proc = autoloop(repo, "run", "--budget", "2", "--timeout", "90", "--proposer", "queue", "--tag", "t",
+                    "--command", f"{sys.executable} train.py", "--executor", "slurm", "--slurm-partition",
+                    GPU_PARTITION, "--workers", "2", "--gpus-per-trial", "2", "--max-trials", "2",
+                    data_dir=tiny_data_dir, env={"AUTOLOOP_DEVICE": ""}, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "each on what slurm binds to its job on its node" in proc.stdout, proc.stdout
+    ledger = assert_invariants(repo)
+    assert sorted(r["description"] for r in ledger) == ["a", "b", "baseline"], ledger
+    held: dict[str, set[tuple[str, str]]] = {}
+    for record in ledger:
+        assert record["status"] in ("keep", "discard"), record
+        log = (repo / "results" / record["log_path"]).read_text()
+        ranks = RANK_LINE.findall(log)
+        assert sorted(r[:2] for r in ranks) == [("0", "2"), ("1", "2")], log   # two ranks, launched by torch
+        assert len({r[2:] for r in ranks}) == 1, ranks   # both on one node, one job, the same devices
+        _, _, node, job_id, cuda, job_gpus = ranks[0]
+        assert job_id == record["extra"]["job_id"] and node in cluster.gpu_nodes, (ranks, record["extra"])
+        gpus = cuda.split(",")
+        assert len(gpus) == 2 and cuda == job_gpus, ranks   # what Slurm bound, nothing else
+        said = re.search(r"^slurm bound (.*)$", log, re.MULTILINE)
+        bound = re.search(r"\bGRES=gpu:\w+:2\(IDX:(\d)[-,](\d)\)", said.group(1) if said else "")
+        assert bound and gpus == [bound.group(1), bound.group(2)], log
+        # A GPU's share of the node's CPUs (4 CPUs / 4 GPUs) for the job, held by its srun step. (The
+        # step would hold them without SRUN_CPUS_PER_TASK too: a plain srun step takes the job's
+        # CPUs on the node; that export is checked in the batch script, tests/test_executors.py.)
+        assert said.group(1).startswith("TRES=cpu=2,") and " CPUs=2 " in said.group(1), said.group(1)
+        held[record["description"]] = {(node, gpu) for gpu in gpus}
+        # Every record says where it ran: the node, the GPU model Slurm bound, the job's name.
+        extra = record["extra"]
+        model = "a100" if node == cluster.gpu_nodes[0] else "h100"
+        assert (extra["node"], extra["gpu_model"]) == (node, model), extra
+        assert extra["job_name"] == f"autoloop-t-{record['trial']}.{record['attempt']}", extra
+    assert len(list(barrier.iterdir())) == 2   # the two trials' jobs ran at once
+    assert not held["a"] & held["b"], held
+    models = [r["extra"]["gpu_model"] for r in ledger]
+    # Where the scheduler put them decides whether the models mixed; said when they did.
+    assert ("warning: " in proc.stdout and "ran on GPU model" in proc.stdout) == (len(set(models)) > 1), proc.stdout
+
+
+def test_more_gpus_per_trial_than_the_partition_offers_is_one_line(tmp_path, tiny_data_dir, cluster):
+    """Checked against the partition's nodes (sinfo GRES), not this host, which has none."""
+    repo = init_repo(tmp_path / "repo", {"train.py": gpu_train(1.0)})
+    base = ("run", "--budget", "2", "--proposer", "queue", "--command", f"{sys.executable} train.py",
+            "--executor", "slurm", "--gpus-per-trial")
+    proc = autoloop(repo, *base, "8", "--slurm-partition", GPU_PARTITION, data_dir=tiny_data_dir,
+                    env={"AUTOLOOP_DEVICE": ""})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    said = f"--gpus-per-trial 8: partition {GPU_PARTITION} has up to 4 per node (sinfo GRES)"
+    assert said in proc.stderr, proc.stderr
+    proc = autoloop(repo, *base, "2", data_dir=tiny_data_dir, env={"AUTOLOOP_DEVICE": ""})
+    assert proc.returncode != 0 and "--gpus-per-trial 2: the default partition has none (sinfo GRES)" in proc.stderr
+    assert not cluster.queue() and not (repo / "results" / "ledger.jsonl").exists()
+
+
+def test_one_state_query_answers_for_every_workers_job(cluster):
+    """The watcher all workers share asks squeue once per update for all their jobs."""
+    from autoloop.execution.executors.slurm_state import QuietWatcher
+
+    ids = [cluster.run("sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true").strip() for _ in range(2)]
+    watcher = QuietWatcher(delay_s=60)
+    for job_id in [*ids, "999999"]:
+        watcher.register_job(job_id)
+    watcher.update()
+    assert watcher.calls == 1
+    assert [watcher.streak(i) for i in ids] == [("PENDING", 1), ("PENDING", 1)]
+    assert watcher.streak("999999") == ("MISSING", 1)   # never known: no word of it
+
+
+def test_doctor_asks_sbatch_test_only_with_the_nights_options(tmp_path, tiny_data_dir, cluster):
+    repo = init_repo(tmp_path / "repo", {"train.py": gpu_train(1.0)})
+    base = ("doctor", "--executor", "slurm", "--slurm-partition", GPU_PARTITION, "--gpus-per-trial", "2",
+            "--command", f"{sys.executable} train.py")
+    proc = autoloop(repo, *base, data_dir=tiny_data_dir)
+    line = next((x for x in proc.stdout.splitlines() if "--test-only" in x), "")
+    assert "sbatch" in line and "to start at" in line and "refused" not in line, proc.stdout
+    proc = autoloop(repo, *base, "--slurm-option", "reservation=nosuch", data_dir=tiny_data_dir)
+    line = next((x for x in proc.stdout.splitlines() if "--test-only" in x), "")
+    assert proc.returncode != 0 and "--test-only refused the job" in line and "eservation" in line, proc.stdout
+    assert not cluster.queue()   # nothing was queued

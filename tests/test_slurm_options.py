@@ -88,3 +88,78 @@ def test_gpu_plan_says_what_it_asks_and_why(monkeypatch):
     assert slurm_gpus.gpu_plan(cpu_ranks, "slurm") == (0, "slurm: no GPU asked for: --device cpu runs the trial's "
                                                           "2 rank(s) per node on its CPUs")
     assert SlurmExecutor.from_settings(build_settings({"executor": "slurm", "slurm_cluster": "local"}), ".").plan
+
+
+def test_a_gpus_share_of_the_node_from_sinfo():
+    from autoloop.execution.executors.slurm_site import parse_shares
+    sinfo = ("cpu*|64|256000|(null)\n"
+             "gpu|128|1024000|gpu:h100:8(S:0-1)\n"
+             "gpu|64|512000|gpu:a100:8\n")
+    assert parse_shares(sinfo, "gpu") == (8, 64000)   # the smaller share: 64 CPUs and 500 GB over 8 GPUs
+    assert parse_shares(sinfo, None) is None           # the default partition has no GPUs
+    assert parse_shares("gpu|4|4000|gpu:a100:4\n", "gpu") == (1, 1000)
+
+
+def test_where_a_job_ran_from_scontrol():
+    info = slurm_state.parse_scontrol("JobId=3 JobName=autoloop-t-2.1 JobState=COMPLETED NodeList=gpu07 "
+                                      "JOB_GRES=gpu:h100:2 Nodes=gpu07 CPU_IDs=0-15 Mem=0 GRES=")
+    assert slurm_state.placement(info) == {"node": "gpu07", "gpu_model": "h100"}
+    untyped = slurm_state.parse_scontrol("JobId=4 JobState=RUNNING NodeList=n1 JOB_GRES=gpu:4")
+    assert slurm_state.placement(untyped) == {"node": "n1"}
+    assert slurm_state.placement(slurm_state.parse_scontrol("JobId=5 JobState=PENDING NodeList=(null)")) == {}
+
+
+def test_out_of_memory_is_named_as_such(monkeypatch):
+    from types import SimpleNamespace
+
+    from autoloop.execution.executors import slurm
+    monkeypatch.setattr(slurm, "_job_state", lambda job, ended=False: "OUT_OF_MEMORY (exit 0:125)")
+    job = SimpleNamespace(job_id="12")
+    ended = slurm._scheduler_ended(job, "SIGKILL", True, {"job_id": "12"})
+    assert "out of memory" in ended["job_error"] and "preemption" not in ended["job_error"], ended
+    error, timed_out, state = slurm._no_outcome_error(job, RuntimeError("Job 12 killed"), None)
+    assert error.startswith("job 12 ran out of memory") and not timed_out and state.startswith("OUT_OF_MEMORY")
+
+
+def test_job_states_of_many_jobs_from_one_squeue_answer():
+    found = slurm_state.parse_squeue("12|RUNNING|None|gpu01\n13|PENDING|Priority|\n\nbad line\n")
+    assert found["12"]["State"] == "RUNNING" and found["12"]["NodeList"] == "gpu01"
+    assert found["13"]["Reason"] == "Priority" and set(found) == {"12", "13"}
+
+
+def test_a_job_the_cluster_forgot_or_preempted_without_a_result_ends_its_wait(tmp_path, monkeypatch):
+    """submitit counts PREEMPTED and UNKNOWN as not done: its wait would never end."""
+    from types import SimpleNamespace
+
+    import submitit
+
+    from autoloop.execution.executors import slurm
+    answers = {"77": "RUNNING", "78": "RUNNING"}
+    monkeypatch.setattr(slurm_state, "read_jobs", lambda ids: {i: {"State": answers[i]} for i in ids if i in answers})
+    monkeypatch.setattr(slurm_state, "accounting_enabled", lambda: False)
+    watcher = slurm_state.QuietWatcher(delay_s=60)
+    monkeypatch.setattr(submitit.SlurmJob, "watcher", watcher)
+    executor = SimpleNamespace(cluster="slurm")
+    jobs = {i: SimpleNamespace(job_id=i, paths=SimpleNamespace(result_pickle=tmp_path / f"{i}.pkl")) for i in answers}
+    for i in jobs:
+        watcher.register_job(i)
+    watcher.update()
+    assert all(slurm.SlurmExecutor._gone(executor, job) is None for job in jobs.values())
+    del answers["77"]            # slurmctld forgot it (MinJobAge, no accounting)
+    answers["78"] = "PREEMPTED"  # ended by preemption, no result written
+    watcher.update()
+    assert all(slurm.SlurmExecutor._gone(executor, job) is None for job in jobs.values())   # once is not yet
+    watcher.update()
+    lost, preempted = slurm.SlurmExecutor._gone(executor, jobs["77"]), slurm.SlurmExecutor._gone(executor, jobs["78"])
+    assert lost is not None and lost.state == "LOST" and "no longer known to the cluster" in str(lost)
+    assert preempted is not None and preempted.state == "PREEMPTED"
+    assert slurm.RESUBMIT.keys() >= {"LOST", "PREEMPTED"}   # submitted again, not blamed on the candidate
+    (tmp_path / "78.pkl").write_bytes(b"x")   # a result came after all: taken, not thrown away
+    assert slurm.SlurmExecutor._gone(executor, jobs["78"]) is None
+    assert watcher.calls == 3   # one query per update for both jobs
+
+
+def test_resubmissions_wait_longer_each_time():
+    from autoloop.execution.executors.slurm import BACKOFF_MAX_S, backoff_s
+    assert [backoff_s(k, 30) for k in (1, 2, 3, 4)] == [30, 60, 120, 240]
+    assert backoff_s(9, 30) == BACKOFF_MAX_S and backoff_s(3, 0) == 0

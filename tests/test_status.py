@@ -149,3 +149,19 @@ def test_status_during_and_after_a_real_run(tiny_data_dir, tmp_path):
     out = log.read_text()
     assert "\r" not in out and "\x1b" not in out     # plain lines only without a terminal
     assert re.search(r"^\d\d:\d\d:\d\d #1 keep \d+\.\d{4} \(-\d+\.\d{4}\) restore learning rates$", out, re.M), out
+
+
+def test_jobs_the_cluster_ended_are_counted_apart_from_crashes(night):
+    from autoloop.review.report import crashes_section
+    from autoloop.store import queries
+    from autoloop.store.ledger import LedgerRecord
+
+    retried = LedgerRecord.model_construct(status="keep", extra={"resubmitted": ["job 7: PREEMPTED",
+                                                                                "job 9: NODE_FAIL"]})
+    plain = LedgerRecord.model_construct(status="discard", extra={})
+    assert queries.cluster_ended([retried, plain]) == 2
+    assert crashes_section([retried, plain])[2].startswith("The cluster ended 2 job(s) (preempted, node failure, lost)")
+    data = {**status_data(night.results), "cluster_ended": 2}
+    assert ("cluster ended 2 jobs (preempted, node failure, lost): each trial submitted again, not counted "
+            "against its change") in status_text(data).splitlines()
+    assert status_data(night.results)["cluster_ended"] == 0

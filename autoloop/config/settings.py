@@ -338,16 +338,61 @@ class Settings(BaseModel):
     slurm_options: dict[str, str | int | float | bool] = setting(
         {}, "slurm", "extra sbatch option as submitit names it, e.g. account=myproj or mem=64G (repeatable)",
         metavar="KEY=VALUE", flag="--slurm-option")
+    slurm_setup: list[str] = setting(
+        [], "slurm", "a shell line the job runs before the trial, e.g. 'module load cuda/12.4' or "
+        "'source .venv/bin/activate' (repeat the flag)", metavar="LINE", flag="--slurm-setup", repeatable=True)
+    slurm_container: str | None = setting(
+        None, "slurm", "run the trial's job in a container: pyxis:IMAGE (srun --container-image) or "
+        "apptainer:IMAGE (apptainer exec --nv); the image needs autoloop[slurm]", metavar="RUNTIME:IMAGE")
+    slurm_cpus_per_gpu: int | None = setting(
+        None, "slurm", "CPUs per GPU of a trial's job (sbatch and srun --cpus-per-task: this x its GPUs)",
+        metavar="N", ge=1, default_text="a GPU's share of the partition's node (sinfo: its CPUs / its GPUs)")
+    slurm_mem_per_gpu: str | None = setting(
+        None, "slurm", "memory per GPU of a trial's job, e.g. 64G (sbatch --mem-per-gpu)", metavar="SIZE",
+        default_text="a GPU's share of the partition's node (sinfo: its memory / its GPUs)")
+    slurm_exclusive: bool = setting(
+        False, "slurm", "whole nodes per trial: sbatch --exclusive and --mem=0 (all their CPUs and memory)")
     slurm_folder: str = setting(DEFAULT_SLURM_DIR, "slurm", "submitit's job files", metavar="DIR")
+    slurm_retries: int = setting(
+        3, "slurm", "submit a trial again this many times when the cluster ends its job (preempted, node "
+        "failure, lost, past slurm_pending_timeout), after 30 s, 60 s, ... (up to 5m); not counted against the "
+        "change (default {default})",
+        metavar="N", ge=0, le=20)
     slurm_pending_timeout: float | None = setting(
-        3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and record it as a "
-        "crash, so that a stuck queue cannot hold the night (default {default}; 0: wait forever)",
+        3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and submit it again "
+        "(slurm_retries), then record a crash, so that a stuck queue cannot hold the night (default {default}; "
+        "0: wait forever)",
         metavar="DURATION")
 
     @field_validator("slurm_time_limit", mode="before")
     @classmethod
     def _slurm_time_limit(cls, v: Any) -> float | None:
         return None if v is None else cls._duration(v)
+
+    @field_validator("slurm_container")
+    @classmethod
+    def _slurm_container(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        runtime, _, image = v.strip().partition(":")
+        if runtime not in ("pyxis", "apptainer") or not image.strip() or any(c.isspace() for c in image):
+            raise ValueError(f"expected pyxis:IMAGE or apptainer:IMAGE, got {v!r}")
+        return f"{runtime}:{image.strip()}"
+
+    @field_validator("slurm_mem_per_gpu")
+    @classmethod
+    def _slurm_mem_per_gpu(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d+[KMGT]?", v.strip(), re.IGNORECASE):
+            raise ValueError(f"expected a size like 64G or 16000M, got {v!r}")
+        return None if v is None else v.strip().upper()
+
+    @field_validator("slurm_setup", mode="before")
+    @classmethod
+    def _slurm_setup(cls, v: Any) -> Any:
+        lines = [v] if isinstance(v, str) else v   # one line given as a string
+        if isinstance(lines, list) and any(isinstance(line, str) and "\n" in line.strip() for line in lines):
+            raise ValueError("one shell line per entry (a list of lines, no newlines inside one)")
+        return lines
 
     @field_validator("slurm_pending_timeout", mode="before")
     @classmethod

@@ -183,6 +183,7 @@ class AttemptRunner:
         spec = RunSpec(
             command=launch_command(s.command_argv, s.gpus_per_trial), cwd=self.slot.ws.root, env=env | self.slot.env,
             log_path=layout.log(plan.trial, plan.attempt), result_path=result,
+            name=f"autoloop-{self.night.tag}-{plan.trial}.{plan.attempt}",
             budget_s=budget, timeout_s=timeout, metric=s.metric, max_rss_gb=s.max_rss_gb,
             # Our own train.py reports through autoloop.evaluate; a val_bpb it printed by
             # itself is not a measurement. A foreign --command may only have stdout.
@@ -215,7 +216,20 @@ class AttemptRunner:
                 probe.close()   # a stopped run's figures are not wanted: no second kernel then
             elif probe is not None:
                 self._machine = probe.finish()
+        self._warn_mixed_gpus(plan, outcome)
         return outcome
+
+    def _warn_mixed_gpus(self, plan: AttemptPlan, outcome: RunOutcome) -> None:
+        """A trial on another GPU model than the night's earlier ones (a partition mixing A100 and
+        H100): its speed, and a train.py that sizes its batch by memory, differ; said, not refused."""
+        model = outcome.job.get("gpu_model")
+        if not model:
+            return
+        seen = {str(r.extra.get("gpu_model")) for r in self.night.arbiter.records() if r.extra.get("gpu_model")}
+        if seen and model not in seen:
+            self.console.line(f"warning: {plan.label} ran on GPU model {model} (node {outcome.job.get('node')}), "
+                              f"the night's earlier trials on {', '.join(sorted(seen))}: a fixed budget trains "
+                              "differently on each; pin one (a partition of one model, or --slurm-option constraint=)")
 
     def _precheck(self, plan: AttemptPlan, spec: RunSpec) -> CheckResult:
         """Run the --check commands (precheck.py), then apply the integrity rules to what

@@ -41,7 +41,7 @@ from autoloop.engine.lookahead import Lookahead, Prepared
 from autoloop.engine.night import Night
 from autoloop.engine.slot import Slot
 from autoloop.engine.trial import Run, Trial, check_guard_names, measure_noise, run_baseline
-from autoloop.execution.devices import slot_envs
+from autoloop.execution.devices import placed_envs, slot_envs
 from autoloop.execution.executors import make_executor
 from autoloop.observe.console import Prefixed, plural, shorten
 from autoloop.proposers.base import Proposer
@@ -95,7 +95,9 @@ class Scheduler:
             # run is one line now, not a failed call after minutes of baseline, five times over.
             run_preflight(s, night.ws.root, night.console.line)
         check_guard_names(s, queries.baseline(night.arbiter.records()))   # a recorded baseline: before anything runs
-        envs, devices = slot_envs(s, self.n)
+        # Where the engine places the trial, it binds its devices: nothing computed here (devices.py).
+        envs, devices = (placed_envs(s, self.n, night.executor.name) if night.executor.places_devices
+                         else slot_envs(s, self.n))
         started = time.time()
         self.deadline = started + s.hours * 3600 if s.hours else None
         # Judged on the monotonic clock: a wall clock stepped back or forward (NTP, a suspended

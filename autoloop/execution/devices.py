@@ -6,6 +6,11 @@ than slots, all run on the CPU and share its cores: each trial gets cores // N t
 since N trials each asking for every core would oversubscribe them and slow all of them.
 With ``--gpus-per-trial G`` above 1 each slot gets a group of G GPUs (its ranks' devices),
 or, with ``--device cpu``, G CPU ranks with cores // (N * G) threads each.
+
+All that is for trials that run on this machine. An executor whose engine places the trial
+(``places_devices``: Slurm) gets nothing from here (:func:`placed_envs`): the GPUs this host
+sees say nothing of the node's, and a CUDA_VISIBLE_DEVICES shipped from here would override
+the one Slurm bound on the node (the slot's variables go over the job's environment).
 """
 
 from __future__ import annotations
@@ -26,6 +31,21 @@ def slot_envs(settings: Settings, n: int) -> tuple[list[dict[str, str]], str | N
     if n == 1:
         return [{}], None
     return worker_envs(settings, n)
+
+
+def placed_envs(settings: Settings, n: int, engine: str) -> tuple[list[dict[str, str]], str | None]:
+    """The slots of an executor whose engine binds each trial's devices where it places it:
+    no device variables (each trial sees what ``engine`` bound), and one line saying so."""
+    g = settings.gpus_per_trial
+    launch_command(settings.command_argv, g)   # a command the launcher cannot run: one line now
+    if settings.devices:
+        raise NightError(f"--devices picks GPUs of this machine; with --executor {engine} the trial's node has "
+                         f"those {engine} binds to it: leave --devices out")
+    if n == 1 and g <= 1:
+        return [{}], None
+    what = "CPU rank(s)" if settings.device == "cpu" else "GPU(s)"
+    return [{} for _ in range(n)], (f"devices: {g} {what} per trial, {n} trial(s) at once, each on what "
+                                    f"{engine} binds to its job on its node")
 
 
 def visible_gpu_ids(count: int) -> list[str]:

@@ -98,6 +98,7 @@ class RunSpec(BaseModel):
     budget_s: float = 300.0
     timeout_s: float | None = None     # None -> default_timeout(budget_s)
     metric: str = "val_bpb"
+    name: str | None = None            # what the run is called where it runs (a Slurm job's name)
     max_rss_gb: float | None = None    # kill the tree when its total RSS crosses this (GiB)
     grace_s: float = 5.0               # SIGTERM -> SIGKILL grace period
     sample_interval_s: float = 0.25    # psutil sampling period

@@ -85,7 +85,7 @@ def _steps(root: Path, settings: Settings) -> Iterator[Callable[[], Check | list
     yield lambda: _gpus(settings)
     yield lambda: _disk(root, settings)
     yield lambda: _agent(root, settings)
-    yield lambda: _extras(settings)
+    yield lambda: _extras(root, settings)
     yield lambda: _isolation(settings)
 
 
@@ -282,7 +282,7 @@ def _agent(root: Path, settings: Settings) -> Check | list[Check]:
     return agent_checks(settings, root)
 
 
-def _extras(settings: Settings) -> list[Check]:
+def _extras(root: Path, settings: Settings) -> list[Check]:
     checks = []
     plot = _installed("matplotlib")
     checks.append(ok("plot", f"matplotlib {plot}: autoloop report draws progress.png") if plot else
@@ -297,6 +297,8 @@ def _extras(settings: Settings) -> list[Check]:
                                         f"login node, or --slurm-cluster local to try it here)"))
         else:
             checks.append(ok("slurm", f"submitit {submitit}"))
+            if settings.slurm_cluster == "slurm":
+                checks.append(_sbatch_test_only(root, settings))
     else:
         checks.append(ok("slurm", f"submitit {submitit}" if submitit else
                          "submitit not installed (needed only for --executor slurm: pip install 'autoloop[slurm]')"))
@@ -306,6 +308,15 @@ def _extras(settings: Settings) -> list[Check]:
         checks.append(ok(name, f"{module} {version}: {what} works" if version else
                          f"{module} not installed (needed only for {what}: pip install 'autoloop[{name}]')"))
     return checks
+
+
+def _sbatch_test_only(root: Path, settings: Settings) -> Check:
+    """Would Slurm take a trial's job as the night will ask for it? ``sbatch --test-only`` says,
+    before a night queues anything (a bad option, a partition without the GPUs, no such account)."""
+    from autoloop.execution.executors.slurm import test_only
+
+    took, said = test_only(settings, root)
+    return ok("sbatch", f"--test-only: {said}") if took else fail("sbatch", f"--test-only refused the job: {said}")
 
 
 def _isolation(settings: Settings) -> Check:
@@ -380,6 +391,8 @@ def _hooks(root: Path, settings: Settings) -> list[Check]:
 def _gpus(settings: Settings) -> Check:
     """The NVIDIA GPUs, their memory and how they are linked, from nvidia-smi (no torch: it
     also answers for a torch without CUDA), and whether --gpus-per-trial fits."""
+    if settings.executor == "slurm" and settings.slurm_cluster == "slurm":
+        return ok("gpus", "on the trials' nodes, bound by Slurm (the sbatch check asks the partition)")
     if shutil.which("nvidia-smi") is None:
         return ok("gpus", "none: no nvidia-smi on this machine")
     listing = _output(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"], Path.cwd())

@@ -250,6 +250,10 @@ CRASH_MEANING = {"trivial": "the edit was broken; sent back to the proposer to f
 def crashes_section(records: list[LedgerRecord]) -> list[str]:
     crashes = [r for r in records if r.status == "crash"]
     out = ["## Crashes", ""]
+    ended = queries.cluster_ended(records)
+    if ended:
+        out += [f"The cluster ended {ended} job(s) (preempted, node failure, lost); each trial was submitted "
+                "again and none is counted against its change.", ""]
     if not crashes:
         return out + ["None.", ""]
     by_class: dict[str, list[LedgerRecord]] = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autoloop.core.layout import Layout
-from autoloop.observe.console import parse_progress, shorten, time_left, whole_seconds
+from autoloop.observe.console import parse_progress, plural, shorten, time_left, whole_seconds
 from autoloop.review import machine_speed, scout, throughput
 from autoloop.review.jobs import job_data, job_lines
 from autoloop.store import person_notes, queries
@@ -79,6 +79,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         "crash_counts": dict(Counter(r.crash for r in night if r.crash)),
         # Proposals the duplicate gate found an earlier comparable night had measured (engine/study.py).
         "earlier_duplicates": sum(1 for r in night if r.status == "skip" and r.extra.get("earlier_night")),
+        "cluster_ended": queries.cluster_ended(night),
         "trials_per_hour": round(trials / hours, 2) if hours > 0 else None,
         "device_busy": None if fed is None or fed.busy_share is None else round(fed.busy_share, 4),
         "device_span_s": None if fed is None else round(fed.span_s, 1),
@@ -263,6 +264,9 @@ def _result_lines(data: dict[str, Any]) -> list[str]:
     if data.get("earlier_duplicates"):
         lines.append(f"{data['earlier_duplicates']} already measured in an earlier night on the same code: not "
                      "trained again (its result was shown to the proposer)")
+    if data.get("cluster_ended"):
+        lines.append(f"cluster ended {plural(data['cluster_ended'], 'job')} (preempted, node failure, lost): "
+                     "each trial submitted again, not counted against its change")
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
     return lines

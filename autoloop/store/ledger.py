@@ -196,6 +196,9 @@ class Extra(TypedDict, total=False):
     executor: str                        # executor slurm: executor, cluster, job_id (and its logs)
     cluster: str
     job_id: str
+    job_name: str                        # autoloop-<tag>-<trial>.<attempt>
+    node: str                            # where the job ran (Slurm's NodeList)
+    gpu_model: str                       # the GPU type Slurm bound (JOB_GRES gpu:<model>:N), where it names one
     tampered_before_run: list[str]       # protected inputs a proposer changed, restored
     tampered: list[str]                  # protected inputs changed by the run (core/keep.py, recovery)
     machine: dict[str, float | str]      # the machine probe's figures (execution/machine_speed.py)

@@ -175,6 +175,12 @@ def of_night(records: list[LedgerRecord]) -> list[LedgerRecord]:
     return [r for r in records if r.kind != "verify"]
 
 
+def cluster_ended(records: list[LedgerRecord]) -> int:
+    """Jobs the cluster ended (preempted, node failure, lost) whose trial was submitted again:
+    the executor's ``resubmitted`` list, counted apart from crashes (none says anything of a change)."""
+    return sum(len(r.extra.get("resubmitted") or []) for r in records)
+
+
 def next_trial(records: list[LedgerRecord]) -> int:
     """The number for a new trial: highest so far + 1; 0 (the baseline) when there is none."""
     return max((r.trial for r in records), default=-1) + 1

@@ -6,6 +6,12 @@ result-file and classification semantics. ``on_job`` gets a small dict naming th
 (executor, cluster, job id, ...) as soon as it is submitted, so that the orchestrator can
 record it in state.json and cancel it on recovery (:func:`cancel_job`).
 
+``places_devices``: whether the executor's engine places the trial and binds its devices
+there (Slurm's GRES binding on the node sets CUDA_VISIBLE_DEVICES for the job). The
+orchestrator then computes and ships no device variables of its own (devices.placed_envs):
+what it sees on its own host (a login node without GPUs) says nothing of the trial's node,
+and the slot's variables would override the engine's binding in the trial's environment.
+
 The local executor never imports submitit: it is an optional dependency (extra ``slurm``).
 """
 
@@ -34,6 +40,7 @@ class ExecutorError(AutoloopError):
 class Executor(Protocol):
     name: str
     plan: str | None   # what each trial asks of where it runs, and why: said once at the start
+    places_devices: bool   # the engine binds each trial's devices where it places it (see above)
 
     def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
@@ -45,6 +52,7 @@ class LocalExecutor:
 
     name = "local"
     plan: str | None = None
+    places_devices = False   # the trial runs here: the slots' devices (devices.slot_envs) are its own
 
     def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,

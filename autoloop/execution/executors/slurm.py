@@ -45,7 +45,16 @@ import psutil
 from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
 from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters, this_node
-from autoloop.execution.executors.slurm_state import LIVE, QuietWatcher, base_state, describe, read_job, settled
+from autoloop.execution.executors.slurm_site import site_job
+from autoloop.execution.executors.slurm_state import (
+    LIVE,
+    QuietWatcher,
+    base_state,
+    describe,
+    placement,
+    read_job,
+    settled,
+)
 from autoloop.execution.procs import TOKEN_VAR, end_token_holders
 from autoloop.execution.runner import _PROGRESS_RE, RunOutcome, RunSpec, default_timeout, run_process
 
@@ -62,42 +71,61 @@ except ImportError:   # optional dependency: only `--executor slurm` needs it
 
 T = TypeVar("T")
 
-REQUEUES = 1           # a trial the cluster ended (RESUBMIT) is submitted again once; twice, it is a crash
-# Ends that say nothing of the candidate: the trial is submitted again (REQUEUES times), not blamed.
-RESUBMIT = {"PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL)"}
+# A trial the cluster ended (RESUBMIT) is submitted again, slurm_retries times (default 3), after
+# a wait that doubles from BACKOFF_S up to BACKOFF_MAX_S (a preempting job or a failed node is
+# seldom gone at once); one more such end is a crash.
+BACKOFF_S = 30.0
+BACKOFF_MAX_S = 300.0
+# Ends that say nothing of the candidate: the trial is submitted again, not blamed.
+RESUBMIT = {"PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL)",
+            "LOST": "was lost: the cluster no longer knows it",
+            "PENDING_LIMIT": "waited in the queue past slurm_pending_timeout"}
+# State updates in a row that find a job without a result PREEMPTED (its end: requeue is off)
+# or without a word from the cluster (forgotten): two, so that a job still completing (its
+# result on its way) is not taken for one.
+GONE_AFTER = 2
 TIME_MARGIN_S = 300     # scheduler limit = trial timeout + this: job start-up, imports, the tree kill
 POLL_S = 1.0            # how often the orchestrator looks at the job and its log
 LOCAL_RESULT_WAIT_S = 2  # submitit waits this long for a result pickle (15 s: for network filesystems)
-# Set by our own settings; in slurm_options they would silently fight those.
-_OWN_PARAMETERS = {"partition": "slurm_partition", "time": "slurm_time_limit",
-                   "gpus_per_node": "slurm_gpus_per_trial", "nodes": "nodes_per_trial",
-                   "ntasks_per_node": "nodes_per_trial"}
-
-
 def time_limit_minutes(settings: Settings) -> int:
     """The scheduler's limit per job, in whole minutes (sbatch --time)."""
     seconds = settings.slurm_time_limit or settings.timeout_s + TIME_MARGIN_S
     return max(1, math.ceil(seconds / 60))
 
 
-def sbatch_parameters(settings: Settings, gpus: int | None = None) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters from the settings; ExecutorError for an unknown option."""
-    valid = submitit.SlurmExecutor._valid_parameters()
+def sbatch_parameters(settings: Settings, gpus: int | None = None, root: Path | None = None,
+                      cluster: str = "local") -> dict[str, Any]:
+    """submitit SlurmExecutor parameters from the settings (the site's part: slurm_site.py);
+    ExecutorError for an option that cannot work. The job function's python, where a container
+    runs it, under the key ``python``."""
     gpus = gpu_plan(settings, "local")[0] if gpus is None else gpus
     params: dict[str, Any] = {"time": time_limit_minutes(settings), "gpus_per_node": gpus,
                               **multi_parameters(gpus, settings.nodes_per_trial), "job_name": "autoloop"}
     if settings.slurm_partition:
         params["partition"] = settings.slurm_partition
-    for raw, value in settings.slurm_options.items():
-        key = raw.replace("-", "_")
-        if key in _OWN_PARAMETERS:
-            raise ExecutorError(f"slurm_options: {raw!r} is set by {_OWN_PARAMETERS[key]}; use that setting")
-        if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ExecutorError(f"slurm_options: unknown sbatch option {raw!r}{hint}")
-        params[key] = value
+    _check_typos(settings.slurm_options)
+    site = site_job(settings, gpus, root or Path("."), cluster)
+    params.update(site.parameters)
+    if site.python:
+        params["python"] = site.python
+    if site.said:
+        params["said"] = ", ".join(site.said)
     return params
+
+
+def backoff_s(attempt: int, base: float = BACKOFF_S) -> float:
+    """The wait before the ``attempt``-th resubmission (1, 2, ...): base, doubled each time, capped."""
+    return min(BACKOFF_MAX_S, base * 2 ** (attempt - 1)) if base > 0 else 0.0
+
+
+def _check_typos(options: dict[str, Any]) -> None:
+    """A key one letter from one of submitit's (``acount``) is a typo, not an sbatch option to pass on."""
+    valid = submitit.SlurmExecutor._valid_parameters()
+    for raw in options:
+        key = str(raw).replace("-", "_")
+        close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.85)
+        if key not in valid and close:
+            raise ExecutorError(f"slurm_options: unknown sbatch option {raw!r} (did you mean {close[0]!r}?)")
 
 
 def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
@@ -173,19 +201,24 @@ class SlurmExecutor:
     name = "slurm"
 
     def __init__(self, cluster: str, folder: Path, parameters: dict[str, Any], poll_s: float = POLL_S,
-                 pending_timeout_s: float | None = None):
+                 pending_timeout_s: float | None = None, retries: int = 3, backoff: float = BACKOFF_S):
         if submitit is None:
             raise ExecutorError(_NO_SUBMITIT)
         missing = [tool for tool in ("sbatch", "srun") if cluster == "slurm" and shutil.which(tool) is None]
         if missing:
             raise ExecutorError(f"--executor slurm: {' and '.join(missing)} not found on PATH; run the loop on a "
                                 "Slurm login node (or --slurm-cluster local to try it on this machine)")
+        parameters = dict(parameters)
+        self.retries, self.backoff_s = retries, backoff
         self.cluster = cluster
         self.folder = Path(folder).absolute()
         self.poll_s = poll_s
         self.pending_timeout_s = pending_timeout_s
         self.submitit: submitit.Executor
         self.plan: str | None = None   # what the job asks for and why, said once at start
+        # On a cluster Slurm binds each job's GPUs on its node; submitit's local and debug
+        # clusters run the trial on this machine, where the slots' devices apply as with --executor local.
+        self.places_devices = cluster == "slurm"
         # One task per node, each a share of the trial (submitit's local executor runs one task).
         self.nodes = int(parameters.get("nodes", 1)) if cluster == "slurm" else 1
         if cluster == "slurm":
@@ -194,7 +227,8 @@ class SlurmExecutor:
             if not isinstance(submitit.SlurmJob.watcher, QuietWatcher):
                 submitit.SlurmJob.watcher = QuietWatcher(delay_s=60)
             try:
-                self.submitit = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0)
+                python = parameters.pop("python", None)   # a container's: the job function runs in it
+                self.submitit = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=python)
                 # --no-requeue: a job Slurm requeued would run again under the same id after its
                 # first run's result file was written, and submitit would read that one; so a
                 # preempted job ends PREEMPTED and this loop submits the trial again (run()).
@@ -217,9 +251,11 @@ class SlurmExecutor:
             raise ExecutorError(_NO_SUBMITIT)
         folder = Path(settings.slurm_folder)
         gpus, why = gpu_plan(settings, settings.slurm_cluster)
+        params = sbatch_parameters(settings, gpus, Path(root), settings.slurm_cluster)
+        said = params.pop("said", None)
         executor = cls(settings.slurm_cluster, folder if folder.is_absolute() else Path(root) / folder,
-                       sbatch_parameters(settings, gpus), pending_timeout_s=settings.slurm_pending_timeout)
-        executor.plan = why
+                       params, pending_timeout_s=settings.slurm_pending_timeout, retries=settings.slurm_retries)
+        executor.plan = why + (f"; {said}" if said and settings.slurm_cluster == "slurm" else "")
         return executor
 
     # -- one trial ---------------------------------------------------------------------------
@@ -227,20 +263,30 @@ class SlurmExecutor:
     def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
             on_job: OnJob | None = None) -> RunOutcome:
-        """The trial as a job; a job the cluster preempted, or whose node failed, is submitted
-        again, ``REQUEUES`` times (sbatch --no-requeue: this loop requeues, not Slurm, see
-        :func:`sbatch_parameters`)."""
+        """The trial as a job; a job the cluster preempted, lost, or whose node failed, is
+        submitted again, ``retries`` times after a growing wait (sbatch --no-requeue: this loop
+        requeues, not Slurm, see :func:`sbatch_parameters`)."""
         resubmitted: list[str] = []
         while True:
             outcome = self._run_job(spec, on_progress, stop_event, on_start, on_job)
             stopped = stop_event is not None and stop_event.is_set()
             why = RESUBMIT.get(outcome.job.get("job_state", "").split(" ")[0])
-            if why is None or stopped or len(resubmitted) >= REQUEUES:
+            if why is None or stopped or len(resubmitted) >= self.retries:
                 break
             resubmitted.append(f"job {outcome.job['job_id']}: {outcome.job['job_state']}")
-            _set_aside_log(spec.log_path, outcome.job["job_id"], why)
+            wait = backoff_s(len(resubmitted), self.backoff_s)
+            _set_aside_log(spec.log_path, outcome.job["job_id"], why, wait)
+            if stop_event is not None and stop_event.wait(wait):
+                break   # stopped while waiting: the outcome says how the last job ended
+            if stop_event is None:
+                time.sleep(wait)
         if resubmitted:
             outcome = outcome.model_copy(update={"job": {**outcome.job, "resubmitted": resubmitted}})
+        if self.cluster == "slurm" and outcome.job.get("job_id"):
+            # Where it ran, for every record: a partition mixing GPU models changes the speed
+            # (and train.py's batch) between trials.
+            found = placement(read_job(str(outcome.job["job_id"])))
+            outcome = outcome.model_copy(update={"job": {**outcome.job, **found}})
         return outcome
 
     def _run_job(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
@@ -254,17 +300,21 @@ class SlurmExecutor:
             job = self.submitit.submit(run_on_node, spec.model_dump_json(), stop_event, on_progress, on_start)
         else:
             try:
+                if self.cluster == "slurm":   # squeue then says which trial a job is
+                    self.submitit.update_parameters(job_name=spec.name or "autoloop")
                 job = self.submitit.submit(run_on_node, spec.model_dump_json(), nodes=self.nodes)
             except Exception as exc:  # sbatch refused it: recorded like a launch failure
                 return self._outcome(spec, started_at, t0, follower, {"executor": self.name, "cluster": self.cluster},
                                      launch_error=f"job submission failed: {_said(exc)}")
         info: dict[str, Any] = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id),
+                                **({"job_name": spec.name} if spec.name and self.cluster == "slurm" else {}),
                                 **_job_logs(job)}
         self._announce(job, {**info, "nonce_sha256": nonce_digest(spec.env.get("AUTOLOOP_NONCE"))}, on_start, on_job)
         end = _JobEnd()
         self._wait(job, spec, t0, follower, stop_event, on_progress, end)
         follower.poll(on_progress)
         if end.pending_expired is not None:
+            info["job_state"] = "PENDING_LIMIT"   # the queue's doing, not the trial's: submitted again (run())
             return self._outcome(spec, started_at, t0, follower, info,
                                  job_error=None if end.stopped else end.pending_expired, stopped=end.stopped,
                                  note=end.pending_expired)
@@ -289,6 +339,11 @@ class SlurmExecutor:
                 while not job.done():
                     self._look(job, spec, t0, stop_event, end)
                     follower.poll(on_progress)
+                    gone = self._gone(job)
+                    if gone is not None:
+                        # submitit would wait for ever: PREEMPTED and UNKNOWN are not "done" to it.
+                        end.failure = gone
+                        break
                     time.sleep(self.poll_s)
             if end.failure is None and end.pending_expired is None:
                 end.data = job.results()[0]   # a job over several nodes: the first node's is the trial's
@@ -307,6 +362,24 @@ class SlurmExecutor:
                                    f"{format_duration(self.pending_timeout_s or 0)} (state {_job_state(job)}; "
                                    "slurm_pending_timeout): cancelled")
             self._cancel(job)
+
+    def _gone(self, job: Job[Any]) -> JobGone | None:
+        """The job ended without a result as far as the shared watcher's last update saw: preempted
+        (requeue is off, so that is its end), or forgotten by the cluster (no word of it), each
+        in ``GONE_AFTER`` updates in a row. None while it may still give one."""
+        watcher = submitit.SlurmJob.watcher if self.cluster == "slurm" else None
+        if not isinstance(watcher, QuietWatcher) or job.paths.result_pickle.exists():
+            return None
+        job_id = str(job.job_id)
+        state, n = watcher.streak(job_id)
+        if n < GONE_AFTER:
+            return None
+        if state == "PREEMPTED":
+            return JobGone(f"job {job_id} was preempted and left no result", "PREEMPTED")
+        if state == "MISSING":
+            return JobGone(f"job {job_id} is no longer known to the cluster (slurmctld forgot it: MinJobAge "
+                           "passed, no job accounting) and left no result", "LOST")
+        return None
 
     def _pending_too_long(self, spec: RunSpec, t0: float) -> bool:
         """The job has not started the trial (run_process on the node creates its log first
@@ -394,12 +467,22 @@ def _end_strays(job: Job[Any], token: str, log_path: Path) -> None:
             f.write(f"\n[autoloop] ended {strays} trial process(es) left by job {job.job_id}\n")
 
 
+class JobGone(ExecutorError):
+    """A job that ended without a result while submitit would still wait for it; ``state``: its end."""
+
+    def __init__(self, message: str, state: str):
+        super().__init__(message)
+        self.state = state
+
+
 def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object) -> tuple[str, bool, str]:
     """Why a job gave no trial outcome, whether the scheduler's time limit ended it, and its state."""
-    state = _job_state(job, ended=True)
+    state = failure.state if isinstance(failure, JobGone) else _job_state(job, ended=True)
     what = _said(failure) if failure is not None else f"returned {type(data).__name__}, not an outcome"
     error = f"job {job.job_id} ended without a trial outcome (state {state}): {what}"
     timed_out = state.upper().startswith("TIMEOUT")
+    if state.upper().startswith("OUT_OF_MEMORY"):
+        error = f"job {job.job_id} ran out of memory: Slurm's limit for the job (state {state}): {what}"
     if timed_out:
         error = f"job {job.job_id} hit the scheduler's time limit (state {state}): {what}"
     return error, timed_out, state
@@ -431,17 +514,20 @@ def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool, info:
         return {}   # a trial that died of a signal of its own: the runner's classification stands
     timed_out = word == "TIMEOUT" or node_signal == "SIGUSR2"
     how = {"TIMEOUT": "time limit", "PREEMPTED": "preemption", "NODE_FAIL": "its node failed",
-           "CANCELLED": "cancelled", "REQUEUED": "requeued", "PENDING": "requeued"}.get(word, "preemption or scancel")
+           "CANCELLED": "cancelled", "REQUEUED": "requeued", "PENDING": "requeued",
+           "OUT_OF_MEMORY": "out of memory: the job passed its memory limit (slurm_mem_per_gpu)",
+           }.get(word, "preemption or scancel")
     return {"job_error": f"job {job.job_id} was ended by the scheduler ({how}; {node_signal or 'a signal'} on its "
                          f"node; state {state})", "timed_out": timed_out, "job": {**info, "job_state": state}}
 
 
-def _set_aside_log(log_path: Path, job_id: str, why: str) -> None:
+def _set_aside_log(log_path: Path, job_id: str, why: str, wait: float = 0.0) -> None:
     """The ended job's log, kept beside the one its resubmission writes (which must not
     exist before the new job starts: its absence is how a pending job is told apart)."""
     with contextlib.suppress(OSError):
         with open(log_path, "a") as f:
-            f.write(f"[autoloop] job {job_id} {why}; the trial is submitted again\n")
+            after = f" in {format_duration(wait)}" if wait > 0 else ""
+            f.write(f"[autoloop] job {job_id} {why}; the trial is submitted again{after}\n")
         log_path.replace(log_path.with_name(f"{log_path.stem}.job-{job_id}{log_path.suffix}"))
 
 
@@ -475,6 +561,32 @@ def _said(exc: BaseException) -> str:
         end = next((i for i, line in enumerate(lines) if line.startswith("You can check")), len(lines))
         return lines[end - 1] if end > 1 else lines[0]
     return lines[0]
+
+
+def test_only(settings: Settings, root: Path) -> tuple[bool, str]:
+    """``sbatch --test-only`` of a trial's job with the night's options (partition, GPUs, CPUs,
+    memory, setup, container, pass-through options): (whether Slurm would take it, what it said,
+    one line). Nothing is queued."""
+    import subprocess
+    import tempfile
+
+    try:
+        executor = SlurmExecutor.from_settings(settings, root)
+    except ExecutorError as exc:
+        return False, str(exc)
+    sub = executor.submitit
+    if not isinstance(sub, submitit.SlurmExecutor):
+        return False, f"--slurm-cluster {settings.slurm_cluster} submits no sbatch job"
+    text = sub._make_submission_file_text(sub._submitit_command_str, "test-only")
+    with tempfile.TemporaryDirectory(prefix="autoloop-sbatch-") as tmp:
+        script = Path(tmp) / "trial.sh"
+        script.write_text(text)
+        try:
+            proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, f"sbatch --test-only did not answer: {exc}"
+    said = " ".join((proc.stderr + proc.stdout).split()).replace("sbatch: ", "")
+    return proc.returncode == 0, said or f"sbatch --test-only exited {proc.returncode}"
 
 
 def cancel_recorded_job(job: dict[str, Any]) -> str | None:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autoloop.execution.executors import ExecutorError
 from autoloop.execution.procs import TOKEN_VAR
 from autoloop.execution.ranks import node_command
 from autoloop.execution.runner import RunSpec
@@ -68,9 +69,14 @@ def gpu_plan(settings: Any, cluster: str) -> tuple[int, str]:
     where = f"partition {settings.slurm_partition}" if settings.slurm_partition else "the default partition"
     if asked is not None and settings.device == "cpu":
         return 0, f"slurm: no GPU asked for: --device cpu runs the trial's {asked} rank(s) per node on its CPUs"
-    if asked is not None:
-        return asked, f"slurm: {asked} GPU(s) per trial job (slurm_gpus_per_trial)"
     has = partition_gpus(settings.slurm_partition) if cluster == "slurm" else 0
+    if asked is not None and cluster == "slurm" and has is not None and asked > has:
+        # Checked against the partition's nodes, not this host: a login node has no GPUs.
+        offer = f"up to {has} per node" if has else "none"
+        raise ExecutorError(f"--gpus-per-trial {asked}: {where} has {offer} (sinfo GRES); pass fewer, "
+                            f"or --slurm-partition a partition with more")
+    if asked is not None:
+        return asked, f"slurm: {asked} GPU(s) per trial job (--gpus-per-trial)"
     if has is None:
         return 1, f"slurm: 1 GPU per trial job (sinfo did not say whether {where} has GPUs)"
     if has == 0:

@@ -77,7 +77,7 @@ def parse_sacct(text: str) -> dict[str, str]:
 
 def read_job(job_id: str) -> dict[str, str]:
     """What the cluster says about one job ({} when nothing answers): State, Reason, ExitCode, NodeList."""
-    out = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    out = _run(["scontrol", "show", "job", "-d", "-o", str(job_id)])   # -d: JOB_GRES names the GPU model
     info = parse_scontrol(out) if out else {}
     if accounting_enabled() and (not info or info.get("State") not in LIVE):
         # sacct says who cancelled ("CANCELLED by 1234") and knows jobs scontrol forgot.
@@ -86,6 +86,33 @@ def read_job(job_id: str) -> dict[str, str]:
         if found.get("State"):
             info = {**info, **found}
     return info
+
+
+def parse_squeue(text: str) -> dict[str, dict[str, str]]:
+    """``squeue -h -t all -o %i|%T|%r|%N`` lines -> {job id: State, Reason, NodeList}."""
+    found: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0]:
+            found[parts[0]] = {"JobId": parts[0], "State": parts[1], "Reason": parts[2], "NodeList": parts[3]}
+    return found
+
+
+def read_jobs(job_ids: Iterable[str]) -> dict[str, dict[str, str]] | None:
+    """What slurmctld says of many jobs in one call (squeue answers for the ids it knows, live or
+    ended within MinJobAge, and leaves the others out); None when squeue itself did not answer."""
+    ids = sorted({str(j) for j in job_ids})
+    if not ids or shutil.which("squeue") is None:
+        return {} if ids else None
+    try:
+        proc = subprocess.run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%N"],
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        # Every id unknown: squeue says so and fails; anything else is squeue not answering.
+        return {} if "Invalid job id" in proc.stderr else None
+    return parse_squeue(proc.stdout)
 
 
 def settled(job_id: str, wait_s: float = 30.0, poll_s: float = 0.5) -> dict[str, str]:
@@ -117,25 +144,59 @@ def describe(info: dict[str, str]) -> str:
     return f"{state} ({', '.join(extra)})" if extra else state
 
 
+def placement(info: dict[str, str]) -> dict[str, str]:
+    """Where the job ran: ``node`` (NodeList) and ``gpu_model`` (``JOB_GRES=gpu:a100:2`` -> ``a100``;
+    left out when the GRES names no type)."""
+    found: dict[str, str] = {}
+    node = info.get("NodeList")
+    if node and node not in ("(null)", "None"):
+        found["node"] = node
+    for gres in (info.get("JOB_GRES") or "").split(","):
+        parts = gres.split(":")
+        if parts[0] == "gpu" and len(parts) >= 3 and not parts[1].isdigit():
+            found["gpu_model"] = parts[1]
+            break
+    return found
+
+
 def base_state(info: dict[str, str]) -> str:
     """The state word alone: ``CANCELLED by 0`` -> ``CANCELLED``."""
     return (info.get("State") or "UNKNOWN").split()[0].upper()
 
 
 class QuietWatcher(SlurmInfoWatcher):
-    """submitit's job-state poller, reading scontrol (sacct where accounting runs), quiet on errors."""
+    """submitit's job-state poller, shared by every job of this process (all workers): one
+    squeue call per update for all their jobs, sacct only for those squeue no longer knows
+    where accounting runs; quiet on errors. :meth:`streak` says for how many updates in a row a
+    job has been in its state, ``MISSING`` when no tool had a word of it (slurmctld forgot it:
+    MinJobAge passed, no accounting)."""
 
     def __init__(self, delay_s: int = 60) -> None:
         super().__init__(delay_s=delay_s)
         self._warned = False
+        self._streaks: dict[str, tuple[str, int]] = {}
+        self.calls = 0   # state queries made (squeue calls), for the one-call-per-update check
 
     def _read_all(self, job_ids: Iterable[str]) -> dict[str, dict[str, str]]:
-        found = {}
-        for job_id in job_ids:
-            info = read_job(job_id)
-            if info:
-                found[job_id] = {**info, "State": base_state(info)}
+        ids = list(job_ids)
+        self.calls += 1
+        listed = read_jobs(ids)
+        if listed is None:   # squeue did not answer: nothing is learnt, nothing counts as missing
+            return {}
+        found = {job_id: {**info, "State": base_state(info)} for job_id, info in listed.items() if job_id in ids}
+        for job_id in ids:
+            if job_id not in found and accounting_enabled():
+                info = read_job(job_id)   # sacct knows jobs slurmctld forgot
+                if info:
+                    found[job_id] = {**info, "State": base_state(info)}
+            state = found[job_id]["State"] if job_id in found else "MISSING"
+            last, n = self._streaks.get(job_id, ("", 0))
+            self._streaks[job_id] = (state, n + 1 if state == last else 1)
         return found
+
+    def streak(self, job_id: str) -> tuple[str, int]:
+        """(the job's state at the last update, or MISSING; how many updates in a row found it so)."""
+        return self._streaks.get(str(job_id), ("", 0))
 
     def update(self) -> None:
         to_check = sorted(self._registered - self._finished)
