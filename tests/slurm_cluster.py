@@ -7,6 +7,14 @@ cluster through ``SLURM_CONF``): partition ``debug`` with one node of 2 CPUs and
 this host, for trials that span two nodes), accounting off (so job states come from ``scontrol``, as on clusters without
 slurmdbd). Ports are picked free, so two test runs on one machine do not meet.
 
+Partition ``gpu`` is a site's GPU side: two more slurmd, each with GRES ``gpu`` of four stand-in
+devices (character-device nodes under the cluster's folder, NVIDIA's major number with no driver
+behind it: slurmd only stats them and refuses plain files),
+of two models (``a100`` on the first, ``h100`` on the second) and 4 CPUs each (``config_overrides``:
+this host has fewer). Slurm binds them as on a real site: a job or step that asks for GPUs gets
+``CUDA_VISIBLE_DEVICES`` and ``SLURM_JOB_GPUS``/``SLURM_STEP_GPUS`` of its own, disjoint from any other
+job's on the node. The nodes without GPUs (the orchestrator's side) advertise none.
+
 ``python tests/slurm_cluster.py`` starts one and prints the ``SLURM_CONF`` to export, for
 trying autoloop by hand; Ctrl-C ends it.
 """
@@ -18,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -87,12 +96,29 @@ OverTimeLimit=0
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 JobRequeue=1
+GresTypes=gpu
+SlurmdParameters=config_overrides
 NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_port} CPUs=2 RealMemory=1000 State=UNKNOWN
 NodeName={node2} NodeHostname={host} NodeAddr=127.0.0.1 Port={node2_port} CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
 PartitionName=urgent Nodes={node} Default=NO MaxTime=INFINITE State=UP PriorityTier=10
 PartitionName=multi Nodes={node},{node2} Default=NO MaxTime=INFINITE State=UP PriorityTier=1
+NodeName={gpu1} NodeHostname={host} NodeAddr=127.0.0.1 Port={gpu1_port} CPUs=4 RealMemory=4000 Gres=gpu:a100:4
+NodeName={gpu2} NodeHostname={host} NodeAddr=127.0.0.1 Port={gpu2_port} CPUs=4 RealMemory=4000 Gres=gpu:h100:4
+PartitionName=gpu Nodes={gpu1},{gpu2} Default=NO MaxTime=INFINITE State=UP PriorityTier=1
 """
+
+# Read by slurmd from the folder of slurm.conf. AutoDetect=off: there is no NVML here; the files
+# stand in for /dev/nvidia0..3 (Slurm numbers the devices from the digits of the file names).
+GRES_CONF = """\
+AutoDetect=off
+NodeName={gpu1} Name=gpu Type=a100 File={dir}/dev/{gpu1}/nvidia[0-3]
+NodeName={gpu2} Name=gpu Type=h100 File={dir}/dev/{gpu2}/nvidia[0-3]
+"""
+
+GPU_PARTITION = "gpu"
+NVIDIA_MAJOR = 195
+GPUS_PER_NODE = 4
 
 
 class SlurmCluster:
@@ -104,23 +130,32 @@ class SlurmCluster:
         # A second slurmd on this host (Debian's Slurm runs several, each on a port of its own),
         # only in partition "multi": for trials that span two nodes; the others never land there.
         self.node2 = f"{self.node}b"
+        # The GPU nodes: two more slurmd, only in partition "gpu".
+        self.gpu_nodes = (f"{self.node}g1", f"{self.node}g2")
         self.conf = self.dir / "slurm.conf"
         self.env = {"SLURM_CONF": str(self.conf)}
         self.procs: list[subprocess.Popen] = []
 
     def _write(self) -> None:
-        for sub in ("munge", "state", f"spool/{self.node}", f"spool/{self.node2}"):
+        nodes = (self.node, self.node2, *self.gpu_nodes)
+        for sub in ("munge", "state", *(f"spool/{n}" for n in nodes), *(f"dev/{n}" for n in self.gpu_nodes)):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        for gpu_node in self.gpu_nodes:
+            for i in range(GPUS_PER_NODE):
+                os.mknod(self.dir / "dev" / gpu_node / f"nvidia{i}", stat.S_IFCHR | 0o600, os.makedev(NVIDIA_MAJOR, i))
         # munged refuses a key others can read, and clients must be able to reach its socket.
         self.dir.chmod(0o755)
         (self.dir / "munge").chmod(0o755)
         key = self.dir / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        ctld_port, slurmd_port, node_port, node2_port = _free_ports(4)
+        ctld_port, slurmd_port, node_port, node2_port, gpu1_port, gpu2_port = _free_ports(6)
+        gpu1, gpu2 = self.gpu_nodes
         self.conf.write_text(CONF.format(host=socket.gethostname(), dir=self.dir, node=self.node, node2=self.node2,
                                          ctld_port=ctld_port, slurmd_port=slurmd_port, node_port=node_port,
-                                         node2_port=node2_port))
+                                         node2_port=node2_port, gpu1=gpu1, gpu2=gpu2, gpu1_port=gpu1_port,
+                                         gpu2_port=gpu2_port))
+        (self.dir / "gres.conf").write_text(GRES_CONF.format(dir=self.dir, gpu1=gpu1, gpu2=gpu2))
 
     def _spawn(self, *argv: str) -> None:
         log = open(self.dir / f"{Path(argv[0]).name}.out", "ab")   # the daemon keeps it open
@@ -137,7 +172,8 @@ class SlurmCluster:
         # -i: ignore any state left (there is none: the folder is new).
         self._spawn(_tool("slurmctld"), "-D", "-i", "-f", str(self.conf))
         self._spawn(_tool("slurmd"), "-D", "-N", self.node, "-f", str(self.conf))
-        self._spawn(_tool("slurmd"), "-D", "-N", self.node2, "-f", str(self.conf))
+        for node in (self.node2, *self.gpu_nodes):
+            self._spawn(_tool("slurmd"), "-D", "-N", node, "-f", str(self.conf))
         _wait(lambda: self.node_state() == "idle", timeout, "the node to become idle", self.dir)
         return self
 
