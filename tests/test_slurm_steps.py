@@ -157,3 +157,39 @@ def test_steps_outside_an_allocation_is_one_clear_line(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout
     assert "does not run inside a Slurm allocation (SLURM_JOB_ID is not set)" in proc.stdout + proc.stderr
+
+
+def gpu_train(value: float, mine: Path, other: Path, seen: Path) -> str:
+    """Says which GPUs Slurm bound to its step, then waits for the other trial's step (both at once)."""
+    return together_train(value, mine, other, seen.with_name("alone")).replace(
+        "import pathlib, time\n",
+        "import json, os, pathlib, time\n"
+        f"pathlib.Path({str(seen)!r}, os.environ['SLURM_STEP_ID']).write_text(json.dumps("
+        "{k: os.environ.get(k) for k in ('SLURM_STEP_GPUS', 'SLURMD_NODENAME', 'SLURM_CPUS_PER_TASK')}))\n", 1)
+
+
+def test_the_nights_trial_steps_get_disjoint_gpus_on_a_gpu_partition(tmp_path, tiny_data_dir, cluster):
+    from slurm_cluster import GPU_PARTITION
+
+    a, b, seen = tmp_path / "a", tmp_path / "b", tmp_path / "seen"
+    seen.mkdir()
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_a.py", gpu_train(0.9, a, b, seen), "a")
+    queue_file(repo, "02_b.py", gpu_train(0.95, b, a, seen), "b")
+    env = {**os.environ, **cluster.env, **loop_env(tiny_data_dir), "HOURS": "1", "BUDGET": "2", "WORKERS": "2",
+           "AUTOLOOP": f"{sys.executable} -m autoloop.cli"}
+    env.pop("AUTOLOOP_DEVICE")   # the trials' device is the node's, not this host's
+    args = [arg for arg in LOOP_ARGS if arg not in ("--device", "cpu")]
+    # A GPU node of four: the orchestrator's step (no GPU, one CPU) and two trials of one GPU each.
+    job_id = subprocess.run(["sbatch", "--parsable", f"--partition={GPU_PARTITION}", "--gres=gpu:4",
+                             "--cpus-per-task=3", "--time=10", f"--output={tmp_path / 'night-%j.out'}", str(EXAMPLE),
+                             *args], cwd=repo, env=env, capture_output=True, text=True, timeout=60,
+                            check=True).stdout.strip().split(";")[0]
+    wait_for("the night's job to end", lambda: gone(cluster, job_id), 240)
+    out = (tmp_path / f"night-{job_id}.out").read_text()
+    assert "1 GPU (the allocation has 4 on its node), 1 CPU(s); 2 at once" in out, out
+    views = [json.loads(p.read_text()) for p in sorted(seen.iterdir())]
+    assert len(views) == 2 and not (tmp_path / "alone").exists(), (views, out)
+    gpus = [set(v["SLURM_STEP_GPUS"].split(",")) for v in views]
+    assert all(len(g) == 1 for g in gpus) and not gpus[0] & gpus[1], views   # Slurm's binding: one each, disjoint
+    assert views[0]["SLURMD_NODENAME"] == views[1]["SLURMD_NODENAME"] and not cluster.queue()
