@@ -99,3 +99,12 @@ def test_the_skypilot_night_resumes_from_the_bucket_after_a_preemption(tmp_path,
     assert f"{best} refs/heads/autoloop/sky" in heads, heads
     home_ledger = (bucket / "home" / "results" / "ledger.jsonl").read_text().splitlines()
     assert home_ledger == after
+    # ... fetched as the YAML's header says, into the person's own checkout (the workdir here).
+    subprocess.run(["git", "fetch", "-q", str(bucket / "home" / "autoloop.bundle"),
+                    "refs/heads/autoloop/*:refs/heads/autoloop/*", "refs/autoloop/*:refs/autoloop/*"],
+                   cwd=workdir, check=True, capture_output=True)
+    fetched = subprocess.run(["git", "rev-parse", "autoloop/sky"], cwd=workdir, capture_output=True, text=True)
+    assert fetched.stdout.strip() == best
+    for record in ledger:   # every trial's commit came home too
+        if record["commit"]:
+            subprocess.run(["git", "cat-file", "-e", record["commit"]], cwd=workdir, check=True)
