@@ -208,7 +208,8 @@ class SlurmStepExecutor:
                     srun.terminate()
                 stop_at = None
             follower.poll(on_progress)
-            time.sleep(self.poll_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                srun.wait(self.poll_s)   # back at once when the step ends, not at the next poll
         follower.poll(on_progress)
         step = step or _read_step(files["step"])
         if step is not None:
