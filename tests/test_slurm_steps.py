@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -193,3 +194,35 @@ def test_the_nights_trial_steps_get_disjoint_gpus_on_a_gpu_partition(tmp_path, t
     gpus = [set(v["SLURM_STEP_GPUS"].split(",")) for v in views]
     assert all(len(g) == 1 for g in gpus) and not gpus[0] & gpus[1], views   # Slurm's binding: one each, disjoint
     assert views[0]["SLURMD_NODENAME"] == views[1]["SLURMD_NODENAME"] and not cluster.queue()
+
+
+def test_resume_after_kill_9_cancels_the_orphaned_step(tmp_path, tiny_data_dir, cluster):
+    marker = tmp_path / "started"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
+    env = {**os.environ, **cluster.env, **loop_env(tiny_data_dir)}
+    loop = [sys.executable, "-m", "autoloop.cli", "run", "--budget", "2", "--executor", "slurm", *LOOP_ARGS]
+    # The allocation outlives its first loop (an interactive salloc shell, where the person runs
+    # the loop again after it died); `sleep` holds it here.
+    holder = subprocess.Popen(["salloc", "--nodes=1", "--ntasks=1", "--cpus-per-task=2", "--time=10", "bash", "-c",
+                               f"{shlex.join(loop)}; sleep 300"], cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for("the hanging trial's step to run", lambda: marker.exists() or holder.poll() is not None, 240)
+        wait_for("state.json to name the step", lambda: recorded_step(repo) is not None, 60)
+        step = recorded_step(repo)
+        job_id = step.split(".")[0]
+        (orchestrator,) = [p for p in psutil.Process(holder.pid).children(recursive=True)
+                           if p.cmdline()[1:3] == ["-m", "autoloop.cli"]]
+        orchestrator.kill()   # kill -9: no stop, no cancel
+        orchestrator.wait(30)
+        assert step in steps_of(cluster, job_id)   # the step outlived its orchestrator
+        resumed = subprocess.run([*loop, "--resume", "--no-rerun-interrupted"], cwd=repo, text=True,
+                                 env={**env, "SLURM_JOB_ID": job_id}, capture_output=True, timeout=240)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert f"recovery: cancelled slurm step {step}" in resumed.stdout, resumed.stdout
+        wait_for("the step to end", lambda: step not in steps_of(cluster, job_id), 60)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)   # salloc's allocation is ended by the fixture's drain
+    hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
+    assert hung and hung[0]["status"] == "crash" and hung[0]["reason"].startswith("interrupted"), hung
