@@ -137,6 +137,9 @@ class SlurmStepExecutor:
     """Trials as steps of the allocation the loop runs in."""
 
     name = "slurm"
+    # Slurm binds each step's GPUs on its node (CUDA_VISIBLE_DEVICES): the orchestrator's own
+    # view of devices, from a CPU step or a login node, must not be shipped over it.
+    places_devices = True
 
     def __init__(self, folder: Path, srun_options: list[str], job_id: str, plan: str | None = None,
                  poll_s: float = POLL_S, stop_grace_s: float = STOP_GRACE_S):
