@@ -48,7 +48,9 @@ def sbatch_night(cluster, repo: Path, data_dir: Path, *args: str) -> str:
     (no GPUs, 2 CPUs: the orchestrator's step and one trial's); its job id."""
     env = {**os.environ, **cluster.env, **loop_env(data_dir), "HOURS": "1", "BUDGET": "2", "WORKERS": "1",
            "AUTOLOOP": f"{sys.executable} -m autoloop.cli"}
-    out = subprocess.run(["sbatch", "--parsable", "--gres=none", "--cpus-per-task=2", "--time=10",
+    # --time well above the script's --signal=B:TERM@600 (ten minutes before the limit), which
+    # with a 10-minute limit would stop the night as it starts.
+    out = subprocess.run(["sbatch", "--parsable", "--gres=none", "--cpus-per-task=2", "--time=30",
                           f"--output={repo.parent / 'night-%j.out'}", str(EXAMPLE), *LOOP_ARGS, *args],
                          cwd=repo, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     return out.strip().split(";")[0]
@@ -183,14 +185,14 @@ def test_the_nights_trial_steps_get_disjoint_gpus_on_a_gpu_partition(tmp_path, t
     args = [arg for arg in LOOP_ARGS if arg not in ("--device", "cpu")]
     # A GPU node of four: the orchestrator's step (no GPU, one CPU) and two trials of one GPU each.
     job_id = subprocess.run(["sbatch", "--parsable", f"--partition={GPU_PARTITION}", "--gres=gpu:4",
-                             "--cpus-per-task=3", "--time=10", f"--output={tmp_path / 'night-%j.out'}", str(EXAMPLE),
+                             "--cpus-per-task=3", "--time=30", f"--output={tmp_path / 'night-%j.out'}", str(EXAMPLE),
                              *args], cwd=repo, env=env, capture_output=True, text=True, timeout=60,
                             check=True).stdout.strip().split(";")[0]
     wait_for("the night's job to end", lambda: gone(cluster, job_id), 240)
     out = (tmp_path / f"night-{job_id}.out").read_text()
     assert "1 GPU (the allocation has 4 on its node), 1 CPU(s); 2 at once" in out, out
     views = [json.loads(p.read_text()) for p in sorted(seen.iterdir())]
-    assert len(views) == 2 and not (tmp_path / "alone").exists(), (views, out)
+    assert len(views) == 2 and not (tmp_path / "alone").exists(), (views, out[-4000:])
     gpus = [set(v["SLURM_STEP_GPUS"].split(",")) for v in views]
     assert all(len(g) == 1 for g in gpus) and not gpus[0] & gpus[1], views   # Slurm's binding: one each, disjoint
     assert views[0]["SLURMD_NODENAME"] == views[1]["SLURMD_NODENAME"] and not cluster.queue()
