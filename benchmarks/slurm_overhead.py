@@ -1,12 +1,15 @@
 """Seconds of harness + scheduler overhead per trial: through a real (private, one-node) Slurm
-cluster against local trials, on a scripted stand-in train.py that sleeps its budget.
+cluster, one job per trial and one step per trial in a single allocation, against local
+trials, on a scripted stand-in train.py that sleeps its budget.
 
     python benchmarks/slurm_overhead.py [--trials 4] [--sleep 1]
 
 Each row is one night of ``autoloop run --proposer queue`` (a baseline and trials-1 queued
 candidates) in a fresh git repo; ``per trial`` = (night wall - trials x sleep) / trials, so it
-holds the harness (propose, commit, judge, ledger) and, for Slurm, sbatch, the scheduler's
-start-up, submitit's pickles and the polling. Needs root and Debian's slurmctld, slurmd,
+holds the harness (propose, commit, judge, ledger) and, for Slurm, either sbatch, the
+scheduler's start-up, submitit's pickles and the polling (``slurm jobs``), or srun's step
+creation inside one allocation (``slurm steps``: the night is ``salloc``'s command, and its
+wall includes getting the allocation once). Needs root and Debian's slurmctld, slurmd,
 slurm-client and munge (tests/slurm_cluster.py starts and ends the cluster).
 """
 
@@ -50,11 +53,15 @@ def make_repo(folder: Path, trials: int, sleep: float) -> Path:
     return repo
 
 
-def night(folder: Path, trials: int, sleep: float, executor: str, env: dict) -> float:
+def night(folder: Path, trials: int, sleep: float, executor: str, env: dict, prefix: tuple[str, ...] = (),
+          mode: str = "auto") -> float:
     repo = make_repo(folder, trials, sleep)
-    cmd = [sys.executable, "-m", "autoloop.cli", "run", "--budget", str(sleep), "--timeout", "120", "--proposer",
+    cmd = [*prefix, sys.executable, "-m", "autoloop.cli", "run", "--budget", str(sleep), "--timeout", "120",
+           "--proposer",
            "queue", "--tag", "b", "--device", "cpu", "--noise-runs", "0", "--sanity-bound", "0",
            "--command", f"{sys.executable} train.py", "--executor", executor]
+    if executor == "slurm":
+        cmd += ["--slurm-mode", mode]
     env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@autoloop.invalid",
            "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@autoloop.invalid", **env}
     t0 = time.monotonic()
@@ -77,18 +84,23 @@ def main() -> None:
     if reason:
         sys.exit(f"slurm_overhead: {reason}")
     cluster = SlurmCluster().start()
+    walls: dict[str, float] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            local = night(Path(tmp, "local"), args.trials, args.sleep, "local", {})
-            slurm = night(Path(tmp, "slurm"), args.trials, args.sleep, "slurm", cluster.env)
+            walls["local"] = night(Path(tmp, "local"), args.trials, args.sleep, "local", {})
+            walls["slurm jobs"] = night(Path(tmp, "jobs"), args.trials, args.sleep, "slurm", cluster.env, mode="jobs")
+            salloc = ("salloc", "--nodes=1", "--ntasks=1", "--cpus-per-task=2", "--time=30", "--quiet")
+            walls["slurm steps"] = night(Path(tmp, "steps"), args.trials, args.sleep, "slurm", cluster.env, salloc,
+                                         mode="steps")
     finally:
         cluster.stop()
         shutil.rmtree(cluster.dir, ignore_errors=True)
-    print(f"{'executor':8} {'trials':>6} {'night s':>8} {'per trial s':>12} {'overhead/trial s':>17}")
-    for name, wall in (("local", local), ("slurm", slurm)):
+    print(f"{'executor':11} {'trials':>6} {'night s':>8} {'per trial s':>12} {'overhead/trial s':>17}")
+    for name, wall in walls.items():
         per = wall / args.trials
-        print(f"{name:8} {args.trials:6d} {wall:8.1f} {per:12.2f} {per - args.sleep:17.2f}")
-    print(f"slurm adds {(slurm - local) / args.trials:.2f} s per trial over local")
+        print(f"{name:11} {args.trials:6d} {wall:8.1f} {per:12.2f} {per - args.sleep:17.2f}")
+    for name in ("slurm jobs", "slurm steps"):
+        print(f"{name} add {(walls[name] - walls['local']) / args.trials:.2f} s per trial over local")
 
 
 if __name__ == "__main__":

@@ -325,6 +325,10 @@ class Settings(BaseModel):
         "local", "slurm", "where trials run: local, or slurm (one job per trial through submitit)")
     slurm_cluster: Literal["slurm", "local", "debug"] = setting(
         "slurm", "slurm", "submitit cluster: slurm (sbatch), or local/debug to try it without a cluster")
+    slurm_mode: Literal["auto", "jobs", "steps"] = setting(
+        "auto", "slurm", "jobs: one sbatch job per trial; steps: each trial a step (srun --exact) of the "
+        "allocation the loop runs in (an sbatch script or salloc); auto: steps where SLURM_JOB_ID is set, "
+        "else jobs")
     slurm_partition: str | None = setting(None, "slurm", "sbatch --partition", metavar="NAME")
     slurm_gpus_per_trial: int | None = setting(
         None, "slurm", "deprecated: the same as --gpus-per-trial", metavar="N", ge=0,

@@ -17,6 +17,7 @@ The local executor never imports submitit: it is an optional dependency (extra `
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -65,7 +66,10 @@ def make_executor(settings: Settings, root: Path) -> Executor:
     if settings.executor == "local":
         return LocalExecutor()
     from autoloop.execution.executors.slurm import SlurmExecutor  # imports submitit
+    from autoloop.execution.executors.slurm_steps import SlurmStepExecutor, wants_steps
 
+    if wants_steps(settings, os.environ):
+        return SlurmStepExecutor.from_settings(settings, Path(root))
     return SlurmExecutor.from_settings(settings, Path(root))
 
 
@@ -73,6 +77,10 @@ def cancel_job(job: dict[str, Any] | None) -> str | None:
     """Cancel a job recorded by an interrupted run (state.json); what was done, or None."""
     if not job or job.get("executor") != "slurm":
         return None
+    if job.get("cluster") == "steps":
+        from autoloop.execution.executors.slurm_steps import cancel_recorded_step
+
+        return cancel_recorded_step(job)
     from autoloop.execution.executors.slurm import cancel_recorded_job
 
     return cancel_recorded_job(job)

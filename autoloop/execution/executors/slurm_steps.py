@@ -1,0 +1,309 @@
+"""The ``slurm`` executor inside an allocation: each trial is a job step (``srun --exact``).
+
+A night started inside an ``sbatch`` script or a ``salloc`` shell (``SLURM_JOB_ID`` set)
+already holds its nodes, so a trial does not wait in the queue, pay a prolog or land on a
+new node with a cold compile cache: it becomes a step of the allocation. ``--exact`` gives
+each step only the CPUs, memory and GPUs it asks for, so ``--workers N`` steps run side by
+side on disjoint CPUs and GPUs (Slurm binds them: ``CUDA_VISIBLE_DEVICES`` in the step);
+a step that does not fit yet waits for one to end, inside the allocation.
+
+The step runs the same node-side code as a job per trial (:func:`slurm.run_on_node`: the
+runner's hard timeout, the log in results/runs/, the result file and its nonce, the
+whole-tree kill), started by ``python -m autoloop.execution.executors.slurm_steps SPEC OUT``;
+it writes the outcome as JSON where the orchestrator reads it (results/ is on the filesystem
+the allocation's nodes share, as for jobs).
+
+Stopping: ``scancel --signal=TERM <job>.<step>`` reaches the step's task, whose handler ends
+the trial's tree and still writes the outcome; only then, or after a grace, is srun itself
+ended (its own SIGTERM cancels the step at once with SIGKILL, which would lose the outcome).
+srun runs in a session of its own so that a terminal's Ctrl-C reaches only the orchestrator.
+After a ``kill -9`` of the orchestrator, ``--resume`` cancels the step state.json names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.executors.slurm import (
+    POLL_S,
+    _for_the_node,
+    _LogFollower,
+    _quietly,
+    nonce_digest,
+    run_on_node,
+    time_limit_minutes,
+)
+from autoloop.execution.executors.slurm_gpus import gpus_asked
+from autoloop.execution.runner import RunOutcome, RunSpec
+
+if TYPE_CHECKING:
+    from autoloop.config.settings import Settings
+
+STOP_GRACE_S = 60.0   # after scancel --signal=TERM: the runner's own tree kill takes up to its grace (30 s)
+# Passed through to every step where the user set them (slurm_options): the rest of
+# slurm_options are sbatch's, for the allocation, which the night's script already made.
+_STEP_OPTIONS = ("cpus_per_task", "mem", "mem_per_cpu", "mem_per_gpu", "cpus_per_gpu")
+
+
+def inside_allocation(environ: Mapping[str, str]) -> str | None:
+    """The allocation this process runs in (``SLURM_JOB_ID``), or None."""
+    return environ.get("SLURM_JOB_ID") or None
+
+
+def wants_steps(settings: Settings, environ: Mapping[str, str]) -> bool:
+    """Whether trials run as steps: ``slurm_mode = "steps"``, or ``auto`` inside an allocation."""
+    mode = settings.slurm_mode
+    return settings.slurm_cluster == "slurm" and (
+        mode == "steps" or (mode == "auto" and inside_allocation(environ) is not None))
+
+
+def step_options(settings: Settings, environ: Mapping[str, str]) -> tuple[list[str], str]:
+    """srun's options for one trial's step, and the line saying what each step gets and why.
+
+    GPUs: ``gpus_per_trial`` when set, else one where the allocation has GPUs on its node
+    (``SLURM_GPUS_ON_NODE``), else none. CPUs: ``cpus_per_task`` from slurm_options, else the
+    allocation's CPUs on the node shared evenly by the workers (srun does not inherit sbatch's
+    ``--cpus-per-task`` since Slurm 22.05, so a step would otherwise get one). Memory: ``mem``
+    from slurm_options, else the allocation's ``--mem`` shared likewise (a step asks for all of
+    it otherwise, and on a site that counts memory the second step would wait for the first).
+    """
+    if settings.nodes_per_trial != 1:
+        raise ExecutorError("slurm steps: nodes_per_trial above 1 is for one job per trial "
+                            "(slurm_mode = \"jobs\"); a step of the allocation runs on one node")
+    workers = max(1, settings.workers)
+    asked = gpus_asked(settings)
+    on_node = allocation_gpus(environ)
+    if settings.device == "cpu":
+        gpus, why = 0, "no GPU (--device cpu)"
+    elif asked is not None:
+        gpus, why = asked, f"{asked} GPU(s) (gpus_per_trial)"
+    else:
+        gpus = 1 if on_node else 0
+        why = f"1 GPU (the allocation has {on_node} on its node)" if on_node else "no GPU (the allocation has none)"
+    opts = {key.replace("-", "_"): value for key, value in settings.slurm_options.items()}
+    # In a step of its own (the night's sbatch script), the orchestrator's CPUs are not the trials'.
+    in_step = environ.get("SLURM_STEP_ID") is not None
+    own = _int(environ.get("SLURM_CPUS_ON_NODE")) if in_step else 0
+    cpus = opts.get("cpus_per_task")
+    if cpus is None and "cpus_per_gpu" not in opts:
+        cpus = max(1, (_int(environ.get("SLURM_JOB_CPUS_PER_NODE")) - own) // workers)
+    argv = ["--exact", "--nodes=1", "--ntasks=1", f"--time={time_limit_minutes(settings)}"]
+    if cpus is not None:
+        argv.append(f"--cpus-per-task={cpus}")
+    if gpus:
+        argv.append(f"--gres=gpu:{gpus}")
+    mem_per_node = 0 if in_step else _int(environ.get("SLURM_MEM_PER_NODE"))   # a step's own says nothing
+    if not {"mem", "mem_per_cpu", "mem_per_gpu"} & opts.keys() and mem_per_node:
+        argv.append(f"--mem={max(1, mem_per_node // workers)}M")
+    for key in _STEP_OPTIONS:
+        if key in opts and key != "cpus_per_task":
+            argv.append(f"--{key.replace('_', '-')}={opts[key]}")
+    cpus_said = f"{cpus} CPU(s)" if cpus is not None else f"{opts['cpus_per_gpu']} CPU(s) per GPU"
+    plan = (f"slurm: each trial is a step of allocation {inside_allocation(environ)} (srun --exact, no queue): "
+            f"{why}, {cpus_said}; {workers} at once")
+    return argv, plan
+
+
+def allocation_gpus(environ: Mapping[str, str]) -> int:
+    """GPUs the allocation has on this node: the job's, not those of the step the orchestrator
+    may run in (``--gres=none``: none)."""
+    listed = environ.get("SLURM_JOB_GPUS") or ""
+    return (_int(environ.get("SLURM_GPUS_PER_NODE")) or len([g for g in listed.split(",") if g.strip()])
+            or _int(environ.get("SLURM_GPUS_ON_NODE")))
+
+
+def _int(value: str | None) -> int:
+    """The leading number of a Slurm count (``SLURM_CPUS_ON_NODE=8``, ``SLURM_GPUS_ON_NODE``), else 0."""
+    digits = ""
+    for ch in (value or "").strip():
+        if not ch.isdigit():
+            break
+        digits += ch
+    return int(digits) if digits else 0
+
+
+class SlurmStepExecutor:
+    """Trials as steps of the allocation the loop runs in."""
+
+    name = "slurm"
+    # Slurm binds each step's GPUs on its node (CUDA_VISIBLE_DEVICES): the orchestrator's own
+    # view of devices, from a CPU step or a login node, must not be shipped over it.
+    places_devices = True
+
+    def __init__(self, folder: Path, srun_options: list[str], job_id: str, plan: str | None = None,
+                 poll_s: float = POLL_S, stop_grace_s: float = STOP_GRACE_S):
+        missing = [tool for tool in ("srun", "scancel") if shutil.which(tool) is None]
+        if missing:
+            raise ExecutorError(f"slurm steps: {' and '.join(missing)} not found on PATH")
+        self.folder = Path(folder).absolute()
+        self.srun_options = srun_options
+        self.job_id = job_id
+        self.plan = plan
+        self.poll_s = poll_s
+        self.stop_grace_s = stop_grace_s
+
+    @classmethod
+    def from_settings(cls, settings: Settings, root: Path,
+                      environ: Mapping[str, str] | None = None) -> SlurmStepExecutor:
+        environ = os.environ if environ is None else environ
+        job_id = inside_allocation(environ)
+        if job_id is None:
+            raise ExecutorError("slurm_mode steps: this loop does not run inside a Slurm allocation (SLURM_JOB_ID "
+                                "is not set); start it in an sbatch script or a salloc shell, or use "
+                                "slurm_mode = \"jobs\"")
+        folder = Path(settings.slurm_folder)
+        options, plan = step_options(settings, environ)
+        return cls((folder if folder.is_absolute() else Path(root) / folder) / "steps", options, job_id, plan)
+
+    def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
+            stop_event: threading.Event | None = None, on_start: OnStart | None = None,
+            on_job: OnJob | None = None) -> RunOutcome:
+        spec, _token = _for_the_node(spec)
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = spec.log_path.stem                      # <trial>-<attempt>, unique in the night
+        files = {kind: self.folder / f"{name}.{kind}" for kind in ("spec.json", "outcome.json", "step", "out")}
+        for path in (files["outcome.json"], files["step"]):
+            path.unlink(missing_ok=True)
+        files["spec.json"].write_text(spec.model_dump_json())
+        argv = ["srun", *self.srun_options, f"--job-name=autoloop-{name}", f"--output={files['out']}",
+                sys.executable, "-m", "autoloop.execution.executors.slurm_steps",
+                str(files["spec.json"]), str(files["outcome.json"]), str(files["step"])]
+        started_at, t0 = time.time(), time.monotonic()
+        follower = _LogFollower(spec.log_path)
+        info: dict[str, Any] = {"executor": self.name, "cluster": "steps", "job_id": self.job_id,
+                                "job_stdout": str(files["out"])}
+        try:
+            with open(files["out"].with_suffix(".srun"), "ab") as said:   # srun's own words (waiting, errors)
+                srun = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=said, stderr=said,
+                                        start_new_session=True)
+        except OSError as exc:
+            return self._outcome(spec, started_at, t0, follower, info, launch_error=f"srun did not start: {exc}")
+        step: str | None = None
+        stopped = signalled = False
+        stop_at: float | None = None
+        while srun.poll() is None:
+            if step is None:
+                step = _read_step(files["step"])
+                if step is not None:
+                    info["job_id"] = step
+                    if on_job is not None:
+                        _quietly(on_job, {**info, "nonce_sha256": nonce_digest(spec.env.get("AUTOLOOP_NONCE"))})
+            if stop_event is not None and stop_event.is_set() and not stopped:
+                stopped, stop_at = True, time.monotonic()
+                if step is not None:
+                    signalled = _scancel("--signal=TERM", step)
+            if stopped and stop_at is not None and (not signalled or time.monotonic() - stop_at > self.stop_grace_s):
+                # No step yet (srun still waits for room in the allocation) or its task does not
+                # end: srun's own SIGTERM cancels the step (SIGKILL to what is left).
+                with contextlib.suppress(ProcessLookupError):
+                    srun.terminate()
+                stop_at = None
+            follower.poll(on_progress)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                srun.wait(self.poll_s)   # back at once when the step ends, not at the next poll
+        follower.poll(on_progress)
+        step = step or _read_step(files["step"])
+        if step is not None:
+            info["job_id"] = step
+        data = _read_outcome(files["outcome.json"])
+        if data is None:
+            last = _last_line(files["out"].with_suffix(".srun")) or _last_line(files["out"])
+            error = f"step {info['job_id']} ended without a trial outcome (srun exit {srun.returncode}): {last}"
+            return self._outcome(spec, started_at, t0, follower, info, job_error=None if stopped else error,
+                                 stopped=stopped, note=error)
+        node_signal = data.pop("node_signal", None)
+        outcome = RunOutcome.model_validate(data)
+        update: dict[str, Any] = {"job": info}
+        if stopped and (outcome.killed_reason == "stopped" or outcome.signal is not None):
+            update["killed_reason"] = "stopped"
+        elif node_signal is not None:
+            # A signal this loop did not send: the allocation's end, or a scancel from outside.
+            update["job_error"] = (f"step {info['job_id']} was ended from outside ({node_signal} on its node: the "
+                                   "allocation's time limit, or scancel)")
+        return outcome.model_copy(update=update)
+
+    def _outcome(self, spec: RunSpec, started_at: float, t0: float, follower: _LogFollower, info: dict[str, Any],
+                 job_error: str | None = None, launch_error: str | None = None, stopped: bool = False,
+                 note: str | None = None) -> RunOutcome:
+        """A RunOutcome for a step that gave none; the evidence goes into the trial's log too."""
+        note = note or launch_error
+        if note:
+            with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
+                f.write(f"\n[autoloop] {note}\n")
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = "\n".join(spec.log_path.read_text(errors="replace").splitlines()[-200:])
+        return RunOutcome(
+            exit_code=126 if launch_error else None, launch_error=launch_error, job_error=job_error,
+            killed_reason="stopped" if stopped else None, max_rss_gb=spec.max_rss_gb, metric_name=spec.metric,
+            log_path=spec.log_path, log_tail=tail, started_at=started_at, ended_at=time.time(),
+            wall_seconds=time.monotonic() - t0, timeout_s=spec.timeout_s, last_progress=follower.last, job=info)
+
+
+def _scancel(*argv: str) -> bool:
+    try:
+        return subprocess.run(["scancel", *argv], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _read_step(path: Path) -> str | None:
+    with contextlib.suppress(OSError):
+        text = path.read_text().strip()
+        return text or None
+    return None
+
+
+def _read_outcome(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _last_line(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+    return ""
+
+
+def cancel_recorded_step(job: dict[str, Any]) -> str | None:
+    """Cancel the step of a run killed with -9 (state.json's record), and its srun."""
+    step = str(job.get("job_id") or "")
+    if "." not in step:
+        return None
+    if shutil.which("scancel") is None:
+        return f"slurm step {step} may still run: scancel not found here; scancel it"
+    if not _scancel(step):
+        return f"slurm step {step} of the interrupted trial had ended; nothing to cancel"
+    return f"cancelled slurm step {step}"
+
+
+def main(argv: list[str]) -> int:
+    """In the step: run the trial (run_on_node) and write its outcome where the orchestrator reads it."""
+    spec_path, outcome_path, step_path = (Path(a) for a in argv)
+    # The step id first: the orchestrator needs it to stop the step with a signal its task catches.
+    step_path.write_text(f"{os.environ.get('SLURM_JOB_ID', '?')}.{os.environ.get('SLURM_STEP_ID', '?')}\n")
+    data = run_on_node(spec_path.read_text())
+    tmp = outcome_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(outcome_path)   # whole or absent: never half an outcome
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
