@@ -55,6 +55,9 @@ class ProposalRequest:
     # Parallel workers (candidate.Claims): what the other workers are trying right now, as
     # ledger-like dicts (parent, kind, description), so that no two try the same move at once.
     in_flight: list[dict[str, Any]] = field(default_factory=list)
+    # The kind of device the trial trains on (cpu, cuda, mps): train.py scales some constants
+    # by that device's profile, so a proposer bounding a value bounds the one it will train with.
+    device: str = "cpu"
 
 
 @dataclass
