@@ -633,13 +633,15 @@ def main():
 
     # Rank 0's clock is every rank's (shared_clock); tokens are the global batch's.
     tokens_per_s = timed_tokens / max(training_time, 1e-9)
-    mfu = 100 * flops_per_token(model, cfg["seq_len"]) * tokens_per_s / (peak * WORLD_SIZE) if peak else None
+    mfu = 100 * flops_per_token(model, cfg["seq_len"]) * tokens_per_s / (peak * WORLD_SIZE) if peak else math.nan
+    if not peak:   # nan, not words: a parser of the block reads every value with float()
+        log(f"mfu_percent is nan: no dense bf16 peak is known for {device_name} (PEAK_BF16_FLOPS)")
     print("---")
     print(f"val_bpb:          {val_bpb:.6f}")
     print(f"training_seconds: {training_time:.1f}")
     print(f"total_seconds:    {time.perf_counter() - t_start:.1f}")
     print(f"peak_vram_mb:     {peak_memory_mb(device):.1f}")
-    print(f"mfu_percent:      {f'{mfu:.2f}' if mfu is not None else 'unknown peak'}")
+    print(f"mfu_percent:      {mfu:.2f}")
     # Three decimals, not autoresearch's one: a CPU's models have under a million matmul weights
     # and a short run's tokens are a fraction of a million; `autoloop ladder` reads both.
     print(f"total_tokens_M:   {tokens / 1e6:.3f}")
