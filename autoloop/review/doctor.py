@@ -209,6 +209,9 @@ def _data(settings: Settings) -> Check:
         return ok("data", f"prepared in {where} ({meta.get('source')}, fingerprint {meta.get('fingerprint')})")
     if spec.is_stdlib:
         return ok("data", f"not prepared yet: built from this Python's standard library on first use, into {where}")
+    if spec.hub is not None:
+        return ok("data", f"not prepared yet: `autoloop prepare --corpus {spec.source}` downloads it into {where} "
+                          "(or the night's start does)")
     source = os.path.expanduser(settings.corpus)
     if os.path.exists(source) or glob.glob(source):
         return ok("data", f"not prepared yet: built from {settings.corpus} on first use, into {where}")
