@@ -636,6 +636,11 @@ def main():
     mfu = 100 * flops_per_token(model, cfg["seq_len"]) * tokens_per_s / (peak * WORLD_SIZE) if peak else math.nan
     if not peak:   # nan, not words: a parser of the block reads every value with float()
         log(f"mfu_percent is nan: no dense bf16 peak is known for {device_name} (PEAK_BF16_FLOPS)")
+    # Above one epoch val_bpb ranks memorisation: the default corpus is ~10 MB, a GPU reads that in seconds.
+    epochs = tokens / len(dataset.split("train"))
+    if epochs > 1:
+        log(f"WARNING: {epochs:.1f} epochs over the training bytes: val_bpb ranks memorisation, not learning; "
+            "a larger corpus fixes it: autoloop prepare --corpus climbmix, then autoloop run --corpus climbmix")
     print("---")
     print(f"val_bpb:          {val_bpb:.6f}")
     print(f"training_seconds: {training_time:.1f}")
@@ -650,7 +655,8 @@ def main():
     print(f"depth:            {cfg['depth']}")
     print(f"matmul_params_M:  {matmul_params(model) / 1e6:.3f}")   # N of C = 6 N D (autoloop ladder)
     print(f"tokens_per_sec:   {tokens_per_s:.0f}")
-    print(f"world_size:       {WORLD_SIZE}", flush=True)
+    print(f"world_size:       {WORLD_SIZE}")
+    print(f"epochs:           {epochs:.3f}", flush=True)   # passes over the training bytes
     if WORLD_SIZE > 1:
         dist.destroy_process_group()
 
