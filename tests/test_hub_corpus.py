@@ -103,8 +103,8 @@ else:
 def run_measured(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, float]:
     """(exit code, output, peak resident MB) of the CLI run with ``args``."""
     peak = tmp_path / f"peak-{time.monotonic_ns()}.txt"
-    proc = subprocess.run([sys.executable, "-c", MEASURED, str(peak), *args], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", MEASURED, str(peak), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr, float(peak.read_text())
 
 
