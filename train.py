@@ -150,6 +150,16 @@ def resolve_profile(device_type, gpu_memory_gib=None, name=None):
                 sparse_bigram=p["sparse"], fused=p["fused"])
 
 
+def half_dtype(device):
+    """The 16-bit type the `bf16` switch trains in: bf16 where the hardware has it (a CPU, and
+    GPUs from sm80 on: A100, H100, ...). Below sm80 (T4, V100) bf16 has no tensor cores and runs
+    emulated, so fp16 there, its gradients scaled by a GradScaler so that small ones do not
+    underflow to zero."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 8:
+        return torch.bfloat16
+    return torch.float16
+
+
 # ---------------------------------------------------------------------------------
 # Model: pre-norm blocks with parameter-free RMSNorm, a short causal channel mix, rotary
 # positions, QK-norm, value embeddings, fused causal attention and a squared-ReLU MLP;
@@ -324,8 +334,8 @@ POLAR_EXPRESS = (
 
 def orthogonalize(G):
     """Approximately U V^T of the SVD of each matrix in the stack G (n, rows, cols)."""
-    # bf16 is exact enough and fast on a GPU; on CPU bf16 matmuls are slow, so fp32.
-    X = G.bfloat16() if G.is_cuda else G.float()
+    # 16 bits are exact enough and fast on a GPU (fp16 below sm80); on CPU bf16 matmuls are slow, so fp32.
+    X = G.to(half_dtype(G.device)) if G.is_cuda else G.float()
     if X.size(-2) > X.size(-1):
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
@@ -564,9 +574,11 @@ def main():
     num_params = sum(p.numel() for p in model.parameters())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     peak = peak_flops(device_name)
+    half = half_dtype(device)
     log(f"device: {device_name}{f' x {WORLD_SIZE} ranks' if WORLD_SIZE > 1 else ''}  profile: {cfg['name']} "
         f"({cfg['depth']} x {cfg['width']}, batch {cfg['batch']} x {cfg['seq_len']}"
-        f"{', bf16' if cfg['bf16'] else ''}{', compiled' if cfg['compile'] else ''})  "
+        f"{(', bf16' if half == torch.bfloat16 else ', fp16 + GradScaler') if cfg['bf16'] else ''}"
+        f"{', compiled' if cfg['compile'] else ''})  "
         f"params: {num_params / 1e6:.2f}M  budget: {BUDGET_S:.0f}s  data: {dataset.fingerprint}  "
         f"peak: {f'{peak / 1e12:g} TFLOPS bf16 per rank' if peak else 'unknown'}")
 
@@ -575,7 +587,9 @@ def main():
     # (and a sparse gradient has no norm in torch).
     clipped = [p for p in model.parameters() if model.bigram is None or p is not model.bigram.weight]
     step_fn = torch.compile(model, dynamic=False) if cfg["compile"] else model
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"])
+    autocast = torch.autocast(device.type, dtype=half, enabled=cfg["bf16"])
+    # fp16's gradients are scaled up through backward and back down before the step (skipped on inf).
+    scaler = torch.amp.GradScaler("cuda", enabled=cfg["bf16"] and half == torch.float16)
     # Every rank draws the same global batch and trains on its own slice (rank_slice).
     batches = dataset.batches(cfg["batch"], cfg["seq_len"], device=device,
                               seed=SEED if DATA_SEED is None else DATA_SEED)
@@ -590,12 +604,15 @@ def main():
         x, y = next(batches)
         with autocast:
             loss = step_fn(*rank_slice(x, y))
-        loss.backward()
+        scaler.scale(loss).backward()
         average_gradients(model)
+        for opt in optimizers:
+            scaler.unscale_(opt)
         if GRAD_CLIP:
             torch.nn.utils.clip_grad_norm_(clipped, GRAD_CLIP)
         for opt in optimizers:
-            opt.step()
+            scaler.step(opt)
+        scaler.update()
         model.zero_grad(set_to_none=True)
 
         loss_value = loss.item()  # also synchronises the device, so dt is real
@@ -633,13 +650,23 @@ def main():
 
     # Rank 0's clock is every rank's (shared_clock); tokens are the global batch's.
     tokens_per_s = timed_tokens / max(training_time, 1e-9)
-    mfu = 100 * flops_per_token(model, cfg["seq_len"]) * tokens_per_s / (peak * WORLD_SIZE) if peak else None
+    mfu = 100 * flops_per_token(model, cfg["seq_len"]) * tokens_per_s / (peak * WORLD_SIZE) if peak else math.nan
+    if not peak:   # nan, not words: a parser of the block reads every value with float()
+        log(f"mfu_percent is nan: no dense bf16 peak is known for {device_name} (PEAK_BF16_FLOPS)")
+    # Above one epoch val_bpb ranks memorisation: the default corpus is ~10 MB, a GPU reads that in seconds.
+    epochs = tokens / len(dataset.split("train"))
+    if epochs > 1:
+        log(f"WARNING: {epochs:.1f} epochs over the training bytes: val_bpb ranks memorisation, not learning; "
+            "a larger corpus fixes it: autoloop prepare --corpus climbmix, then autoloop run --corpus climbmix")
+    if scaler.is_enabled():   # said beside the block, which stays numbers only
+        log(f"precision: fp16 autocast with a GradScaler, not bf16: {device_name} (sm "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}) has no bf16 tensor cores")
     print("---")
     print(f"val_bpb:          {val_bpb:.6f}")
     print(f"training_seconds: {training_time:.1f}")
     print(f"total_seconds:    {time.perf_counter() - t_start:.1f}")
     print(f"peak_vram_mb:     {peak_memory_mb(device):.1f}")
-    print(f"mfu_percent:      {f'{mfu:.2f}' if mfu is not None else 'unknown peak'}")
+    print(f"mfu_percent:      {mfu:.2f}")
     # Three decimals, not autoresearch's one: a CPU's models have under a million matmul weights
     # and a short run's tokens are a fraction of a million; `autoloop ladder` reads both.
     print(f"total_tokens_M:   {tokens / 1e6:.3f}")
@@ -648,7 +675,8 @@ def main():
     print(f"depth:            {cfg['depth']}")
     print(f"matmul_params_M:  {matmul_params(model) / 1e6:.3f}")   # N of C = 6 N D (autoloop ladder)
     print(f"tokens_per_sec:   {tokens_per_s:.0f}")
-    print(f"world_size:       {WORLD_SIZE}", flush=True)
+    print(f"world_size:       {WORLD_SIZE}")
+    print(f"epochs:           {epochs:.3f}", flush=True)   # passes over the training bytes
     if WORLD_SIZE > 1:
         dist.destroy_process_group()
 

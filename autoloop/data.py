@@ -10,6 +10,11 @@ position: adding or removing one file then moves only that file, and the same co
 gives the same split on every machine. The validation slice has a fixed size so that
 every trial is scored on exactly the same bytes. The fingerprint covers those bytes
 and the training manifest, so results measured on different data are never compared.
+
+Building streams: units are read one at a time and appended to the split files, so a
+corpus of gigabytes (a named public one, ``autoloop.corpora``) is prepared in bounded
+memory. A path's units are still ordered by a hash of their key (only the keys are held,
+never the bytes); a named corpus's documents keep the order of its shards.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoloop.core.errors import AutoloopError
+from autoloop.corpora import MISSING_EXTRA, HubCorpus, fetch, named
 
 if TYPE_CHECKING:   # torch is imported when batches are made: train.py's process has it, prepare does not need it
     import torch
@@ -41,6 +47,7 @@ DEFAULT_AUDIT_BYTES = 128 * 1024
 # Files are cut into units of at most this size before splitting, so that a corpus of
 # one large text file can still be split; nearly every stdlib module fits in one unit.
 UNIT_BYTES = 64 * 1024
+SPLITS = ("train", "val", "audit")
 VAL_FRACTION = 0.10
 AUDIT_FRACTION = 0.05
 # Written between units so the model can tell where one document ends.
@@ -57,20 +64,39 @@ class DataError(AutoloopError):
 
 @dataclass(frozen=True)
 class CorpusSpec:
-    """Where the text comes from: ``stdlib`` or a user path (directory, file or glob)."""
+    """Where the text comes from: ``stdlib``, a named public corpus (``autoloop.corpora``)
+    or a user path (directory, file or glob)."""
 
     source: str = "stdlib"
     val_bytes: int = DEFAULT_VAL_BYTES
     audit_bytes: int = DEFAULT_AUDIT_BYTES
+    shards: int | None = None   # a named corpus: how many of its shards (None: its default)
 
     @property
     def is_stdlib(self) -> bool:
         return self.source == "stdlib"
 
+    @property
+    def hub(self) -> HubCorpus | None:
+        return named(self.source)
+
+    @property
+    def shard_count(self) -> int:
+        hub = self.hub
+        return self.shards or (hub.default_shards if hub else 0)
+
+    def source_id(self) -> str:
+        """What meta.json's ``source`` holds for this spec."""
+        if self.is_stdlib or self.hub:
+            return self.source
+        return os.path.abspath(os.path.expanduser(self.source))
+
     def cache_name(self) -> str:
         """A directory name that differs whenever the prepared bytes would differ."""
         if self.is_stdlib:
             base = f"stdlib-py{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+        elif self.hub:
+            base = f"hub-{self.source}"   # the shard count is in meta.json: --shards N rebuilds it there
         else:
             resolved = os.path.abspath(os.path.expanduser(self.source))
             tag = hashlib.sha256(resolved.encode()).hexdigest()[:10]
@@ -86,6 +112,11 @@ def cache_root() -> Path:
     """The per-user cache directory for prepared datasets."""
     xdg = os.environ.get("XDG_CACHE_HOME")
     return Path(xdg) / "autoloop" if xdg else Path.home() / ".cache" / "autoloop"
+
+
+def hub_dir(corpus: HubCorpus) -> Path:
+    """Where a named corpus's shards are downloaded to (and kept: a rebuild reads them again)."""
+    return cache_root() / "hub" / corpus.name
 
 
 def default_data_dir(spec: CorpusSpec | None = None) -> Path:
@@ -164,16 +195,62 @@ def _order_key(key: str) -> bytes:
     return hashlib.sha256(b"autoloop-order-v1:" + key.encode("utf-8", "surrogateescape")).digest()
 
 
-def _units(root: Path, files: list[Path]) -> Iterator[tuple[str, bytes]]:
-    """Yield (key, bytes) for every unit of every file; the key is the relative path (+ part)."""
+Unit = tuple[str, str, bytes]   # (split, key, bytes)
+
+
+def _path_units(root: Path, files: list[Path]) -> Iterator[Unit]:
+    """Every unit of every file, each split's in the order of its hashed keys; the key is the
+    relative path (+ part). Only the keys and offsets are held: each unit's bytes are read
+    when it is written, so a corpus larger than memory is split in bounded memory."""
+    refs: dict[str, list[tuple[bytes, str, Path, int, int]]] = {split: [] for split in SPLITS}
     for path in files:
         rel = path.relative_to(root).as_posix()
-        data = path.read_bytes()
-        if len(data) <= UNIT_BYTES:
-            yield rel, data
-            continue
-        for i in range(0, len(data), UNIT_BYTES):
-            yield f"{rel}#{i // UNIT_BYTES}", data[i : i + UNIT_BYTES]
+        size = path.stat().st_size
+        parts = [(rel, 0, size)] if size <= UNIT_BYTES else [
+            (f"{rel}#{i // UNIT_BYTES}", i, min(UNIT_BYTES, size - i)) for i in range(0, size, UNIT_BYTES)]
+        for key, offset, length in parts:
+            refs[split_of(key)].append((_order_key(key), key, path, offset, length))
+    for split in SPLITS:
+        refs[split].sort()
+        for _, key, path, offset, length in refs[split]:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                yield split, key, f.read(length)
+
+
+def _hub_units(corpus: HubCorpus, paths: list[Path]) -> Iterator[Unit]:
+    """Every document of the shards, in their order, cut into units; a document's key is its
+    shard and row. pyarrow reads 64 rows at a time: memory stays bounded by a batch and a page."""
+    # pyarrow's default allocator (mimalloc) keeps freed batches: reading four 27 MiB shards
+    # 64 rows at a time peaked 91 MB over the imports with it, 50 MB with the system's
+    # allocator. Read when pyarrow is first imported, which is here in a prepare.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(MISSING_EXTRA) from None
+    for path in paths:
+        try:
+            # Page by page through a 1 MiB buffer, not a row group's column at once (pre_buffer):
+            # a shard's row groups may be larger than the memory a prepare should take.
+            shard = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+            if corpus.column not in shard.schema_arrow.names:
+                raise DataError(f"{path} has no '{corpus.column}' column")
+            row = 0
+            for batch in shard.iter_batches(batch_size=64, columns=[corpus.column]):
+                for text in batch.column(0).to_pylist():
+                    key = f"{path.name}#{row}"
+                    row += 1
+                    data = (text or "").encode("utf-8", "replace")
+                    if len(data) <= UNIT_BYTES:
+                        if data:
+                            yield split_of(key), key, data
+                        continue
+                    for i in range(0, len(data), UNIT_BYTES):
+                        part = f"{key}#{i // UNIT_BYTES}"
+                        yield split_of(part), part, data[i : i + UNIT_BYTES]
+        except (OSError, ValueError) as e:   # pyarrow's ArrowInvalid is a ValueError
+            raise DataError(f"{path} is not a readable parquet shard ({e}); delete it and prepare again") from e
 
 
 @dataclass
@@ -193,83 +270,111 @@ class PreparedInfo:
         return lines
 
 
-Buckets = dict[str, list[tuple[bytes, str, bytes]]]   # split -> (order key, unit key, bytes), in order
+class _SplitWriter:
+    """The three split files, written as units arrive in any order of splits: each split's
+    units joined by SEPARATOR and cut at its size (validation and audit), with the hashes,
+    unit counts and manifest lines meta.json and manifest.tsv need. Memory: one unit."""
+
+    def __init__(self, folder: Path, spec: CorpusSpec):
+        self.folder = folder
+        self.limits: dict[str, int | None] = {"train": None, "val": spec.val_bytes, "audit": spec.audit_bytes}
+        self.bins = {split: open(folder / f"{split}.bin", "wb") for split in SPLITS}
+        self.lists = {split: open(folder / f".manifest-{split}", "w", encoding="utf-8", errors="surrogateescape")
+                      for split in SPLITS}
+        self.sizes = dict.fromkeys(SPLITS, 0)
+        self.units = dict.fromkeys(SPLITS, 0)
+        self.hashes = {split: hashlib.sha256() for split in SPLITS}
+        self.train_manifest = hashlib.sha256()
+
+    def add(self, split: str, key: str, data: bytes) -> None:
+        self.units[split] += 1
+        self.lists[split].write(f"{split}\t{len(data)}\t{key}\n")
+        if split == "train":
+            self.train_manifest.update(f"{key}\t{len(data)}\t{hashlib.sha256(data).hexdigest()}\n"
+                                       .encode("utf-8", "surrogateescape"))
+        chunk = SEPARATOR + data if self.sizes[split] else data
+        limit = self.limits[split]
+        if limit is not None:
+            chunk = chunk[: max(0, limit - self.sizes[split])]
+        if chunk:
+            self.bins[split].write(chunk)
+            self.hashes[split].update(chunk)
+            self.sizes[split] += len(chunk)
+
+    def close(self) -> None:
+        """Closes the files and joins the manifest's parts into manifest.tsv (train, val, audit)."""
+        for f in (*self.bins.values(), *self.lists.values()):
+            f.close()
+        with open(self.folder / "manifest.tsv", "wb") as out:
+            out.write(b"split\tbytes\tunit\n")
+            for split in SPLITS:
+                part = self.folder / f".manifest-{split}"
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out)
+                part.unlink()
 
 
-def _build(spec: CorpusSpec) -> tuple[dict[str, Any], dict[str, bytes], str]:
-    """The dataset of ``spec``: its meta.json, the bytes of each split, and manifest.tsv's text."""
+def _build(spec: CorpusSpec, folder: Path, hub: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Writes the dataset of ``spec`` into ``folder`` (split files and manifest.tsv) and
+    returns its meta.json. ``hub``: the fetched shards of a named corpus (corpora.fetch)."""
     if spec.val_bytes < 2:
         raise DataError(f"val_bytes must be at least 2, got {spec.val_bytes}")
     if spec.audit_bytes < 0:
         raise DataError(f"audit_bytes must not be negative, got {spec.audit_bytes}")
-    root, files = _stdlib_files() if spec.is_stdlib else _user_files(spec.source)
-    buckets: Buckets = {"train": [], "val": [], "audit": []}
-    for key, data in _units(root, files):
-        buckets[split_of(key)].append((_order_key(key), key, data))
-    for units in buckets.values():
-        units.sort()
-    blobs = {
-        "train": _joined(buckets["train"]),
-        "val": _joined(buckets["val"], spec.val_bytes),
-        "audit": _joined(buckets["audit"], spec.audit_bytes),
-    }
-    _check_sizes(spec, blobs)
-    manifest_lines = [f"{split}\t{len(data)}\t{key}" for split in ("train", "val", "audit")
-                      for _, key, data in buckets[split]]
-    manifest = "\n".join(["split\tbytes\tunit", *manifest_lines]) + "\n"
-    return _meta(spec, root, buckets, blobs), blobs, manifest
+    corpus = spec.hub
+    if corpus is not None and hub is not None:
+        root = hub_dir(corpus)
+        units = _hub_units(corpus, [root / name for name in hub["files"]])
+    else:
+        root, files = _stdlib_files() if spec.is_stdlib else _user_files(spec.source)
+        units = _path_units(root, files)
+    writer = _SplitWriter(folder, spec)
+    try:
+        for split, key, data in units:
+            writer.add(split, key, data)
+    finally:
+        writer.close()
+    _check_sizes(spec, writer.sizes)
+    return _meta(spec, root, writer, hub)
 
 
-def _joined(units: list[tuple[bytes, str, bytes]], limit: int | None = None) -> bytes:
-    """The units' bytes, separated; cut at ``limit`` bytes when given."""
-    out = bytearray()
-    for _, _, data in units:
-        if out:
-            out += SEPARATOR
-        out += data
-        if limit is not None and len(out) >= limit:
-            break
-    return bytes(out if limit is None else out[:limit])
-
-
-def _check_sizes(spec: CorpusSpec, blobs: dict[str, bytes]) -> None:
+def _check_sizes(spec: CorpusSpec, sizes: dict[str, int]) -> None:
     for split, need in (("val", spec.val_bytes), ("audit", spec.audit_bytes)):
-        if len(blobs[split]) < need:
+        if sizes[split] < need:
             raise DataError(
-                f"corpus '{spec.source}' is too small: its {split} split has {len(blobs[split]):,} bytes, "
+                f"corpus '{spec.source}' is too small: its {split} split has {sizes[split]:,} bytes, "
                 f"{need:,} needed (add text, or lower --{split}-bytes)"
             )
-    if len(blobs["train"]) < 4 * 1024:
-        raise DataError(f"corpus '{spec.source}' is too small: {len(blobs['train']):,} training bytes")
+    if sizes["train"] < 4 * 1024:
+        raise DataError(f"corpus '{spec.source}' is too small: {sizes['train']:,} training bytes")
 
 
-def _meta(spec: CorpusSpec, root: Path, buckets: Buckets, blobs: dict[str, bytes]) -> dict[str, Any]:
+def _meta(spec: CorpusSpec, root: Path, writer: _SplitWriter, hub: dict[str, Any] | None) -> dict[str, Any]:
     """meta.json: where the data came from, each split's size and hash, and the fingerprint
     (the validation bytes and the training manifest: what a metric depends on)."""
-    manifest = hashlib.sha256()
-    for _, key, data in buckets["train"]:
-        manifest.update(f"{key}\t{len(data)}\t{hashlib.sha256(data).hexdigest()}\n"
-                        .encode("utf-8", "surrogateescape"))
     fp = hashlib.sha256()
     fp.update(b"autoloop-fingerprint-v1\n")
-    fp.update(hashlib.sha256(blobs["val"]).digest())
-    fp.update(manifest.digest())
-    return {
+    fp.update(writer.hashes["val"].digest())
+    fp.update(writer.train_manifest.digest())
+    meta: dict[str, Any] = {
         "format": FORMAT_VERSION,
-        "source": "stdlib" if spec.is_stdlib else os.path.abspath(os.path.expanduser(spec.source)),
+        "source": spec.source_id(),
         "source_root": str(root),
         "python": sys.version.split()[0],
         "val_bytes": spec.val_bytes,
         "audit_bytes": spec.audit_bytes,
         "splits": {
-            split: {"files": len(buckets[split]), "bytes": len(blobs[split]),
-                    "sha256": hashlib.sha256(blobs[split]).hexdigest()}
-            for split in blobs
+            split: {"files": writer.units[split], "bytes": writer.sizes[split],
+                    "sha256": writer.hashes[split].hexdigest()}
+            for split in SPLITS
         },
-        "train_manifest_sha256": manifest.hexdigest(),
+        "train_manifest_sha256": writer.train_manifest.hexdigest(),
         "fingerprint": fp.hexdigest()[:16],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if hub is not None:
+        meta["hub"] = hub   # repository, commit, and every shard's sha256 and size
+    return meta
 
 
 def read_meta(data_dir: Path) -> dict[str, Any] | None:
@@ -297,20 +402,26 @@ def prepare(spec: CorpusSpec | None = None, data_dir: str | Path | None = None) 
     data_dir = Path(data_dir) if data_dir else default_data_dir(spec)
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(data_dir) + ".lock"):
-        meta, blobs, manifest = _build(spec)
         existing = read_meta(data_dir) if data_dir.exists() else None
         if data_dir.exists() and existing is None and any(data_dir.iterdir()):
             # Never delete a folder we did not build: it may be the user's own files.
             raise DataError(f"{data_dir} exists and is not a prepared dataset; choose an empty or new --data-dir")
-        if existing and existing.get("fingerprint") == meta["fingerprint"] and existing.get(
-            "splits", {}).get("audit", {}).get("sha256") == meta["splits"]["audit"]["sha256"]:
+        corpus = spec.hub
+        hub = fetch(corpus, spec.shard_count, hub_dir(corpus),
+                    say=lambda line: print(line, file=sys.stderr)) if corpus else None
+        if hub is not None and existing and existing.get("hub") == hub and (
+                existing.get("val_bytes"), existing.get("audit_bytes")) == (spec.val_bytes, spec.audit_bytes):
+            # The same shards, checked by their hashes: the same bytes, not read again (gigabytes).
             return PreparedInfo(data_dir, existing, built=False)
+        # Built next to the target and moved into place: a reader never sees half a dataset,
+        # and a kill leaves only a temporary folder behind.
         tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=data_dir.parent))
         try:
-            for split, blob in blobs.items():
-                (tmp / f"{split}.bin").write_bytes(blob)
-            # Which unit went where, for people: the split is auditable without rerunning it.
-            (tmp / "manifest.tsv").write_text(manifest, encoding="utf-8", errors="surrogateescape")
+            meta = _build(spec, tmp, hub)
+            if existing and existing.get("fingerprint") == meta["fingerprint"] and existing.get(
+                "splits", {}).get("audit", {}).get("sha256") == meta["splits"]["audit"]["sha256"]:
+                return PreparedInfo(data_dir, existing, built=False)
+            # manifest.tsv says which unit went where, for people: the split is auditable without rerunning it.
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
             if data_dir.exists():
                 shutil.rmtree(data_dir)
@@ -331,8 +442,7 @@ def ensure_prepared(spec: CorpusSpec | None = None, data_dir: str | Path | None 
     meta = read_meta(target)
     if meta is None:
         return prepare(spec, target)
-    wanted = "stdlib" if spec.is_stdlib else os.path.abspath(os.path.expanduser(spec.source))
-    if meta.get("source") != wanted:
+    if meta.get("source") != spec.source_id():
         raise DataError(f"{target} holds the corpus '{meta.get('source')}', not '{spec.source}'; "
                         f"run autoloop prepare --corpus {spec.source} with another --data-dir")
     return PreparedInfo(target, meta, built=False)

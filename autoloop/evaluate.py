@@ -50,8 +50,13 @@ def _score(model: torch.nn.Module, data: np.ndarray, windows: list[tuple[int, in
            batch_size: int) -> tuple[float, int]:
     """Sum of losses in nats over ``windows`` and the number of bytes scored."""
     total, count = 0.0, 0
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else torch.autocast("cpu", enabled=False))
+    # bf16 where the GPU has bf16 tensor cores (sm80 on); below (T4, V100) it runs emulated: fp16,
+    # as train.py trains there (the loss is taken in fp32 from soft-capped logits either way).
+    if device.type == "cuda":
+        sm80 = torch.cuda.get_device_capability(device)[0] >= 8
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16 if sm80 else torch.float16)
+    else:
+        autocast = torch.autocast("cpu", enabled=False)
     i = 0
     while i < len(windows):
         # Full windows batch together; a shorter final window goes alone.

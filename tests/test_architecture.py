@@ -27,7 +27,7 @@ INTERNAL = {"ProposalFailed", "PlotUnavailable", "IsolationError",
 # whose import paths train.py fixes.
 LAYERS = ["core", "contract", "config", "store", "execution", "repo", "observe", "proposers",
           "engine", "verification", "review", "cli"]
-CONTRACT = {"autoloop.data", "autoloop.evaluate"}
+CONTRACT = {"autoloop.data", "autoloop.evaluate", "autoloop.corpora"}
 
 
 def layer_of(module: str) -> str | None:

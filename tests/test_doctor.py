@@ -134,11 +134,24 @@ TOPO_NVLINK = "\t".join(["", *[f"GPU{j}" for j in range(8)], "CPU Affinity"]) + 
 TOPO_PCIE = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tSYS\t0-15\nGPU1\tSYS\t X \t0-15\n\nLegend:\n  X    = Self\n"
 FAKE_NVIDIA_SMI = f'''#!{sys.executable}
 import sys
+cap = ", 8.9" if "compute_cap" in " ".join(sys.argv) else ""
 if sys.argv[1:3] == ["topo", "-m"]:
     print({TOPO_PCIE!r})
 else:
-    print("0, NVIDIA L40S, 46068 MiB")
-    print("1, NVIDIA L40S, 46068 MiB")
+    print(f"0, NVIDIA L40S, 46068 MiB{{cap}}")
+    print(f"1, NVIDIA L40S, 46068 MiB{{cap}}")
+'''
+# One T4 (sm75); old_driver: a driver before 510, which refuses the compute_cap field.
+def fake_t4_smi(old_driver: bool) -> str:
+    return f'''#!{sys.executable}
+import sys
+if sys.argv[1:3] == ["topo", "-m"]:
+    print("GPU0\\t X ")
+elif "compute_cap" in " ".join(sys.argv):
+    print("Field compute_cap is not a valid field") if {old_driver} else print("0, Tesla T4, 15360 MiB, 7.5")
+    sys.exit(2 if {old_driver} else 0)
+else:
+    print("0, Tesla T4, 15360 MiB")
 '''
 
 
@@ -166,8 +179,8 @@ def test_doctor_shows_the_gpus_and_their_links_or_says_none(tmp_path, tiny_data_
     (bin_dir / "nvidia-smi").chmod(0o755)
     path = f"{bin_dir}{os.pathsep}{cli_env(tmp_path)['PATH']}"
     found = lines(doctor(repo, tmp_path, AUTOLOOP_DATA_DIR=str(tiny_data_dir), PATH=path))
-    assert found["gpus"] == ("ok", "0: NVIDIA L40S, 46068 MiB; 1: NVIDIA L40S, 46068 MiB; "
-                                   "no NVLink: the GPUs talk through SYS (PCIe/host)")
+    assert found["gpus"] == ("ok", "0: NVIDIA L40S, 46068 MiB, sm89: trains in bf16; 1: NVIDIA L40S, 46068 MiB, "
+                                   "sm89: trains in bf16; no NVLink: the GPUs talk through SYS (PCIe/host)")
     too_many = lines(doctor(repo, tmp_path, "--gpus-per-trial", "4", AUTOLOOP_DATA_DIR=str(tiny_data_dir), PATH=path))
     assert too_many["gpus"][0] == "fail" and too_many["gpus"][1].endswith("--gpus-per-trial 4 x --workers 1 needs 4")
 
@@ -210,3 +223,72 @@ def test_doctor_while_a_night_runs_says_so_and_advises_nothing_that_collides(tmp
     assert loop.returncode == 0, out
     after = lines(doctor(repo, tmp_path, "--min-free-gb", "0", AUTOLOOP_DATA_DIR=str(tiny_data_dir)))
     assert "night" not in after and "last run" not in after and after["clean tree"][0] == "ok"
+
+
+def test_a_torch_below_the_floor_is_refused_in_one_line_by_doctor_and_the_night(tmp_path, tiny_data_dir):
+    """train.py needs torch 2.4 (F.rms_norm). AUTOLOOP_TORCH_VERSION (tests only) stands in for
+    the installed version: doctor fails its torch line, and a night refuses to start."""
+    repo = init_repo(tmp_path / "repo", {"train.py": TRAIN_PY.read_text()})
+    floor = ("torch 2.3.1+cu121 is too old: train.py needs torch >= 2.4 (F.rms_norm); upgrade it with the CUDA "
+             "build you have, e.g. pip install 'torch>=2.4' --index-url https://download.pytorch.org/whl/cu124")
+    old = doctor(repo, tmp_path, AUTOLOOP_DATA_DIR=str(tiny_data_dir), AUTOLOOP_TORCH_VERSION="2.3.1+cu121")
+    assert old.returncode != 0 and lines(old)["torch"] == ("fail", floor)
+    import os
+    night = subprocess.run([sys.executable, "-m", "autoloop.cli", "run", "--budget", "1", "--max-trials", "1"],
+                           cwd=repo, env={**os.environ, **cli_env(tmp_path), "AUTOLOOP_DATA_DIR": str(tiny_data_dir),
+                                          "AUTOLOOP_TORCH_VERSION": "2.3.1+cu121"},
+                           capture_output=True, text=True, timeout=180)
+    assert night.returncode != 0 and night.stderr.strip().splitlines()[-1] == f"autoloop: {floor}", night.stderr
+    assert not (repo / "results" / "ledger.jsonl").exists()   # refused before anything started
+
+
+def test_the_torch_floor_holds_for_train_py_alone(monkeypatch):
+    """In-process: 2.4 and later pass, and a foreign --command's torch is its own business."""
+    from autoloop.config.loading import build_settings
+    from autoloop.core.torch_floor import refusal
+    from autoloop.review.doctor import _torch
+
+    assert refusal("2.4.0") is None and refusal("2.13.0+cpu") is None and refusal("3.0") is None
+    assert refusal("2.2.2").startswith("torch 2.2.2 is too old") and refusal("1.13.1") is not None
+    assert refusal("nightly") is None and refusal(None) is None   # unknown: not refused
+    monkeypatch.setenv("AUTOLOOP_TORCH_VERSION", "2.3.1")
+    assert _torch(build_settings({})).status == "fail"
+    assert _torch(build_settings({"command": "python my_train.py"})).status == "ok"
+
+
+def test_doctor_says_what_a_gpu_below_sm80_trains_in(tmp_path, monkeypatch):
+    """A T4 (sm75) has no bf16 tensor cores: train.py trains in fp16 with a GradScaler there, and
+    doctor says so from nvidia-smi's compute capability (a fake nvidia-smi on PATH; in-process,
+    the CLI's line is test_doctor_shows_the_gpus_and_their_links_or_says_none's)."""
+    import os
+
+    from autoloop.config.loading import build_settings
+    from autoloop.review.doctor import _gpus
+
+    found = {}
+    for old_driver in (False, True):
+        bin_dir = tmp_path / f"smi-{old_driver}"
+        bin_dir.mkdir()
+        (bin_dir / "nvidia-smi").write_text(fake_t4_smi(old_driver))
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        check = _gpus(build_settings({}))
+        found[old_driver] = (check.status, check.detail)
+    assert found[False] == ("ok", "0: Tesla T4, 15360 MiB, sm75: trains in fp16 with a GradScaler (no bf16 tensor "
+                                  "cores below sm80); one GPU: no links")
+    assert found[True] == ("ok", "0: Tesla T4, 15360 MiB; one GPU: no links")   # a driver before 510: no sm shown
+
+
+def test_train_py_trains_in_fp16_with_a_scaler_below_sm80(monkeypatch):
+    """train.py's choice, in-process: torch.cuda.get_device_capability is monkeypatched (no GPU
+    here), and a torch.device("cuda") object needs none."""
+    import torch
+    from test_train import load_train_module
+
+    train = load_train_module(monkeypatch)
+    cuda = torch.device("cuda", 0)
+    for capability, dtype in (((7, 5), torch.float16), ((7, 0), torch.float16), ((8, 0), torch.bfloat16),
+                              ((9, 0), torch.bfloat16)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert train.half_dtype(cuda) == dtype, capability
+    assert train.half_dtype(torch.device("cpu")) == torch.bfloat16   # the cuda profile's code paths on a CPU

@@ -17,6 +17,7 @@ from autoloop.proposers.mutate import (
     constant_moves,
     find_constants,
     parse_description,
+    profile_bounds,
 )
 from autoloop.store.ledger import Ledger, LedgerRecord
 
@@ -229,11 +230,11 @@ def test_a_win_is_followed_further_and_not_reversed():
 
 
 def request(workspace: Path, results_dir: Path | None, trial: int = 1, fix: FixContext | None = None,
-            tail: list[dict] | None = None) -> ProposalRequest:
+            tail: list[dict] | None = None, device: str = "cpu") -> ProposalRequest:
     return ProposalRequest(
         workspace=workspace, target="train.py", program_text="", metric_name="val_bpb", direction="min",
         parent_metric=2.0, parent=BEST, trial=trial, attempt=1, seed=42, ledger_tail=tail or [], fix=fix,
-        results_dir=results_dir,
+        results_dir=results_dir, device=device,
     )
 
 
@@ -265,3 +266,48 @@ def test_fix_requests_are_declined(tmp_path):
     assert MutateProposer().propose(request(tmp_path, None, fix=fix)) is None
     assert MutateProposer.can_fix is False
     assert (tmp_path / "train.py").read_bytes() == AWKWARD.encode()
+
+
+# train.py's shape: a profile multiplies SEQ_LEN and the product is capped at 512.
+PROFILED = """\
+SEQ_LEN = 128           # training context in bytes
+PROFILES = {
+    "cpu": dict(width=1, seq=1, bf16=False),
+    "cuda": dict(width=6, seq=4, bf16=True),
+}
+"""
+
+
+def test_seq_len_is_bounded_on_the_value_the_devices_profile_trains(tmp_path, monkeypatch):
+    """On the cuda profile SEQ_LEN 128 already trains 512 bytes: 128 -> 256 would train the
+    same model, so it is never proposed there; on the CPU it is the first move."""
+    monkeypatch.delenv("AUTOLOOP_PROFILE", raising=False)
+    (tmp_path / "train.py").write_text(PROFILED)
+    results = tmp_path / "results"
+    on_cpu = MutateProposer().propose(request(tmp_path, results, device="cpu"))
+    assert on_cpu.description == "SEQ_LEN 128 -> 256"
+    (tmp_path / "train.py").write_text(PROFILED)
+    on_gpu = MutateProposer().propose(request(tmp_path, results, device="cuda"))
+    assert on_gpu.description == "SEQ_LEN 128 -> 64"
+    ledger = Ledger(results, fsync=False)
+    now = time.time()
+    ledger.append(LedgerRecord(trial=1, started_at=now, ended_at=now, proposer="mutate", parent=BEST,
+                               description=on_gpu.description, status="discard", best=BEST), write_tsv=False)
+    (tmp_path / "train.py").write_text(PROFILED)
+    assert MutateProposer().propose(request(tmp_path, results, trial=2, device="cuda")) is None   # nothing left
+    # AUTOLOOP_PROFILE names the profile over the device's own, as in train.py.
+    monkeypatch.setenv("AUTOLOOP_PROFILE", "cpu")
+    assert MutateProposer().propose(request(tmp_path, results, trial=2, device="cuda")).description == \
+        "SEQ_LEN 128 -> 256"
+
+
+def test_the_real_train_pys_seq_len_moves_change_what_a_gpu_trains():
+    source = TRAIN_PY.read_bytes()
+    factor = 4   # train.py's cuda profile
+    assert profile_bounds(source, "cuda") == {"SEQ_LEN": 512 // factor}
+    assert profile_bounds(source, "cpu") == {"SEQ_LEN": 512}
+    assert profile_bounds(b"SEQ_LEN = 128\n", "cuda") == {"SEQ_LEN": 512}   # no profiles: what is written
+    for const in find_constants(source):
+        if const.name == "SEQ_LEN":
+            moves = constant_moves(const, profile_bounds(source, "cuda"))
+            assert moves and all(min(m.new * factor, 512) != min(const.value * factor, 512) for m in moves)

@@ -28,7 +28,7 @@ from autoloop.config.loading import build_settings
 from autoloop.core.classify import classify
 from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.rank_failure import rank_failure
-from autoloop.execution.devices import rank_group_envs
+from autoloop.execution.devices import rank_group_envs, trial_device_kind
 from autoloop.execution.ranks import launch_command, throughput
 from autoloop.execution.runner import RunOutcome
 
@@ -57,7 +57,7 @@ while True:
 if rank == 0:
     print("---")
     print("val_bpb:          1.250000")
-    print("mfu_percent:      unknown peak")
+    print("mfu_percent:      nan")
     print("tokens_per_sec:   1000")
     print(f"world_size:       {world}", flush=True)
 dist.destroy_process_group()
@@ -84,6 +84,8 @@ def test_throughput_fields_from_the_summary():
     # A crash reports nothing: the ranks launched, no figures.
     assert throughput({}, 4) == {"world_size": 4, "tokens_per_s": None, "mfu_percent": None}
     assert throughput({}, 0)["world_size"] == 1
+    # train.py's nan for a device with no known peak: no MFU recorded (JSON has no nan).
+    assert throughput({"tokens_per_sec": 5e5, "mfu_percent": float("nan")}, 1)["mfu_percent"] is None
 
 
 # ------------------------------------------------------------------------------ devices and settings
@@ -318,3 +320,14 @@ def test_the_hard_timeout_ends_every_rank(tmp_path, tiny_data_dir):
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not leftovers(repo)
+
+
+def test_the_device_kind_a_proposer_is_told_follows_the_slot_then_the_settings(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")   # no GPU visible: auto means the CPU
+    import autoloop.execution.devices as devices
+    devices._cuda_visible.cache_clear()
+    assert trial_device_kind(build_settings({})) == "cpu"
+    assert trial_device_kind(build_settings({"device": "cuda:1"})) == "cuda"
+    # a worker of many on the CPU while the settings name a GPU
+    assert trial_device_kind(build_settings({"device": "cuda"}), {"AUTOLOOP_DEVICE": "cpu"}) == "cpu"
+    devices._cuda_visible.cache_clear()

@@ -143,3 +143,11 @@ def test_write_leaves_out_constants_the_source_no_longer_has():
 @pytest.mark.parametrize("source", [b"x = 1\n", b"MODE = 'fast'\n"])
 def test_nothing_to_search(source):
     assert not build_space(source)
+
+
+def test_the_space_bounds_seq_len_on_the_value_the_cuda_profile_trains():
+    from autoloop.proposers.mutate import profile_bounds
+
+    source = TRAIN_PY.read_bytes()
+    seq = next(d for d in build_space(source, profile_bounds(source, "cuda")).dimensions if d.constant == "SEQ_LEN")
+    assert seq.value(seq.high) * 4 <= 512   # x4 on the cuda profile, capped at 512 by train.py

@@ -165,3 +165,25 @@ def test_jobs_the_cluster_ended_are_counted_apart_from_crashes(night):
     assert ("cluster ended 2 jobs (preempted, node failure, lost): each trial submitted again, not counted "
             "against its change") in status_text(data).splitlines()
     assert status_data(night.results)["cluster_ended"] == 0
+def test_more_than_one_epoch_is_a_warning_in_status_and_report(tmp_path):
+    """A run that read its training bytes twice (train.py's epochs: 2.4) warns in status and the
+    report, naming the command that fixes it; under one epoch nothing is said."""
+    from autoloop.review.report import report_markdown
+    from autoloop.store.ledger import Ledger, LedgerRecord
+
+    ledger = Ledger(tmp_path / "results", fsync=False)
+    now = time.time()
+    base = dict(started_at=now, ended_at=now + 1, proposer="mutate", commit="b" * 40, metric_name="val_bpb")
+    ledger.append(LedgerRecord(trial=0, kind="baseline", description="baseline", status="keep", metric=2.0,
+                               metrics={"epochs": 0.4}, best="b" * 40, **base))
+    quiet = status_data(tmp_path / "results")
+    assert quiet["epochs_warning"] is None and "epochs" not in status_text(quiet)
+    ledger.append(LedgerRecord(trial=1, parent="b" * 40, description="SEQ_LEN 128 -> 64", status="discard",
+                               metric=2.1, metrics={"epochs": 2.4}, best="b" * 40, **base))
+    data = status_data(tmp_path / "results")
+    line = ("WARNING: 2.4 epochs over the training bytes: val_bpb ranks memorisation, not learning; a larger "
+            "corpus fixes it: autoloop prepare --corpus climbmix, then autoloop run --corpus climbmix")
+    assert line in status_text(data).splitlines()
+    assert json.loads(status_json(data))["epochs_warning"] == line.removeprefix("WARNING: ")
+    report = report_markdown(ledger.records(), {}, picture=None)
+    assert f"**Warning:** {line.removeprefix('WARNING: ')}." in report

@@ -90,8 +90,12 @@ def _add_prepare(sub: Subparsers) -> None:
                     "nothing. train.py prepares the default corpus by itself on first use.",
     )
     p.add_argument("--corpus", default="stdlib", metavar="SOURCE",
-                   help="'stdlib' (default: this Python's standard-library sources) or a directory, "
-                        "file or glob of text files")
+                   help="'stdlib' (default: this Python's standard-library sources), 'climbmix' (a public "
+                        "web-text corpus of GPU size, downloaded from the Hugging Face hub; needs the hub "
+                        "extra) or a directory, file or glob of text files")
+    p.add_argument("--shards", type=_positive_int, default=None, metavar="N",
+                   help="with a named corpus: how many of its shards to download (climbmix: 4, about 1 GB "
+                        "of text)")
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="where to write the prepared data (default: $AUTOLOOP_DATA_DIR, else a "
                         "per-user cache folder named after the corpus)")

@@ -149,7 +149,8 @@ class Settings(BaseModel):
     metric: str = setting("val_bpb", "trial", "metric name the trial prints as 'NAME: value'", metavar="NAME")
     direction: Literal["min", "max"] = setting("min", "trial", "whether lower or higher is better")
     seed: int = setting(42, "trial", "seed handed to every trial", metavar="N")
-    corpus: str = setting("stdlib", "trial", "'stdlib' or a directory, file or glob of text", metavar="SOURCE")
+    corpus: str = setting("stdlib", "trial", "'stdlib', 'climbmix' (public, GPU-sized: autoloop prepare "
+                          "fetches it) or a directory, file or glob of text", metavar="SOURCE")
     data_dir: str | None = setting(None, "trial", "prepared data folder", metavar="DIR", default_text="per-user cache")
     device: str | None = setting(
         None, "trial", "cpu, cuda, cuda:N or mps", metavar="DEV", default_text="auto-detect")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +29,7 @@ from autoloop.core.errors import NightError
 from autoloop.core.layout import Layout
 from autoloop.engine.night import Night
 from autoloop.engine.slot import Slot
+from autoloop.execution.devices import trial_device_kind
 from autoloop.observe.console import Console, Prefixed
 from autoloop.proposers.base import FixContext, Proposal, ProposalFailed, ProposalRequest, Proposer
 from autoloop.repo import reconcile
@@ -122,7 +123,7 @@ def strip_audit(record: dict[str, Any]) -> dict[str, Any]:
 
 def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records: list[LedgerRecord], trial: int,
                      attempt: int, parent: tuple[str | None, float | None],
-                     fix: FixContext | None = None) -> ProposalRequest:
+                     fix: FixContext | None = None, env: Mapping[str, str] | None = None) -> ProposalRequest:
     """What the proposer is told: program.md, the best it builds on (``parent``), the whole ledger and
     the recent results (audit figures stripped), the person's notes in force (read anew
     for every proposal: a note written a minute ago reaches the next one), and for a fix
@@ -136,7 +137,7 @@ def proposal_request(settings: Settings, ws: Workspace, layout: Layout, records:
         trial=trial, attempt=attempt, seed=settings.seed, ledger_tail=history[-LEDGER_TAIL_FOR_PROPOSER:], fix=fix,
         results_dir=layout.root, history=[LedgerRecord.model_validate(r) for r in history],
         digest_bytes=int(settings.digest_kb * 1024), notes=person_notes.active_notes(layout.root),
-        guards=list(settings.guards))
+        guards=list(settings.guards), device=trial_device_kind(settings, env))
 
 
 def fix_context(ws: Workspace, layout: Layout, failed: LedgerRecord) -> tuple[FixContext, str | None]:

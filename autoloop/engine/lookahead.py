@@ -307,7 +307,8 @@ class Lookahead:
         ws = slot.ws
         if best[0] and ws.head() != best[0]:
             ws.reset_to(best[0])
-        request = proposal_request(night.settings, ws, night.layout, night.arbiter.records(), trial, 1, best)
+        request = proposal_request(night.settings, ws, night.layout, night.arbiter.records(), trial, 1, best,
+                                   env=slot.env)
         with self.claims.proposing(self.key) as others:
             request.in_flight = others    # the slot's own trial n among them
             found = prepare(night, slot, self.proposer, request)

@@ -3,8 +3,9 @@
 ``open_night`` is the one context manager that ``autoloop run`` (any number of workers)
 and ``autoloop trial`` enter. In order, each step relying on the ones before it:
 
-1. ``--isolate`` works here, the workspace is a git work tree with the target committed
-   and ``results/`` git-ignored, the executor can run trials;
+1. torch is new enough for the default train.py (core/torch_floor.py), ``--isolate`` works
+   here, the workspace is a git work tree with the target committed and ``results/``
+   git-ignored, the executor can run trials;
 2. the workspace lock (a second orchestrator is refused at once) and the signal handlers
    (SIGINT/SIGTERM end the current attempt cleanly, recorded);
 3. the ledger's torn tail repaired; the arbiter made over it;
@@ -35,6 +36,7 @@ from typing import Literal
 from filelock import FileLock, Timeout
 
 from autoloop.config.settings import Settings
+from autoloop.core import torch_floor
 from autoloop.core.errors import NightError
 from autoloop.core.keep import Rules
 from autoloop.core.layout import TAG_FILES, Layout, branch_name, tag_of_branch
@@ -62,6 +64,7 @@ Purpose = Literal["run", "trial", "verify"]
 def open_night(settings: Settings, workdir: Path, console: Console, purpose: Purpose = "run") -> Iterator[Night]:
     """Hold the workspace for one night (see the module docstring for the steps)."""
     check_isolation(settings)
+    check_torch(settings)
     ws = Workspace(Path(workdir), settings.target)
     try:
         ws.check_target()
@@ -131,6 +134,13 @@ def watched(night: Night, purpose: Purpose = "run") -> Iterator[None]:
         # (state.json may still hold an earlier run's reason when it came before the scheduler's).
         observers.ended(None if error is not None else load_state(night.layout.root).stop_reason, error)
         observers.close()
+
+
+def check_torch(settings: Settings) -> None:
+    """The default train.py's torch floor, before anything starts: below it the first step fails."""
+    too_old = torch_floor.refusal(torch_floor.installed_version()) if settings.command is None else None
+    if too_old:
+        raise NightError(too_old)
 
 
 def check_isolation(settings: Settings) -> None:

@@ -107,7 +107,7 @@ class Trial:
 
     def propose(self) -> Step:
         request = proposal_request(self.night.settings, self.slot.ws, self.night.layout, self.night.arbiter.records(),
-                                   self.number, 1, self.parent)
+                                   self.number, 1, self.parent, env=self.slot.env)
         prepared = self._prepare(request)
         if prepared is None:
             self.slot.state.enter("idle")
@@ -124,7 +124,7 @@ class Trial:
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
         context, broken = fix_context(self.slot.ws, self.night.layout, failed)
         request = proposal_request(self.night.settings, self.slot.ws, self.night.layout, self.night.arbiter.records(),
-                                   self.number, attempt, self.parent, fix=context)
+                                   self.number, attempt, self.parent, fix=context, env=self.slot.env)
         prepared = self._prepare(request, broken)
         if not isinstance(prepared, Candidate):
             if prepared is not None:

@@ -15,8 +15,10 @@ the one Slurm bound on the node (the slot's variables go over the job's environm
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
+from collections.abc import Mapping
 
 from autoloop.config.settings import Settings
 from autoloop.core.errors import NightError
@@ -123,3 +125,18 @@ def worker_envs(settings: Settings, n: int, cuda_count: int | None = None) -> tu
         env.update(AUTOLOOP_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
     return [dict(env) for _ in range(n)], (f"devices: {n} workers share {cores} CPU cores, "
                                            f"{threads} thread(s) per trial{gpus}")
+
+
+def trial_device_kind(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """cpu, cuda or mps: the kind of device a slot's trials train on, as train.py picks it
+    (the slot's AUTOLOOP_DEVICE, else --device, else a GPU when one is visible)."""
+    wanted = (env or {}).get("AUTOLOOP_DEVICE") or settings.device
+    if wanted:
+        return wanted.split(":")[0]
+    return "cuda" if _cuda_visible() else "cpu"
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_visible() -> bool:
+    """Asked once per process: nvidia-smi takes a while, and the GPUs do not come and go in a night."""
+    return cuda_device_count() > 0

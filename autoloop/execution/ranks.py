@@ -11,6 +11,7 @@ Which devices the ranks see is the worker's environment (autoloop.execution.devi
 
 from __future__ import annotations
 
+import math
 from pathlib import PurePath
 from typing import TypedDict
 
@@ -89,5 +90,7 @@ def throughput(summary: dict[str, float], gpus_per_trial: int) -> Throughput:
     """The ledger's throughput fields from train.py's summary block: the ranks it reports
     (else the ranks launched), tokens/s over all ranks, MFU (absent: an unknown peak)."""
     world = summary.get("world_size")
+    mfu = summary.get("mfu_percent")   # nan where train.py knows no peak for the device
     return {"world_size": int(world) if world else max(1, gpus_per_trial),
-            "tokens_per_s": summary.get("tokens_per_sec"), "mfu_percent": summary.get("mfu_percent")}
+            "tokens_per_s": summary.get("tokens_per_sec"),
+            "mfu_percent": mfu if mfu is not None and math.isfinite(mfu) else None}

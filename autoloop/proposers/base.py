@@ -60,6 +60,9 @@ class ProposalRequest:
     earlier: list[Any] = field(default_factory=list)
     # The same nights for the research digest's section of earlier nights (store/digest.py).
     earlier_nights: list[EarlierNight] = field(default_factory=list)
+    # The kind of device the trial trains on (cpu, cuda, mps): train.py scales some constants
+    # by that device's profile, so a proposer bounding a value bounds the one it will train with.
+    device: str = "cpu"
 
 
 @dataclass

@@ -24,7 +24,7 @@ Moves, small steps first:
     tuple   one element moved as above
 Never nonsense: the sign of a number is kept, an int >= 1 stays >= 1, a name that reads
 as a fraction (FRAC, MOMENTUM, BETA, DROPOUT, PROB) stays within [0, 1], and the bounds
-in UPPER_BOUNDS hold.
+in UPPER_BOUNDS hold for the value the trial's device profile trains with (profile_bounds).
 
 Order: when the move that made the current best was ``X a -> b``, the next proposal is
 ``X b -> c`` one more step in the same direction (c = b * b / a, or b + (b - a) for
@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,11 @@ SKIP = frozenset({
 # Upper bounds that keep the harness contract: evaluation uses 512-byte windows, and
 # train.py's position tables need not be longer than what evaluation uses.
 UPPER_BOUNDS = {"SEQ_LEN": 512}
+# The bounds hold for the value a trial trains with, not the value written: train.py's device
+# profiles (its PROFILES table) multiply SEQ_LEN by their "seq" factor and cap the product
+# at 512, so on the cuda profile (x4) "SEQ_LEN 128 -> 256" trains the very same model.
+PROFILE_FACTORS = {"SEQ_LEN": "seq"}
+PROFILE_VAR = "AUTOLOOP_PROFILE"   # train.py's choice of profile by name, over the device's own
 FLOAT_FACTORS = (1.4, 0.7, 2.0, 0.5)
 ZERO_FLOAT_MOVES = (0.1, 0.01)
 MAX_STRING = 40
@@ -195,7 +202,7 @@ def _round(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-def _allowed(name: str, old: Number, new: Number) -> bool:
+def _allowed(name: str, old: Number, new: Number, bounds: Mapping[str, int] = UPPER_BOUNDS) -> bool:
     """The sanity rules every proposed value obeys."""
     if new == old or (isinstance(new, float) and not math.isfinite(new)):
         return False
@@ -205,11 +212,11 @@ def _allowed(name: str, old: Number, new: Number) -> bool:
         return False
     if _FRACTION_NAME.search(name) and not 0 <= new <= 1:
         return False
-    bound = UPPER_BOUNDS.get(name)
+    bound = bounds.get(name)
     return bound is None or new <= bound
 
 
-def value_moves(name: str, old: bool | Number) -> list[bool | Number]:
+def value_moves(name: str, old: bool | Number, bounds: Mapping[str, int] = UPPER_BOUNDS) -> list[bool | Number]:
     """The new values one step away from `old`, small steps first."""
     if isinstance(old, bool):
         return [not old]
@@ -231,12 +238,13 @@ def value_moves(name: str, old: bool | Number) -> list[bool | Number]:
         candidates = [_round(old * f) for f in FLOAT_FACTORS]
     out: list[Number] = []
     for new in candidates:
-        if _allowed(name, old, new) and new not in out:
+        if _allowed(name, old, new, bounds) and new not in out:
             out.append(new)
     return out
 
 
-def continuation(name: str, a: bool | Number, b: bool | Number) -> bool | Number | None:
+def continuation(name: str, a: bool | Number, b: bool | Number,
+                 bounds: Mapping[str, int] = UPPER_BOUNDS) -> bool | Number | None:
     """One more step from b in the direction a -> b took; None when there is none."""
     if isinstance(b, bool) or isinstance(a, bool) or a == b:
         return None
@@ -252,7 +260,7 @@ def continuation(name: str, a: bool | Number, b: bool | Number) -> bool | Number
         c = _round(1 - (1 - b) ** 2 / (1 - a))
     else:
         c = _round(b * b / a)
-    return c if _allowed(name, b, c) else None
+    return c if _allowed(name, b, c, bounds) else None
 
 
 def format_value(new: bool | Number, like: Literal) -> str:
@@ -288,10 +296,52 @@ def make_move(const: Constant, index: int, new: bool | Number) -> Move:
                 f"{const.name} {const.show()} -> {shown}")
 
 
-def constant_moves(const: Constant) -> list[Move]:
+def constant_moves(const: Constant, bounds: Mapping[str, int] = UPPER_BOUNDS) -> list[Move]:
     return [make_move(const, index, new)
             for index, lit in enumerate(const.literals)
-            for new in value_moves(const.name, lit.value)]
+            for new in value_moves(const.name, lit.value, bounds)]
+
+
+def profile_bounds(source: bytes, device: str, profile: str | None = None) -> dict[str, int]:
+    """UPPER_BOUNDS on the values as written, for a trial on ``device`` (cpu, cuda, mps):
+    a bound divided by the factor the target's PROFILES table gives that device's profile
+    (``profile``, when named, wins as it does in train.py). A target without the table,
+    or without that profile, trains what is written: the bounds as they are."""
+    factors = _profiles(source).get(profile or device, {})
+    bounds = dict(UPPER_BOUNDS)
+    for name, key in PROFILE_FACTORS.items():
+        factor = factors.get(key)
+        if name in bounds and isinstance(factor, int) and not isinstance(factor, bool) and factor >= 1:
+            bounds[name] = max(1, bounds[name] // factor)
+    return bounds
+
+
+def _profiles(source: bytes) -> dict[str, dict[str, object]]:
+    """The module-level ``PROFILES = {"name": dict(key=literal, ...)}`` table (or with
+    ``{"key": literal}`` dicts) of a source, read with ast; {} when there is none."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "PROFILES" and isinstance(node.value, ast.Dict)):
+            table: dict[str, dict[str, object]] = {}
+            for key, value in zip(node.value.keys, node.value.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    table[key.value] = _profile_entries(value)
+            return table
+    return {}
+
+
+def _profile_entries(node: ast.expr) -> dict[str, object]:
+    pairs: list[tuple[str, ast.expr]] = []
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+        pairs = [(kw.arg, kw.value) for kw in node.keywords if kw.arg is not None]
+    elif isinstance(node, ast.Dict):
+        pairs = [(k.value, v) for k, v in zip(node.keys, node.values, strict=True)
+                 if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    return {k: v.value for k, v in pairs if isinstance(v, ast.Constant)}
 
 
 def apply_move(source: bytes, move: Move) -> bytes:
@@ -401,7 +451,8 @@ class MutateProposer:
             constants = find_constants(source)
         except MutateError as e:
             raise ProposalFailed(str(e)) from None
-        move = self.choose(constants, _records(request), request.parent, request.seed, request.trial,
+        bounds = profile_bounds(source, request.device, os.environ.get(PROFILE_VAR) or None)
+        move = self.choose(constants, _records(request), request.parent, request.seed, request.trial, bounds,
                            earlier=_earlier(request, source))
         if move is None:
             return None
@@ -414,7 +465,7 @@ class MutateProposer:
 
     @staticmethod
     def choose(constants: list[Constant], records: list[dict[str, Any]], best: str | None, seed: int,
-               trial: int, earlier: Earlier | None = None) -> Move | None:
+               trial: int, bounds: Mapping[str, int] = UPPER_BOUNDS, earlier: Earlier | None = None) -> Move | None:
         tried = tried_at(records, best)
         by_name = {c.name: c for c in constants}
         if earlier is not None:
@@ -435,7 +486,7 @@ class MutateProposer:
                     return make_move(const, 0, new)
         options: dict[str, list[Move]] = {}
         for const in constants:
-            moves = [m for m in constant_moves(const) if m.key not in tried]
+            moves = [m for m in constant_moves(const, bounds) if m.key not in tried]
             if moves:
                 options[const.name] = moves
 
@@ -444,7 +495,7 @@ class MutateProposer:
             name, a, b = won
             const = by_name[name]
             if _canon(const.value) == _canon(b):
-                follow = _follow_up(const, a, b)
+                follow = _follow_up(const, a, b, bounds)
                 if follow is not None and follow.key not in tried:
                     return follow
                 # Going back towards the value that just lost is not worth a trial here.
@@ -467,7 +518,7 @@ def _changed_element(a: object, b: object) -> tuple[int, object, object] | None:
     return None
 
 
-def _follow_up(const: Constant, a: object, b: object) -> Move | None:
+def _follow_up(const: Constant, a: object, b: object, bounds: Mapping[str, int] = UPPER_BOUNDS) -> Move | None:
     """The move one more step in the direction of a -> b."""
     changed = _changed_element(a, b) if const.is_tuple else (0, a, b)
     if changed is None:
@@ -475,7 +526,7 @@ def _follow_up(const: Constant, a: object, b: object) -> Move | None:
     index, x, y = changed
     if not isinstance(x, (bool, int, float)) or not isinstance(y, (bool, int, float)):
         return None
-    c = continuation(const.name, x, y)
+    c = continuation(const.name, x, y, bounds)
     return None if c is None else make_move(const, index, c)
 
 

@@ -37,6 +37,7 @@ CMA-ES keeps its own state in the study.
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autoloop.core.layout import OPTUNA_STUDY, Layout
 from autoloop.proposers.base import Proposal, ProposalFailed, ProposalRequest, ProposerError
-from autoloop.proposers.mutate import MutateError, _canon
+from autoloop.proposers.mutate import PROFILE_VAR, MutateError, _canon, profile_bounds
 from autoloop.proposers.outcomes import TrialResult, trial_outcomes
 from autoloop.proposers.space import Key, Space, build_space
 from autoloop.proposers.warm_start import EarlierPoint, rebased
@@ -168,7 +169,7 @@ class OptunaProposer:
         ws = Workspace(Path(request.workspace), request.target)
         try:
             try:
-                space = self._space(ws, baseline.commit, request.target)
+                space = self._space(ws, baseline.commit, request.target, request.device)
             except WorkspaceError as e:
                 raise ProposalFailed(f"optuna: {e}") from None
             try:
@@ -190,13 +191,14 @@ class OptunaProposer:
         finally:
             ws.close()
 
-    def _space(self, ws: Workspace, baseline_commit: str, target: str) -> Space:
+    def _space(self, ws: Workspace, baseline_commit: str, target: str, device: str) -> Space:
         if baseline_commit not in self._spaces:
             text = ws.file_at(baseline_commit, target)
             if text is None:
                 raise ProposalFailed(f"optuna: {target} is not in the baseline commit {baseline_commit[:7]}")
             try:
-                space = build_space(text.encode("utf-8"))
+                source = text.encode("utf-8")
+                space = build_space(source, profile_bounds(source, device, os.environ.get(PROFILE_VAR) or None))
             except MutateError as e:
                 raise ProposalFailed(f"optuna: {target}: {e}") from None
             if not space:

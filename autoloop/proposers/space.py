@@ -12,7 +12,7 @@ when the space is built, and the mutator's rules kept everywhere in them:
     power of two     stays one: 2 doublings or halvings each way, never below 1
     other int        an int in [v / 2, 2 v], never below 1 when it was at least 1
     bool             either
-    bounds           mutate.UPPER_BOUNDS hold (SEQ_LEN <= 512)
+    bounds           mutate.UPPER_BOUNDS hold on the value trained with (mutate.profile_bounds)
 
 Float ranges are symmetric in log space (clipped to the same factor on both sides where a
 bound would cut one side), so the current value is the centre of the space: where CMA-ES
@@ -231,27 +231,29 @@ def _literal_of(const: Constant | None, d: Dimension) -> SourceLiteral | None:
 # ------------------------------------------------------------------------------ building
 
 
-def build_space(source: bytes) -> Space:
+def build_space(source: bytes, bounds: Mapping[str, int] = UPPER_BOUNDS) -> Space:
     """The space around the constants of a source (raises mutate.MutateError when it does
-    not parse). Strings, and constants the mutator has no move for, are not in it."""
+    not parse). Strings, and constants the mutator has no move for, are not in it.
+    ``bounds``: mutate.profile_bounds for the trial's device (the written values' bounds)."""
     dims: list[Dimension] = []
     for const in find_constants(source):
         for index, literal in enumerate(const.literals):
-            if not value_moves(const.name, literal.value):
+            if not value_moves(const.name, literal.value, bounds):
                 continue
             name = f"{const.name}[{index}]" if const.is_tuple else const.name
-            dim = _dimension(name, const.name, index if const.is_tuple else None, literal.value)
+            dim = _dimension(name, const.name, index if const.is_tuple else None, literal.value, bounds)
             if dim is not None:
                 dims.append(dim)
     dims, divisible = _keep_divisible(dims, find_constants(source))
     return Space(tuple(dims), divisible)
 
 
-def _dimension(name: str, constant: str, index: int | None, v: Value) -> Dimension | None:
+def _dimension(name: str, constant: str, index: int | None, v: Value,
+               bounds: Mapping[str, int] = UPPER_BOUNDS) -> Dimension | None:
     base: Place = (name, constant, index)
     if isinstance(v, bool):
         return Dimension(*base, kind="bool", low=0, high=1)
-    bound = UPPER_BOUNDS.get(constant)
+    bound = bounds.get(constant)
     negative = v < 0
     fraction = bool(_FRACTION_NAME.search(constant))
     if isinstance(v, int):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autoloop.config.settings import Settings
+from autoloop.core import torch_floor
 from autoloop.core.checks import Check, fail, failures, ok, warn
 from autoloop.observe.console import plural
 
@@ -214,6 +215,9 @@ def _data(settings: Settings) -> Check:
         return ok("data", f"prepared in {where} ({meta.get('source')}, fingerprint {meta.get('fingerprint')})")
     if spec.is_stdlib:
         return ok("data", f"not prepared yet: built from this Python's standard library on first use, into {where}")
+    if spec.hub is not None:
+        return ok("data", f"not prepared yet: `autoloop prepare --corpus {spec.source}` downloads it into {where} "
+                          "(or the night's start does)")
     source = os.path.expanduser(settings.corpus)
     if os.path.exists(source) or glob.glob(source):
         return ok("data", f"not prepared yet: built from {settings.corpus} on first use, into {where}")
@@ -225,7 +229,11 @@ def _torch(settings: Settings) -> Check:
         import torch
     except Exception as e:  # a broken install raises anything
         return fail("torch", f"cannot import torch: {type(e).__name__}: {e}")
-    build = f"torch {torch.__version__}" + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)")
+    version = os.environ.get(torch_floor.VERSION_VAR) or torch.__version__
+    build = f"torch {version}" + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)")
+    too_old = torch_floor.refusal(version) if settings.command is None else None   # the default train.py's floor
+    if too_old:
+        return fail("torch", too_old)
     wanted = settings.device
     if torch.cuda.is_available():
         gpus = []
@@ -395,17 +403,29 @@ def _gpus(settings: Settings) -> Check:
         return ok("gpus", "on the trials' nodes, bound by Slurm (the sbatch check asks the partition)")
     if shutil.which("nvidia-smi") is None:
         return ok("gpus", "none: no nvidia-smi on this machine")
-    listing = _output(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"], Path.cwd())
+    # compute_cap: what train.py trains in there; drivers before 510 do not know the field.
+    listing = (_output(["nvidia-smi", "--query-gpu=index,name,memory.total,compute_cap", "--format=csv,noheader"],
+                       Path.cwd())
+               or _output(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"], Path.cwd()))
     gpus = [[cell.strip() for cell in line.split(",")] for line in listing.splitlines() if line.count(",") >= 2]
     if not gpus:
         return warn("gpus", "nvidia-smi lists no GPU (driver not loaded?)")
-    shown = "; ".join(f"{i}: {name}, {memory}" for i, name, memory, *_ in gpus)
+    shown = "; ".join(f"{i}: {name}, {memory}{_precision(rest)}" for i, name, memory, *rest in gpus)
     links = nvlink_summary(_output(["nvidia-smi", "topo", "-m"], Path.cwd()))
     wanted = settings.gpus_per_trial * max(1, settings.workers)
     if settings.device != "cpu" and settings.gpus_per_trial > 1 and wanted > len(gpus):
         return fail("gpus", f"{shown}; {links}; --gpus-per-trial {settings.gpus_per_trial} x --workers "
                     f"{settings.workers} needs {wanted}")
     return ok("gpus", f"{shown}; {links}")
+
+
+def _precision(cells: list[str]) -> str:
+    """", sm75: fp16 with a GradScaler (...)" from nvidia-smi's compute_cap cell, if it gave one."""
+    found = re.fullmatch(r"(\d+)\.(\d+)", cells[0]) if cells else None
+    if found is None:
+        return ""
+    capability = (int(found[1]), int(found[2]))
+    return f", sm{capability[0]}{capability[1]}: trains in {torch_floor.half_precision(capability)}"
 
 
 def nvlink_summary(topo: str) -> str:

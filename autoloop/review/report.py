@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoloop.core import epochs
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
 from autoloop.observe.console import whole_seconds
@@ -132,6 +133,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     spend = spend_data(records)
     out = header_lines(records, tag, metric, direction, now)
     out += result_section(records, baseline, metric, len(kept))
+    out += epochs_lines(records)
     if picture:
         out += [f"![{metric} per attempt]({picture})", ""]
     if picture_note:
@@ -153,6 +155,12 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += guards_section(records) + tradeoffs_section(records, metric, direction)
     out += time_section(time_split(records, evals))
     return "\n".join(out)
+
+
+def epochs_lines(records: list[LedgerRecord]) -> list[str]:
+    """A warning under the result when a run of the night read its training bytes more than once."""
+    found = epochs.warning(epochs.most(r.metrics for r in queries.of_night(records)))
+    return [f"**Warning:** {found}.", ""] if found else []
 
 
 def kept_changes(records: list[LedgerRecord]) -> list[tuple[LedgerRecord, float | None]]:

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from autoloop.core import epochs
 from autoloop.core.layout import Layout
 from autoloop.observe.console import parse_progress, plural, shorten, time_left, whole_seconds
 from autoloop.review import machine_speed, scout, throughput
@@ -92,6 +93,8 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
         **_notes_in_force(results_dir),   # what `autoloop note` tells every prompt now
         "agent_spend": spend_data(records),
         "guards": guard_lines(records),   # --guard: each guard in force and its breaches so far
+        # More than one pass over the training bytes in any run of the night (core/epochs.py).
+        "epochs_warning": epochs.warning(epochs.most(r.metrics for r in night)),
         "last": [{"trial": r.trial, "attempt": r.attempt, "status": r.status, "crash": r.crash,
                   "metric": r.metric, "description": r.description, "reason": r.reason,
                   "world_size": r.world_size, "tokens_per_s": r.tokens_per_s, "mfu_percent": r.mfu_percent}
@@ -320,6 +323,8 @@ def _aside_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"TAMPERED: {len(found)} attempt{'s' if len(found) != 1 else ''} changed a protected input "
                      f"(restored): {shown}")
     lines += [f"NOT AUTOLOOP'S: {line}" for line in data.get("records_not_ours") or ()]
+    if data.get("epochs_warning"):
+        lines.append(f"WARNING: {data['epochs_warning']}")
     return lines
 
 
