@@ -121,10 +121,12 @@ def test_out_of_memory_is_named_as_such(monkeypatch):
     assert error.startswith("job 12 ran out of memory") and not timed_out and state.startswith("OUT_OF_MEMORY")
 
 
-def test_job_states_of_many_jobs_from_one_squeue_answer():
+def test_job_states_of_many_jobs_from_one_squeue_answer(monkeypatch):
     found = slurm_state.parse_squeue("12|RUNNING|None|gpu01\n13|PENDING|Priority|\n\nbad line\n")
     assert found["12"]["State"] == "RUNNING" and found["12"]["NodeList"] == "gpu01"
     assert found["13"]["Reason"] == "Priority" and set(found) == {"12", "13"}
+    monkeypatch.setattr(slurm_state.shutil, "which", lambda name: None)
+    assert slurm_state.read_jobs(["12"]) is None   # no squeue: no answer, which is not "the cluster forgot it"
 
 
 def test_a_job_the_cluster_forgot_or_preempted_without_a_result_ends_its_wait(tmp_path, monkeypatch):

@@ -102,8 +102,10 @@ def read_jobs(job_ids: Iterable[str]) -> dict[str, dict[str, str]] | None:
     """What slurmctld says of many jobs in one call (squeue answers for the ids it knows, live or
     ended within MinJobAge, and leaves the others out); None when squeue itself did not answer."""
     ids = sorted({str(j) for j in job_ids})
-    if not ids or shutil.which("squeue") is None:
-        return {} if ids else None
+    if not ids:
+        return {}
+    if shutil.which("squeue") is None:
+        return None   # no answer is not "forgotten": nothing may be taken for lost on it
     try:
         proc = subprocess.run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%N"],
                               capture_output=True, text=True, timeout=TIMEOUT_S)
