@@ -15,7 +15,7 @@ from helpers.git import TRAIN_PY
 # autoresearch's fields in its order, then the matmul weights (the ladder's N) and the ranks' throughput.
 SUMMARY_FIELDS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                   "total_tokens_M", "num_steps", "num_params_M", "depth", "matmul_params_M", "tokens_per_sec",
-                  "world_size"]
+                  "world_size", "micro_batch", "accum_steps"]
 
 
 def run_train(script: Path, env: dict, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -51,6 +51,24 @@ def test_train_py_runs_within_budget_and_reports(trial_env, tmp_path):
     assert summary["num_steps"] > 1 and summary["peak_vram_mb"] > 0
     assert summary["mfu_percent"] == "unknown peak" and summary["world_size"] == 1   # a CPU has no bf16 peak
     assert summary["tokens_per_sec"] > 0
+
+
+def test_out_of_memory_at_step_0_halves_the_micro_batch_and_keeps_the_batch(trial_env, tmp_path):
+    """AUTOLOOP_FORCE_OOM_ABOVE=4 makes step 0 raise torch.OutOfMemoryError for micro-batches
+    above 4 sequences, as a GPU short of memory would: the step is retried at 8, then at 4
+    sequences with 4 accumulation steps, and the run trains the same global batch, step for
+    step, as one without the failure (the same tokens; val_bpb apart only by float sums)."""
+    env = {**trial_env, "AUTOLOOP_MAX_STEPS": "6", "AUTOLOOP_SIZES": "64,1,16,64"}   # a tiny model: seconds
+    plain = run_train(TRAIN_PY, env, tmp_path)
+    squeezed = run_train(TRAIN_PY, {**env, "AUTOLOOP_FORCE_OOM_ABOVE": "4"}, tmp_path)
+    assert plain.returncode == 0 and squeezed.returncode == 0, squeezed.stdout + squeezed.stderr
+    assert re.findall(r"^out of memory at step 0: micro-batch halved to (\d+) sequences per rank", squeezed.stdout,
+                      re.M) == ["8", "4"], squeezed.stdout
+    assert "memory: micro-batch 4 sequences per rank, 4 accumulation steps per step of 16" in squeezed.stdout
+    a, b = parse_summary(plain.stdout), parse_summary(squeezed.stdout)
+    assert (a["micro_batch"], a["accum_steps"], b["micro_batch"], b["accum_steps"]) == (16, 1, 4, 4)
+    assert a["total_tokens_M"] == b["total_tokens_M"] and a["num_steps"] == b["num_steps"] == 6
+    assert abs(a["val_bpb"] - b["val_bpb"]) < 1e-3, (a["val_bpb"], b["val_bpb"])
 
 
 def test_nan_loss_fails_fast(trial_env, tmp_path):
@@ -98,9 +116,16 @@ def test_profile_follows_the_device_and_scales_the_constants(monkeypatch):
     assert h100["bf16"] and h100["compile"] and h100["lr_scale"] < 1 and not h100["sparse_bigram"]
     assert h100["width"] % train.HEAD_DIM == 0
     assert train.resolve_profile("cuda", gpu_memory_gib=141)["batch"] == h100["batch"]   # an H200 alike
-    # A smaller GPU keeps the model and halves the batch per halving of memory.
+    assert h100["memory_micro_batch"] == h100["batch"]   # one micro-batch: no accumulation
+    # A smaller GPU keeps the model and the batch, and halves the micro-batch per halving of memory.
     small = train.resolve_profile("cuda", gpu_memory_gib=24)
-    assert small["width"] == h100["width"] and small["batch"] == h100["batch"] // 4
+    assert small["width"] == h100["width"] and small["batch"] == h100["batch"]
+    assert small["memory_micro_batch"] == h100["batch"] // 4
+    monkeypatch.setattr(train, "WORLD_SIZE", 8)   # one rank's slice, cut to what its memory holds
+    assert train.micro_batch(h100) == h100["batch"] // 8 and train.micro_batch(small) == h100["batch"] // 8
+    monkeypatch.setattr(train, "WORLD_SIZE", 2)
+    assert train.micro_batch(small) == h100["batch"] // 4   # 64 rows per rank in two micro-batches of 32
+    monkeypatch.setattr(train, "WORLD_SIZE", 1)
 
     mps = train.resolve_profile("mps")
     assert mps["name"] == "mps" and mps["width"] > cpu["width"] and not mps["compile"]
