@@ -143,6 +143,34 @@ def test_unknown_profile_is_one_line_and_exit_1(monkeypatch, capsys):
     assert capsys.readouterr().out == "FAIL: AUTOLOOP_PROFILE=tpu is not one of cpu, cuda, mps\n"
 
 
+def test_cuda_device_and_rank_group_set_up_as_a_gpu_would_be(monkeypatch):
+    """No GPU here: torch's calls are recorded instead of made. A single-rank trial on cuda:1
+    sets its device (else allocations and memory counters follow GPU 0) and reads its own
+    GPU's reserved memory; ranks wait on each other at most half of what the hard timeout
+    (AUTOLOOP_TIMEOUT_S, from the runner) leaves beyond the budget, and NCCL is given the device."""
+    monkeypatch.setenv("AUTOLOOP_BUDGET_S", "300")
+    monkeypatch.setenv("AUTOLOOP_TIMEOUT_S", "600")
+    train = load_train_module(monkeypatch)
+    assert train.HARD_TIMEOUT_S == 600 and train.COLLECTIVE_TIMEOUT_S == 150
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: calls.append(("reserved", d)) or 3 * 2**20)
+    monkeypatch.setattr(train.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    gpu1 = torch.device("cuda", 1)
+    train.init_ranks(gpu1)
+    assert train.peak_memory_mb(gpu1) == 3.0
+    assert calls == [("set_device", gpu1), ("reserved", gpu1)]   # one rank: no process group
+    calls.clear()
+    monkeypatch.setattr(train, "WORLD_SIZE", 2)
+    train.init_ranks(gpu1)
+    assert calls[0] == ("set_device", gpu1) and calls[1][0] == "nccl"
+    assert calls[1][1]["device_id"] == gpu1 and calls[1][1]["timeout"].total_seconds() == 150
+    # Run by hand, with no limit passed: the harness's default rule for the budget.
+    monkeypatch.delenv("AUTOLOOP_TIMEOUT_S")
+    monkeypatch.setenv("AUTOLOOP_BUDGET_S", "60")
+    assert load_train_module(monkeypatch).COLLECTIVE_TIMEOUT_S == 60   # (max(120, 60 + 120) - 60) / 2
+
+
 def test_mfu_accounting(monkeypatch):
     train = load_train_module(monkeypatch)
     assert train.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
