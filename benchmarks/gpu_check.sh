@@ -13,8 +13,8 @@
 #    not the model's figures).
 # 4. A trial over 2 ranks (torch.distributed.run, 60 s) where two GPUs are visible.
 # Each figure is printed as `name: value`, the names those of docs/gpu.md's table, and written to
-# $OUT/figures.txt; a figure that cannot be had here is `nan`. Each step has a hard limit, so the
-# whole stays under the 10 minutes one command may take on a lent machine.
+# $OUT/figures.txt; a figure that cannot be had here is `nan`. Each step has a hard limit, so on
+# one GPU the whole stays under the 10 minutes one command may take on a lent machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
