@@ -23,6 +23,8 @@ import re
 import resource
 import sys
 import time
+from contextlib import nullcontext
+from datetime import timedelta
 
 # CPU threads: torch's OpenMP workers spin while they wait for work. On a machine whose
 # cores are shared (other jobs, parallel workers) the spinning takes the cores the real
@@ -34,7 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+from autoloop.core.durations import default_timeout
 from autoloop.data import load_data
 from autoloop.evaluate import EVAL_CONTEXT, evaluate_bpb
 
@@ -87,14 +91,14 @@ LOG_EVERY_S = 5.0       # seconds between progress lines
 #   cuda: 768 wide, 12 deep, 128 x 512 bytes per step: ~85M parameters in the blocks,
 #         about GPT-2 small without its vocabulary (the bigram table adds 50M entries
 #         that cost a lookup each), for one H100/H200-class GPU over 5 minutes;
-#         GPUs with less memory get a proportionally smaller batch (see resolve_profile).
+#         a GPU with less memory trains the same batch in smaller micro-batches (micro_batch).
 #   mps:  256 wide, 6 deep, 32 x 512 per step in fp32 (bf16 autocast on MPS is young).
 PROFILES = {
     "cpu": dict(width=1, depth=1, batch=1, seq=1, bf16=False, compile=False, sparse=True, fused=False),
     "cuda": dict(width=6, depth=4, batch=8, seq=4, bf16=True, compile=True, sparse=False, fused=True),
     "mps": dict(width=2, depth=2, batch=2, seq=4, bf16=False, compile=False, sparse=False, fused=False),
 }
-CUDA_FULL_BATCH_GIB = 70  # GPUs with less memory than this halve the batch per halving of memory
+CUDA_FULL_BATCH_GIB = 70  # one rank with less memory than this halves its micro-batch per halving of memory
 
 # ---------------------------------------------------------------------------------
 # Environment contract with the harness: every variable has a default for hand runs.
@@ -114,6 +118,11 @@ MAX_STEPS = int(os.environ.get("AUTOLOOP_MAX_STEPS", "0"))
 RANK = int(os.environ.get("RANK", "0"))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
+# The trial's hard limit, after which the harness kills every rank (the default rule when run by hand).
+HARD_TIMEOUT_S = float(os.environ.get("AUTOLOOP_TIMEOUT_S") or default_timeout(BUDGET_S))
+# For tests: step 0 raises torch.OutOfMemoryError for micro-batches above this many sequences,
+# as a GPU short of memory would, so the retry with a halved micro-batch runs on a CPU (0: never).
+FORCE_OOM_ABOVE = int(os.environ.get("AUTOLOOP_FORCE_OOM_ABOVE", "0"))
 
 
 def pick_device() -> torch.device:
@@ -136,15 +145,16 @@ def resolve_profile(device_type, gpu_memory_gib=None, name=None):
         fail(f"AUTOLOOP_PROFILE={name} is not one of {', '.join(PROFILES)}")
     p = PROFILES[name]
     width, depth, batch, seq_len = WIDTH * p["width"], DEPTH * p["depth"], BATCH_SIZE * p["batch"], SEQ_LEN * p["seq"]
+    # The micro-batch one rank's memory holds: the full cuda batch in 70 GiB, halved per halving.
+    micro = batch
     if name == "cuda" and gpu_memory_gib and gpu_memory_gib < CUDA_FULL_BATCH_GIB:
-        shrink = 2 ** math.ceil(math.log2(CUDA_FULL_BATCH_GIB / gpu_memory_gib))
-        batch = max(BATCH_SIZE, batch // shrink)
+        micro = max(1, batch // 2 ** math.ceil(math.log2(CUDA_FULL_BATCH_GIB / gpu_memory_gib)))
     if os.environ.get("AUTOLOOP_SIZES"):
         try:
             width, depth, batch, seq_len = (int(v) for v in os.environ["AUTOLOOP_SIZES"].split(","))
         except ValueError:
             fail(f"AUTOLOOP_SIZES={os.environ['AUTOLOOP_SIZES']} is not width,depth,batch,seq (four integers)")
-    return dict(name=name, width=width, depth=depth, batch=batch,
+    return dict(name=name, width=width, depth=depth, batch=batch, memory_micro_batch=micro,
                 seq_len=min(seq_len, EVAL_CONTEXT), lr_scale=p["width"] ** -0.5,
                 bf16=p["bf16"], compile=p["compile"] or (name == "cpu" and COMPILE_ON_CPU),
                 sparse_bigram=p["sparse"], fused=p["fused"])
@@ -179,6 +189,12 @@ def rotary_tables(seq_len, head_dim, base):
 def apply_rotary(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def bigram_ids(x):
+    """The row of the bigram table for each byte: (previous byte, byte); the first byte of a
+    window pairs with 0, the separator between documents."""
+    return F.pad(x[:, :-1], (1, 0)) * 256 + x
 
 
 def has_value_embed(layer, depth):
@@ -301,8 +317,7 @@ class GPT(nn.Module):
         mask = self.window_mask(T, x.device)
         h = self.embed(x)
         if self.bigram is not None:
-            # The first byte of a window pairs with 0, the separator between documents.
-            h = h + self.bigram(F.pad(x[:, :-1], (1, 0)) * 256 + x)
+            h = h + self.bigram(bigram_ids(x))
         h = x0 = rms_norm(h)
         for i, block in enumerate(self.blocks):
             h = self.resid_scales[i] * h + self.x0_scales[i] * x0
@@ -346,7 +361,12 @@ def orthogonalize(G):
 
 
 class Muon(torch.optim.Optimizer):
-    """One step for all matrices of a shape at once (stacked), which keeps a GPU busy."""
+    """One step for all matrices of a shape at once (stacked), which keeps a GPU busy. Over N
+    ranks each rank orthogonalises its own share of each stack (a 1/N slice) and the updated
+    matrices are then gathered by every rank: the orthogonalisation (1.5 TFLOP a step on the
+    cuda profile, a quarter of a rank's work at 8 ranks if every rank did all of it) is split
+    instead. Each matrix's update is computed exactly as on one rank, so the model per step
+    does not depend on the number of ranks."""
 
     def __init__(self, params, lr, momentum, weight_decay=0.0, beta2=0.95):
         shapes = sorted({p.shape for p in params})
@@ -355,34 +375,46 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
+        gathers = []
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
+            every = [p for p in group["params"] if p.grad is not None]
+            if not every:
                 continue
-            state = self.state[params[0]]
-            grads = torch.stack([p.grad for p in params])
-            rows, cols = grads.shape[-2:]
-            if "momentum" not in state:
-                state["momentum"] = torch.zeros_like(grads)
-                # NorMuon keeps one second moment per row (per column for wide matrices).
-                state["v"] = torch.zeros(grads.shape[:-1] + (1,) if rows >= cols else
-                                         grads.shape[:-2] + (1, cols), device=grads.device)
-            state["momentum"].lerp_(grads, 1 - group["momentum"])
-            update = orthogonalize(grads.lerp_(state["momentum"], group["momentum"])).float()
-            # NorMuon: divide each row by its running RMS, then restore the update's overall norm.
-            reduce_dim = -1 if rows >= cols else -2
-            sq = update.square().mean(dim=reduce_dim, keepdim=True)
-            state["v"].lerp_(sq, 1 - group["beta2"])
-            scaled = update * state["v"].clamp_min(1e-10).rsqrt()
-            update = scaled * (update.norm(dim=(-2, -1), keepdim=True)
-                               / scaled.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
-            # Tall and wide matrices get comparable per-element steps.
-            lr = group["lr"] * max(1.0, rows / cols) ** 0.5
-            for p, u in zip(params, update.unbind(0), strict=True):
-                if group["weight_decay"]:
-                    # Cautious weight decay: only where the update already pulls towards zero.
-                    p.sub_(lr * group["weight_decay"] * p * ((u * p) >= 0))
-                p.sub_(u.to(p.dtype), alpha=lr)
+            share = -(-len(every) // WORLD_SIZE)   # matrices per rank, the last rank's share padded
+            params = every[RANK * share:(RANK + 1) * share]
+            if params:
+                self._update(group, params)
+            if WORLD_SIZE > 1:
+                gathers.append(gather_share(every, params, share))
+        for finish in gathers:
+            finish()
+
+    def _update(self, group, params):
+        """Nesterov momentum, orthogonalisation and NorMuon scaling for one stack of matrices."""
+        state = self.state[params[0]]
+        grads = torch.stack([p.grad for p in params])
+        rows, cols = grads.shape[-2:]
+        if "momentum" not in state:
+            state["momentum"] = torch.zeros_like(grads)
+            # NorMuon keeps one second moment per row (per column for wide matrices).
+            state["v"] = torch.zeros(grads.shape[:-1] + (1,) if rows >= cols else
+                                     grads.shape[:-2] + (1, cols), device=grads.device)
+        state["momentum"].lerp_(grads, 1 - group["momentum"])
+        update = orthogonalize(grads.lerp_(state["momentum"], group["momentum"])).float()
+        # NorMuon: divide each row by its running RMS, then restore the update's overall norm.
+        reduce_dim = -1 if rows >= cols else -2
+        sq = update.square().mean(dim=reduce_dim, keepdim=True)
+        state["v"].lerp_(sq, 1 - group["beta2"])
+        scaled = update * state["v"].clamp_min(1e-10).rsqrt()
+        update = scaled * (update.norm(dim=(-2, -1), keepdim=True)
+                           / scaled.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+        # Tall and wide matrices get comparable per-element steps.
+        lr = group["lr"] * max(1.0, rows / cols) ** 0.5
+        for p, u in zip(params, update.unbind(0), strict=True):
+            if group["weight_decay"]:
+                # Cautious weight decay: only where the update already pulls towards zero.
+                p.sub_(lr * group["weight_decay"] * p * ((u * p) >= 0))
+            p.sub_(u.to(p.dtype), alpha=lr)
 
 
 def build_optimizers(model, cfg):
@@ -441,16 +473,48 @@ def set_schedules(optimizers, progress):
 # ---------------------------------------------------------------------------------
 # Ranks: with WORLD_SIZE > 1 (torch.distributed.run) every rank holds the whole model and
 # trains on its own slice of the global batch; the gradients are averaged, so every rank
-# takes the same step and the model per step is the one a single rank would train. Muon's
-# orthogonalisation is replicated: each rank computes the same update from the same mean
-# gradient. Only rank 0 evaluates and prints.
+# takes the same step and the model per step is the one a single rank would train.
+#   * torch's DistributedDataParallel averages the dense gradients in buckets of 25 MB while
+#     backward still runs (each bucket's all-reduce overlaps the rest of backward), and
+#     torch.compile splits its graph at the buckets (DDPOptimizer) so the overlap survives
+#     compilation. Hooks of our own could do the same; DDP is the tested one.
+#   * The bigram table (65,536 x WIDTH, 50M entries on the cuda profile) is left out of DDP:
+#     a step touches a few thousand of its rows, and every rank knows which (all ranks draw
+#     the same global batch), so only those rows are averaged (average_bigram).
+#   * Muon orthogonalises a 1/N share of the matrices on each rank, then gathers (Muon.step).
+#   * Each rank splits its slice into micro-batches that its memory holds, accumulating the
+#     gradients (micro_batch, forward_backward); out of memory at step 0 halves the micro-batch
+#     and retries the same step, so the global batch, and the result, stay as they were.
+#   * Every collective gives up after COLLECTIVE_TIMEOUT_S, well inside the trial's hard
+#     timeout, so a rank whose peer died fails with NCCL's or gloo's own error in the log
+#     instead of being killed silently by the harness.
+# Only rank 0 evaluates and prints, after all ranks have left the group.
+
+# Half of what the hard timeout leaves beyond the budget (150 s at the default 300 s budget):
+# longer than ranks' compilations differ, short enough that start-up + budget + this wait
+# ends before the harness's kill.
+COLLECTIVE_TIMEOUT_S = max(30.0, (HARD_TIMEOUT_S - BUDGET_S) / 2)
 
 
 def init_ranks(device):
+    if device.type == "cuda":
+        # Always, also for one rank: with --device cuda:1, allocations and torch.cuda's memory
+        # counters would otherwise follow GPU 0.
+        torch.cuda.set_device(device)
     if WORLD_SIZE > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                                device_id=device if device.type == "cuda" else None)
+
+
+def wrap_ranks(model, device):
+    """The model under DDP over N ranks (the bigram table left to average_bigram); itself on one."""
+    if WORLD_SIZE == 1:
+        return model
+    if model.bigram is not None:
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ["bigram.weight"])
+    # The rotary tables are constant buffers: nothing to send each step.
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False)
 
 
 def rank_slice(x, y):
@@ -460,21 +524,120 @@ def rank_slice(x, y):
     return x[RANK * rows:(RANK + 1) * rows], y[RANK * rows:(RANK + 1) * rows]
 
 
+def micro_batch(cfg):
+    """Sequences per forward pass on this rank: its slice of the batch, or less where one
+    rank's memory holds less (resolve_profile), a divisor of the slice so that every micro-batch
+    is the same size and the mean of their losses is the slice's mean loss."""
+    rows = cfg["batch"] // WORLD_SIZE
+    micro = min(rows, cfg["memory_micro_batch"])
+    while rows % micro:
+        micro -= 1
+    return micro
+
+
+def forward_backward(step_fn, wrapped, autocast, scaler, x, y, micro, sync, step):
+    """The mean loss over this rank's slice, its gradients accumulated micro-batch by
+    micro-batch. DDP averages them over the ranks during the last backward when `sync`."""
+    n = x.size(0) // micro
+    total = 0.0
+    for i in range(n):
+        last = sync and i == n - 1
+        with nullcontext() if wrapped is None or last else wrapped.no_sync():
+            if step == 0 and FORCE_OOM_ABOVE and micro > FORCE_OOM_ABOVE:
+                raise torch.OutOfMemoryError(f"AUTOLOOP_FORCE_OOM_ABOVE={FORCE_OOM_ABOVE}: "
+                                             f"a micro-batch of {micro} sequences does not fit")
+            with autocast:
+                loss = step_fn(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro])
+            scaler.scale(loss / n).backward()   # fp16: scaled up (GradScaler); else as it is
+        total = total + loss.detach()
+    return total / n
+
+
+def first_step(model, step_fn, wrapped, autocast, scaler, x, y, micro, device):
+    """Step 0's forward and backward, with the micro-batch halved and the step retried while
+    any rank runs out of memory; returns (loss, micro-batch). The gradients are accumulated
+    without DDP and averaged by hand once all ranks agree the step fit: a rank out of memory
+    half-way through backward would otherwise leave the others waiting in a bucket's all-reduce."""
+    while True:
+        try:
+            loss = forward_backward(step_fn, wrapped, autocast, scaler, x, y, micro, sync=False, step=0)
+            failed = False
+        except torch.OutOfMemoryError:
+            failed = True
+        # Outside the except block: its traceback, holding the activations, is gone by now.
+        if WORLD_SIZE > 1:
+            flag = torch.tensor([float(failed)], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            failed = bool(flag.item())
+        if not failed:
+            average_gradients(model)
+            return loss, micro
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if micro == 1:
+            fail("out of memory at step 0 with a micro-batch of one sequence")
+        micro //= 2
+        while x.size(0) % micro:
+            micro -= 1
+        log(f"out of memory at step 0: micro-batch halved to {micro} sequences per rank "
+            f"({x.size(0) // micro} accumulation steps), the step retried; the global batch is unchanged")
+
+
 def average_gradients(model):
-    """The mean gradient over the ranks: the dense ones in one flat all-reduce, a sparse one
-    (the bigram table on the CPU profile; gloo only, NCCL has no sparse all-reduce) by itself."""
+    """The mean dense gradient over the ranks in one flat all-reduce: DDP's work, done by hand
+    for step 0 only (first_step). The bigram table is average_bigram's."""
     if WORLD_SIZE == 1:
         return
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    dense = [g for g in grads if not g.is_sparse]
+    dense = [p.grad for p in model.parameters()
+             if p.grad is not None and (model.bigram is None or p is not model.bigram.weight)]
     flat = torch.cat([g.reshape(-1) for g in dense])
     dist.all_reduce(flat)
     for g, mean in zip(dense, (flat / WORLD_SIZE).split([g.numel() for g in dense]), strict=True):
         g.copy_(mean.view_as(g))
-    for g in grads:
-        if g.is_sparse:
-            dist.all_reduce(g)
-            g.div_(WORLD_SIZE)
+
+
+def average_bigram(model, x):
+    """The bigram table's gradient averaged over the ranks on the rows the global batch `x`
+    touched, the only rows with a gradient on any rank: a few thousand of 65,536. The gradient
+    may be dense (cuda profile) or sparse (cpu profile, SparseAdam); the rows travel dense,
+    which NCCL and gloo both reduce."""
+    if WORLD_SIZE == 1 or model.bigram is None or model.bigram.weight.grad is None:
+        return
+    table = model.bigram.weight
+    rows = bigram_ids(x).flatten().unique()
+    if table.grad.is_sparse:
+        grad = table.grad.coalesce()
+        values = grad.values().new_zeros((rows.numel(), table.size(1)))
+        values[torch.searchsorted(rows, grad.indices()[0])] = grad.values()
+    else:
+        values = table.grad.index_select(0, rows)
+    dist.all_reduce(values)
+    values /= WORLD_SIZE
+    if table.grad.is_sparse:
+        # unique() sorts: the rows are already coalesced.
+        table.grad = torch.sparse_coo_tensor(rows[None], values, table.shape, is_coalesced=True,
+                                             check_invariants=False)
+    else:
+        table.grad.index_copy_(0, rows, values)
+
+
+def gather_share(every, mine, share):
+    """Starts gathering every rank's share of one stack of Muon's matrices (`mine`, `share`
+    matrices per rank, the last rank's padded); returns the function that waits for the
+    gather and copies each matrix in, so that all gathers of a step travel at once."""
+    shape = every[0].shape
+    local = torch.stack(mine) if mine else every[0].new_zeros((0, *shape))
+    if local.size(0) < share:
+        local = torch.cat([local, local.new_zeros((share - local.size(0), *shape))])
+    parts = [torch.empty_like(local) for _ in range(WORLD_SIZE)]
+    work = dist.all_gather(parts, local, async_op=True)
+
+    def finish():
+        work.wait()
+        for p, new in zip(every, torch.cat(parts).unbind(0), strict=False):   # the padding left out
+            p.copy_(new)
+    return finish
 
 
 def shared_clock(loss_value, training_time, device):
@@ -499,7 +662,10 @@ def log(message):
 
 def peak_memory_mb(device):
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**20
+        # The trial's own GPU, and what the caching allocator held (reserved), not only what
+        # tensors used: reserved memory is what another process could not have. The CUDA
+        # context (some hundreds of MB, outside the allocator) is not counted.
+        return torch.cuda.max_memory_reserved(device) / 2**20
     # On CPU, the peak resident set of this process (ru_maxrss is KiB on Linux, bytes on macOS).
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024
@@ -567,6 +733,7 @@ def main():
     cfg = resolve_profile(device.type, gpu_gib)
     if cfg["batch"] % WORLD_SIZE:
         fail(f"the batch of {cfg['batch']} sequences does not split over {WORLD_SIZE} ranks")
+    micro = micro_batch(cfg)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for whatever stays in fp32
     dataset = load_data()
@@ -586,7 +753,9 @@ def main():
     # The bigram table is left out of clipping: its rows get few, Adam-normalised updates
     # (and a sparse gradient has no norm in torch).
     clipped = [p for p in model.parameters() if model.bigram is None or p is not model.bigram.weight]
-    step_fn = torch.compile(model, dynamic=False) if cfg["compile"] else model
+    wrapped = wrap_ranks(model, device)
+    step_fn = torch.compile(wrapped, dynamic=False) if cfg["compile"] else wrapped
+    wrapped = wrapped if WORLD_SIZE > 1 else None
     autocast = torch.autocast(device.type, dtype=half, enabled=cfg["bf16"])
     # fp16's gradients are scaled up through backward and back down before the step (skipped on inf).
     scaler = torch.amp.GradScaler("cuda", enabled=cfg["bf16"] and half == torch.float16)
@@ -602,10 +771,12 @@ def main():
         progress = step / MAX_STEPS if MAX_STEPS else training_time / BUDGET_S if BUDGET_S > 0 else 1.0
         lrm = set_schedules(optimizers, progress)
         x, y = next(batches)
-        with autocast:
-            loss = step_fn(*rank_slice(x, y))
-        scaler.scale(loss).backward()
-        average_gradients(model)
+        if step == 0:
+            loss, micro = first_step(model, step_fn, wrapped, autocast, scaler, *rank_slice(x, y), micro, device)
+        else:
+            loss = forward_backward(step_fn, wrapped, autocast, scaler, *rank_slice(x, y), micro, sync=True,
+                                    step=step)
+        average_bigram(model, x)
         for opt in optimizers:
             scaler.unscale_(opt)
         if GRAD_CLIP:
@@ -639,12 +810,19 @@ def main():
                 f"tok/sec: {x.numel() / max(dt, 1e-9):,.0f} | remaining: {max(0, BUDGET_S - training_time):.0f}s")
 
     log(f"warm-up: {min(step, warmup_steps)} steps in {warmup_time:.1f} s (compilation included), not timed")
-    if RANK != 0:   # rank 0 evaluates and reports; the others are done
+    accum = cfg["batch"] // WORLD_SIZE // micro
+    log(f"memory: micro-batch {micro} sequences per rank, {accum} accumulation step{'s' if accum > 1 else ''} "
+        f"per step of {cfg['batch']}")
+    if WORLD_SIZE > 1:
+        # Every rank leaves the group here, after the last collective: rank 0 then evaluates
+        # alone, with no peer waiting on it into a timeout.
         dist.destroy_process_group()
+    if RANK != 0:   # rank 0 evaluates and reports; the others are done
         return
     if device.type == "cpu" and WORLD_SIZE > 1:   # the other ranks' cores are free now
         torch.set_num_threads(torch.get_num_threads() * int(os.environ.get("LOCAL_WORLD_SIZE", WORLD_SIZE)))
-    val_bpb = evaluate_bpb(model, batch_size=EVAL_BATCH * cfg["batch"] // BATCH_SIZE, dataset=dataset)
+    # The evaluation batch follows what one rank's memory held in training (its micro-batch).
+    val_bpb = evaluate_bpb(model, batch_size=max(1, EVAL_BATCH * micro * WORLD_SIZE // BATCH_SIZE), dataset=dataset)
     if not math.isfinite(val_bpb):
         fail(f"val_bpb is {val_bpb}")
 
@@ -676,9 +854,9 @@ def main():
     print(f"matmul_params_M:  {matmul_params(model) / 1e6:.3f}")   # N of C = 6 N D (autoloop ladder)
     print(f"tokens_per_sec:   {tokens_per_s:.0f}")
     print(f"world_size:       {WORLD_SIZE}")
+    print(f"micro_batch:      {micro}")   # sequences per forward pass on a rank (the batch is unchanged)
+    print(f"accum_steps:      {accum}")
     print(f"epochs:           {epochs:.3f}", flush=True)   # passes over the training bytes
-    if WORLD_SIZE > 1:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

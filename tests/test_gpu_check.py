@@ -3,6 +3,7 @@ so that the script waiting for a GPU cannot rot unseen (docs/gpu.md)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -13,20 +14,38 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def documented_figures() -> list[str]:
+    """The names in the first column of docs/gpu.md's table of figures."""
+    text = (REPO / "docs" / "gpu.md").read_text()
+    section = text.split("## The figures it prints", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return [name for row in rows for name in re.findall(r"`(\w+)`", row)]
+
+
 @pytest.mark.slow
 def test_gpu_check_dry_run_passes_on_the_cpu(tmp_path):
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    out = tmp_path / "out"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO), "OUT": str(out)}
     proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    out = proc.stdout
-    for label, ranks in (("short", 1), ("long", 1), ("two-ranks", 2)):
-        assert re.search(rf"^{label}: val_bpb \d\.\d+, [\d,]+ tokens/s, MFU unknown peak, .* "
-                         rf"0 recompilation\(s\), {ranks} rank\(s\)$", out, re.M), out
-    assert "skipped: a dry run" in out
-    assert re.search(r"stopped: reached --max-trials 3", out), out
-    assert out.rstrip().endswith("gpu_check: done (dry run on the CPU: no GPU figures)")
-    assert not list(tmp_path.glob("autoloop-gpu-check.*"))   # its scratch folder is gone (torch's caches stay)
+    printed = dict(re.findall(r"^(\w+): (\S+)$", proc.stdout, re.M))
+    names = documented_figures()
+    assert len(names) >= 20 and "long_recompiles" in names and "gpu_check_seconds" in names
+    # Every figure docs/gpu.md names is printed under that name, and kept in figures.txt alike.
+    assert [n for n in names if n not in printed] == [], proc.stdout
+    kept = dict(re.findall(r"^(\w+): (\S+)$", (out / "figures.txt").read_text(), re.M))
+    assert {n: kept.get(n) for n in names} == {n: printed[n] for n in names}
+    numbers = {n: float(printed[n]) for n in names if n.startswith(("long_", "two_ranks_", "night_trials"))}
+    assert 0 < numbers["long_val_bpb"] < 8.5 and numbers["long_num_steps"] > 1
+    assert math.isnan(numbers["long_mfu_percent"])   # a CPU has no bf16 peak: nan, which float() reads
+    assert numbers["long_recompiles"] == 0 and numbers["long_world_size"] == 1
+    assert numbers["two_ranks_world_size"] == 2 and numbers["night_trials"] == 2
+    assert printed["night_stopped"] == "reached_--max-trials_1"   # a baseline and one change
+    # Everything stays under $OUT: the logs, the night's results.
+    for name in ("long.log", "two_ranks.log", "night.log", "night-results.tsv", "environment.txt"):
+        assert (out / name).stat().st_size > 0, name
+    assert proc.stdout.rstrip().endswith(f"gpu_check: done (dry run on the CPU: no GPU figures); everything in {out}")
 
 
 def test_gpu_check_refuses_an_unknown_argument():

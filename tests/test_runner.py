@@ -284,6 +284,7 @@ def test_child_gets_the_environment_contract(tmp_path, monkeypatch):
     assert seen["AUTOLOOP_DATA_DIR"] == str(tmp_path / "data") and seen["AUTOLOOP_DEVICE"] == "cpu"
     assert seen["AUTOLOOP_NONCE"] == "abc" and seen["PYTHONUNBUFFERED"] == "1"
     assert len(seen["AUTOLOOP_TRIAL_TOKEN"]) == 32
+    assert seen["AUTOLOOP_TIMEOUT_S"] == "600"   # the limit in force: default_timeout of the spec's 300 s budget
 
     outcome = run_process(RunSpec(command=[sys.executable, "-c", ENV_PROBE], cwd=tmp_path,
                                   log_path=tmp_path / "env2.log"))

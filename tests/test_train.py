@@ -16,7 +16,7 @@ from helpers.git import TRAIN_PY
 # autoresearch's fields in its order, then the matmul weights (the ladder's N) and the ranks' throughput.
 SUMMARY_FIELDS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                   "total_tokens_M", "num_steps", "num_params_M", "depth", "matmul_params_M", "tokens_per_sec",
-                  "world_size", "epochs"]
+                  "world_size", "micro_batch", "accum_steps", "epochs"]
 
 
 def run_train(script: Path, env: dict, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -81,6 +81,24 @@ def test_more_than_one_epoch_is_a_warning_in_the_run(tmp_path):
             ) in proc.stdout.splitlines()
 
 
+def test_out_of_memory_at_step_0_halves_the_micro_batch_and_keeps_the_batch(trial_env, tmp_path):
+    """AUTOLOOP_FORCE_OOM_ABOVE=4 makes step 0 raise torch.OutOfMemoryError for micro-batches
+    above 4 sequences, as a GPU short of memory would: the step is retried at 8, then at 4
+    sequences with 4 accumulation steps, and the run trains the same global batch, step for
+    step, as one without the failure (the same tokens; val_bpb apart only by float sums)."""
+    env = {**trial_env, "AUTOLOOP_MAX_STEPS": "6", "AUTOLOOP_SIZES": "64,1,16,64"}   # a tiny model: seconds
+    plain = run_train(TRAIN_PY, env, tmp_path)
+    squeezed = run_train(TRAIN_PY, {**env, "AUTOLOOP_FORCE_OOM_ABOVE": "4"}, tmp_path)
+    assert plain.returncode == 0 and squeezed.returncode == 0, squeezed.stdout + squeezed.stderr
+    assert re.findall(r"^out of memory at step 0: micro-batch halved to (\d+) sequences per rank", squeezed.stdout,
+                      re.M) == ["8", "4"], squeezed.stdout
+    assert "memory: micro-batch 4 sequences per rank, 4 accumulation steps per step of 16" in squeezed.stdout
+    a, b = parse_summary(plain.stdout), parse_summary(squeezed.stdout)
+    assert (a["micro_batch"], a["accum_steps"], b["micro_batch"], b["accum_steps"]) == (16, 1, 4, 4)
+    assert a["total_tokens_M"] == b["total_tokens_M"] and a["num_steps"] == b["num_steps"] == 6
+    assert abs(a["val_bpb"] - b["val_bpb"]) < 1e-3, (a["val_bpb"], b["val_bpb"])
+
+
 def test_nan_loss_fails_fast(trial_env, tmp_path):
     broken = tmp_path / "train.py"
     source = TRAIN_PY.read_text()
@@ -126,9 +144,16 @@ def test_profile_follows_the_device_and_scales_the_constants(monkeypatch):
     assert h100["bf16"] and h100["compile"] and h100["lr_scale"] < 1 and not h100["sparse_bigram"]
     assert h100["width"] % train.HEAD_DIM == 0
     assert train.resolve_profile("cuda", gpu_memory_gib=141)["batch"] == h100["batch"]   # an H200 alike
-    # A smaller GPU keeps the model and halves the batch per halving of memory.
+    assert h100["memory_micro_batch"] == h100["batch"]   # one micro-batch: no accumulation
+    # A smaller GPU keeps the model and the batch, and halves the micro-batch per halving of memory.
     small = train.resolve_profile("cuda", gpu_memory_gib=24)
-    assert small["width"] == h100["width"] and small["batch"] == h100["batch"] // 4
+    assert small["width"] == h100["width"] and small["batch"] == h100["batch"]
+    assert small["memory_micro_batch"] == h100["batch"] // 4
+    monkeypatch.setattr(train, "WORLD_SIZE", 8)   # one rank's slice, cut to what its memory holds
+    assert train.micro_batch(h100) == h100["batch"] // 8 and train.micro_batch(small) == h100["batch"] // 8
+    monkeypatch.setattr(train, "WORLD_SIZE", 2)
+    assert train.micro_batch(small) == h100["batch"] // 4   # 64 rows per rank in two micro-batches of 32
+    monkeypatch.setattr(train, "WORLD_SIZE", 1)
 
     mps = train.resolve_profile("mps")
     assert mps["name"] == "mps" and mps["width"] > cpu["width"] and not mps["compile"]
@@ -144,6 +169,34 @@ def test_unknown_profile_is_one_line_and_exit_1(monkeypatch, capsys):
         train.resolve_profile("cpu")
     assert e.value.code == 1
     assert capsys.readouterr().out == "FAIL: AUTOLOOP_PROFILE=tpu is not one of cpu, cuda, mps\n"
+
+
+def test_cuda_device_and_rank_group_set_up_as_a_gpu_would_be(monkeypatch):
+    """No GPU here: torch's calls are recorded instead of made. A single-rank trial on cuda:1
+    sets its device (else allocations and memory counters follow GPU 0) and reads its own
+    GPU's reserved memory; ranks wait on each other at most half of what the hard timeout
+    (AUTOLOOP_TIMEOUT_S, from the runner) leaves beyond the budget, and NCCL is given the device."""
+    monkeypatch.setenv("AUTOLOOP_BUDGET_S", "300")
+    monkeypatch.setenv("AUTOLOOP_TIMEOUT_S", "600")
+    train = load_train_module(monkeypatch)
+    assert train.HARD_TIMEOUT_S == 600 and train.COLLECTIVE_TIMEOUT_S == 150
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: calls.append(("reserved", d)) or 3 * 2**20)
+    monkeypatch.setattr(train.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    gpu1 = torch.device("cuda", 1)
+    train.init_ranks(gpu1)
+    assert train.peak_memory_mb(gpu1) == 3.0
+    assert calls == [("set_device", gpu1), ("reserved", gpu1)]   # one rank: no process group
+    calls.clear()
+    monkeypatch.setattr(train, "WORLD_SIZE", 2)
+    train.init_ranks(gpu1)
+    assert calls[0] == ("set_device", gpu1) and calls[1][0] == "nccl"
+    assert calls[1][1]["device_id"] == gpu1 and calls[1][1]["timeout"].total_seconds() == 150
+    # Run by hand, with no limit passed: the harness's default rule for the budget.
+    monkeypatch.delenv("AUTOLOOP_TIMEOUT_S")
+    monkeypatch.setenv("AUTOLOOP_BUDGET_S", "60")
+    assert load_train_module(monkeypatch).COLLECTIVE_TIMEOUT_S == 60   # (max(120, 60 + 120) - 60) / 2
 
 
 def test_mfu_accounting(monkeypatch):

@@ -20,6 +20,8 @@ Decisions the contracts leave open (docs/architecture.md, "Contracts"):
     else the spec's own ``AUTOLOOP_RESULT``); an inherited value is dropped, so a trial
     can never write a result somewhere nobody looks.
   * Relative ``result_path`` is taken relative to ``cwd``, as the child sees it.
+  * ``AUTOLOOP_TIMEOUT_S`` is the hard limit in force for this run (after a precheck's share),
+    so that train.py's ranks give up waiting on each other before the runner kills them.
   * ``PYTHONFAULTHANDLER=1`` (unless set) makes a segfaulting Python print its stack into
     the log, which is the only evidence a proposer gets for a crash in native code.
   * On Linux the runner is the child subreaper while a trial runs, so orphans of the trial
@@ -384,6 +386,8 @@ def _read_metric(spec: RunSpec, result_path: Path | None, nonce: str | None,
 def _child_env(spec: RunSpec, result_path: Path | None, token: str) -> dict[str, str]:
     env = {**os.environ, **spec.env, TOKEN_VAR: token, "PYTHONUNBUFFERED": "1"}
     env.setdefault("PYTHONFAULTHANDLER", "1")
+    if spec.timeout_s is not None:   # the limit in force: train.py sets its ranks' collective timeout below it
+        env["AUTOLOOP_TIMEOUT_S"] = _format_seconds(spec.timeout_s)
     if result_path is None:
         env.pop("AUTOLOOP_RESULT", None)
     else:
