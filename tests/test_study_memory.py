@@ -123,12 +123,12 @@ def test_the_mutator_warm_started_tries_what_held_first_and_skips_what_was_measu
                                        _point("LR_A 1.0 -> 0.5", "keep", 1.5, elsewhere)])
     earlier = _earlier(request, SOURCE)
     # What held in an earlier night goes first, re-based onto this best's value.
-    move = MutateProposer.choose(constants, [], "c" * 40, 42, 1, earlier)
+    move = MutateProposer.choose(constants, [], "c" * 40, 42, 1, earlier=earlier)
     assert (move.name, move.new, move.old) == ("LR_A", 0.5, 1.0)
     # What was measured on this very code is never proposed again, whatever the seed; what was
     # measured on other code may be.
     cold = earlier.__class__(earlier.tried, [])
-    moves = {(m.name, m.new) for m in (MutateProposer.choose(constants, [], "c" * 40, s, 1, cold)
+    moves = {(m.name, m.new) for m in (MutateProposer.choose(constants, [], "c" * 40, s, 1, earlier=cold)
                                        for s in range(40)) if m is not None}
     assert moves and ("LR_A", 1.4) not in moves and ("LR_B", 1.4) not in moves
     assert ("LR_B", 0.7) in moves
@@ -211,5 +211,48 @@ def test_the_mutator_replays_only_the_last_value_an_earlier_night_kept_for_a_con
                                        _point("LR_A 2.0 -> 0.5", "keep", 1.2, elsewhere)])
     earlier = _earlier(request, source)
     for seed in range(20):
-        move = MutateProposer.choose(find_constants(source), [], "c" * 40, seed, 1, earlier)
+        move = MutateProposer.choose(find_constants(source), [], "c" * 40, seed, 1, earlier=earlier)
         assert move is not None and (move.name, move.new) != ("LR_A", 2.0)
+
+
+def test_an_earlier_nights_kept_changes_say_whether_verify_and_the_ladder_held_them_up(tmp_path):
+    """Night n1 kept #1 and #4; its verification of the final best confirmed #1 and found #4
+    within noise, and its ladder said HOLDS of #1: the next night's digest says so beside each.
+    A verification of an earlier best (trials 2-3, another `best`) is not this best's and says
+    nothing."""
+    from autoloop.store.held_up import held_up
+
+    t0 = 1000.0
+
+    def rec(trial: int, attempt: int = 1, **kw) -> LedgerRecord:
+        fields = dict(trial=trial, attempt=attempt, started_at=t0 + trial, ended_at=t0 + trial + 1, proposer="queue",
+                      description=f"change {trial}", status="keep", kind="candidate")
+        fields.update(kw)
+        return LedgerRecord(**fields)
+
+    def verify(trial: int, role: str, changes: list[int], metrics: list[float], best: str = "c" * 40):
+        return [rec(trial, k + 1, kind="verify", status="discard", proposer="verify", commit="d" * 40, metric=m,
+                    best=best, best_metric=0.89,
+                    extra={"verify": {"variant": role, "role": role, "repeat": k, "changes": changes,
+                                      "scaled": False}}) for k, m in enumerate(metrics)]
+
+    records = [rec(0, kind="baseline", commit="a" * 40, metric=1.0, best="a" * 40, best_metric=1.0),
+               rec(1, commit="b" * 40, parent="a" * 40, metric=0.9, best="b" * 40, best_metric=0.9),
+               *verify(2, "best", [], [0.5, 0.5, 0.5], best="b" * 40),    # a verification of that best
+               *verify(3, "without", [1], [0.9, 0.9, 0.9], best="b" * 40),
+               rec(4, commit="c" * 40, parent="b" * 40, metric=0.89, best="c" * 40, best_metric=0.89)]
+    records += verify(5, "best", [], [0.890, 0.891, 0.889])
+    records += verify(6, "without", [1], [0.990, 0.992, 0.989])     # #1 out: clearly worse: it helps
+    records += verify(7, "without", [4], [0.8905, 0.8895, 0.891])   # #4 out: no different
+    (tmp_path / "ladder").mkdir()
+    (tmp_path / "ladder" / "verdicts.json").write_text(json.dumps(
+        {"1": {"tag": "n1", "verdict": "HOLDS"}, "4": {"tag": "other", "verdict": "NOISE"}}))
+    said = held_up(records, tmp_path, "n1", "min")
+    assert said[1].startswith("verify confirmed +0.1") and said[1].endswith("; ladder HOLDS")
+    assert said[4] == "verify within noise"
+    digest = research_digest(records[:2], earlier=[EarlierNight("n1", records, "min", said)])
+    section = digest.split("## Earlier nights of this study", 1)[1]
+    assert "[verify within noise]" in section and "; ladder HOLDS]" in section
+    # A damaged verdicts file says nothing of the ladder, and the rest stands.
+    (tmp_path / "ladder" / "verdicts.json").write_text("{not json")
+    assert held_up(records, tmp_path, "n1", "min")[1].startswith("verify confirmed")

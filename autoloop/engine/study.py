@@ -35,6 +35,7 @@ from autoloop.proposers.warm_start import EarlierPoint
 from autoloop.repo.workspace import Workspace, WorkspaceError
 from autoloop.store import queries
 from autoloop.store.digest import EarlierNight
+from autoloop.store.held_up import held_up
 from autoloop.store.ledger import LedgerRecord
 from autoloop.store.study import NightInfo, StudyNight, comparable_earlier, differences, read_study, write_info
 
@@ -73,7 +74,9 @@ class Memory:
                 else "study: the search starts cold (--no-warm-start)")
 
     def digest_nights(self) -> list[EarlierNight]:
-        return [EarlierNight(n.tag, n.night_records, n.info.direction or "min") for n in self.nights]
+        return [EarlierNight(n.tag, n.night_records, n.info.direction or "min",
+                             held_up(n.night_records, n.folder, n.tag, n.info.direction or "min"))
+                for n in self.nights]
 
     def points(self, ws: Workspace) -> list[EarlierPoint]:
         """The search's warm start: measured trials of the earlier nights, read once."""

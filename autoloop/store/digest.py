@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autoloop.store import queries
@@ -92,6 +92,7 @@ class EarlierNight:
     tag: str
     records: Sequence[LedgerRecord]
     direction: str = "min"
+    held_up: Mapping[int, str] = field(default_factory=dict)   # kept trial -> verify/ladder said (held_up.py)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,8 @@ def _earlier_nights(nights: Sequence[EarlierNight]) -> Section | None:
         kept = [(r, ref) for r, ref in zip(records, before, strict=True)
                 if r.status == "keep" and r.kind != "baseline" and not queries.is_noise_sample(r)]
         for r, ref in kept[-EARLIER_KEPT:]:
-            lines.append("  - kept" + _kept_line(r, ref, sigma, 60)[1:])
+            held = night.held_up.get(r.trial)
+            lines.append("  - kept" + _kept_line(r, ref, sigma, 60)[1:] + (f" [{held}]" if held else ""))
         directions = _directions(records, before, sigma, sign)
         for item in (directions.items if directions else ())[:EARLIER_DIRECTIONS]:
             lines.append("  - failed" + item[1:])

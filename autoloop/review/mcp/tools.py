@@ -25,6 +25,7 @@ from autoloop.review.report import report_markdown, verification_section
 from autoloop.review.status import status_data
 from autoloop.store import person_notes, queries
 from autoloop.store.digest import EarlierNight, research_digest
+from autoloop.store.held_up import held_up
 from autoloop.store.study import comparable_earlier, read_study
 from autoloop.verification.verify_plan import load_plan, summarize
 
@@ -138,4 +139,6 @@ def _earlier_nights(results: Path) -> list[EarlierNight]:
     live = next((n for n in nights if n.live), None)
     if live is None:
         return []
-    return [EarlierNight(n.tag, n.night_records, n.info.direction or "min") for n in comparable_earlier(nights, live)]
+    return [EarlierNight(n.tag, n.night_records, n.info.direction or "min",
+                         held_up(n.night_records, n.folder, n.tag, n.info.direction or "min"))
+            for n in comparable_earlier(nights, live)]
