@@ -31,6 +31,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
+from typing import Any
 
 from autoloop.core.durations import expected_seconds, format_duration
 from autoloop.core.layout import Layout
@@ -160,7 +162,7 @@ class Scheduler:
         ahead = None
         if self.lookahead and night.settings.noise_runs > 0 and not night.stop.is_set():
             ahead = Lookahead(night, runner.slot, self.proposer, self.claims)
-            self._look_ahead(ahead)
+            self._look_ahead(ahead, None)
         try:
             measure_noise(night, runner)
         finally:
@@ -294,12 +296,15 @@ class Scheduler:
                                                  "description": first.description, "worker": this.slot.worker})
         step = this.begin(first)
         if ahead is not None and isinstance(step, Run):
-            self._look_ahead(ahead)
+            self._look_ahead(ahead, step.plan.candidate)
         return this.finish(step)
 
-    def _look_ahead(self, ahead: Lookahead) -> None:
+    def _look_ahead(self, ahead: Lookahead, running: Candidate | None) -> None:
         with self.night.arbiter.lock:
-            if self.stop_reason(ahead=True):
+            # The agent call that made the running candidate is in no record until it ends:
+            # counted now, or a look-ahead call would go past --max-agent-cost by one.
+            usage = running.extra.get("agent_usage") if running is not None else None
+            if self.stop_reason(ahead=True) or self._agent_cost(usage):
                 return
             trial = self._next_trial()
             self.reserved[ahead.key] = trial
@@ -391,13 +396,16 @@ class Scheduler:
             return "time is up: the next trial could not finish before the --hours deadline"
         return None
 
-    def _agent_cost(self) -> str | None:
-        """--max-agent-cost against what the agent's CLI reported (queries.agent_spend);
-        calls that reported no cost are said once, never estimated."""
+    def _agent_cost(self, unrecorded: dict[str, Any] | None = None) -> str | None:
+        """--max-agent-cost against what the agent's CLI reported (queries.agent_spend), and
+        ``unrecorded``, the usage of a call whose record is not written yet (the trial running
+        now); calls that reported no cost are said once, never estimated."""
         s = self.night.settings
         if not _uses_agent(self.proposer):
             return None
         spend = queries.agent_spend(self.night.arbiter.records())
+        if unrecorded and unrecorded.get("cost_usd") is not None:
+            spend = replace(spend, calls=spend.calls + 1, cost_usd=spend.cost_usd + unrecorded["cost_usd"])
         silent = spend.unreported + spend.without_cost
         if silent and not self.said_unreported:
             self.said_unreported = True
