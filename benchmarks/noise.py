@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,6 +116,19 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def ledger_and_truth(repo: Path) -> tuple[list[dict], Callable[[str], float]]:
+    """The night's ledger, and the true value of a commit's train.py (read from git once each)."""
+    records = [json.loads(line) for line in (repo / "results" / "ledger.jsonl").read_text().splitlines()]
+    truth: dict[str, float] = {}
+
+    def tv(commit: str) -> float:
+        if commit not in truth:
+            truth[commit] = true_value_of(git(repo, "show", f"{commit}:train.py"))
+        return truth[commit]
+
+    return records, tv
+
+
 def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path, seed: int = 42,
           landscape: str = "sparse", checkpoints: tuple[int, ...] = (), noise_z: float = 2.0,
           proposer: tuple[str, ...] = ("--proposer", "mutate"), label: str | None = None) -> dict:
@@ -142,14 +156,7 @@ def night(rule: str, trials: int, sigma: float, noise_runs: int, workdir: Path, 
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{label or rule}: autoloop failed:\n{proc.stdout}\n{proc.stderr}")
-    records = [json.loads(line) for line in (repo / "results" / "ledger.jsonl").read_text().splitlines()]
-    truth: dict[str, float] = {}
-
-    def tv(commit: str) -> float:
-        if commit not in truth:
-            truth[commit] = true_value_of(git(repo, "show", f"{commit}:train.py"))
-        return truth[commit]
-
+    records, tv = ledger_and_truth(repo)
     baseline = next(r for r in records if r["kind"] == "baseline")
     keeps = [r for r in records if r["status"] == "keep" and r["kind"] != "baseline"
              and "noise_samples" not in r["extra"]]

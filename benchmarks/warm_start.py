@@ -21,7 +21,6 @@ proposer, warm and cold, and the runs the duplicate gate saved by not retraining
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -31,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from noise import LANDSCAPES, fake_train, git, true_value_of
+from noise import LANDSCAPES, fake_train, git, ledger_and_truth
 
 REPO = Path(__file__).resolve().parent.parent
 PROPOSERS = {"mutate": ("--proposer", "mutate"), "optuna-tpe": ("--proposer", "optuna", "--sampler", "tpe")}
@@ -51,14 +50,7 @@ def run(repo: Path, tag: str, trials: int, seed: int, sigma: float, proposer: tu
 
 
 def second_night(repo: Path, checkpoints: tuple[int, ...]) -> dict:
-    records = [json.loads(line) for line in (repo / "results" / "ledger.jsonl").read_text().splitlines()]
-    truth: dict[str, float] = {}
-
-    def tv(commit: str) -> float:
-        if commit not in truth:
-            truth[commit] = true_value_of(git(repo, "show", f"{commit}:train.py"))
-        return truth[commit]
-
+    records, tv = ledger_and_truth(repo)
     baseline = next(r for r in records if r["kind"] == "baseline")
     runs = [r for r in records if r["status"] != "skip"]
     final = [r["best"] for r in records if r["best"]][-1]

@@ -38,7 +38,6 @@ import numpy as np
 from autoloop.core.ladder_fit import (
     AXES,
     DRAWS,
-    EXTRAPOLATION_CAP,
     HIGH_Q,
     LOW_Q,
     SIGNIFICANT_SE,
@@ -47,6 +46,7 @@ from autoloop.core.ladder_fit import (
     fit_line,
     predictive,
     sci,
+    zero_crossing,
 )
 
 MIN_POWER_LAW_RUNGS = 4   # three parameters (E, A, α): with three rungs the curve would pass through every point
@@ -201,12 +201,7 @@ def multiplier_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta, fit_mult
     per = f"log10 of the multiplier {fit.slope:+.3g} per decade of {unit} (80 % {slo:+.3g}..{shi:+.3g})"
     steps = ", ".join(_m(m).split(" (")[0] for m in [*usable, held_mult])
     if max(sign * slo, sign * shi) < 0 and fit.slope != 0:   # the whole interval points back toward ×1
-        x0 = -fit.intercept / fit.slope
-        cap = EXTRAPOLATION_CAP * 10 ** held_mult.x
-        numbers["reaches_one_at"] = 10 ** x0 if 10 ** x0 <= cap else None
-        where = (f"reaches ×1 at about {unit} {sym}={sci(10 ** x0)}" if 10 ** x0 <= cap else
-                 f"would reach ×1 beyond {EXTRAPOLATION_CAP:.0f}× the largest rung run ({sym}={sci(cap)}): "
-                 "not extrapolated")
+        numbers["reaches_one_at"], where = zero_crossing(fit, held_mult.x, axis, ("reaches ×1", "would reach ×1"))
         return Verdict("SHRINKING", f"SHRINKING: the {name} falls toward ×1 ({steps}) and {where}; {per}; {back}",
                        numbers)
     if sign < 0:

@@ -174,6 +174,19 @@ def along_compute(computes: Sequence[float]) -> bool:
 AXES = {"compute": ("C", "compute"), "params": ("N", "parameters")}
 
 
+def zero_crossing(fit: LineFit, x_last: float, axis: str, verbs: tuple[str, str]) -> tuple[float | None, str]:
+    """Where a fitted line reaches zero on the axis, and the words for it: a number only up to
+    EXTRAPOLATION_CAP times the largest rung run (``x_last``), beyond that none. ``verbs``: what
+    reaching zero is called there and beyond ("will vanish", "would vanish")."""
+    sym, unit = AXES[axis]
+    x0 = -fit.intercept / fit.slope
+    cap = EXTRAPOLATION_CAP * 10 ** x_last
+    if 10 ** x0 <= cap:
+        return 10 ** x0, f"{verbs[0]} at about {unit} {sym}={sci(10 ** x0)}"
+    return None, (f"{verbs[1]} beyond {EXTRAPOLATION_CAP:.0f}× the largest rung run ({sym}={sci(cap)}): "
+                  "not extrapolated")
+
+
 def early_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta, axis: str = "compute") -> Verdict | None:
     """INCOMPLETE, NOISE or SCALE-BOUND, read on Δ before any fit (a sign that flips is a
     multiplier crossing ×1 in any currency); None when a fit is to decide."""
@@ -221,12 +234,7 @@ def delta_verdict(fit_rungs: Sequence[RungDelta], held: RungDelta, axis: str = "
     slo, shi = fit.slope_interval
     slope = f"slope {fit.slope:+.4g} per decade of {unit} (80 % {slo:+.4g}..{shi:+.4g})"
     if max(sign * slo, sign * shi) < 0:   # the slope's whole interval points back toward zero
-        x0 = -fit.intercept / fit.slope
-        cap = EXTRAPOLATION_CAP * 10 ** held.x
-        numbers["vanishes_at"] = 10 ** x0 if 10 ** x0 <= cap else None
-        where = (f"will vanish at about {unit} {sym}={sci(10 ** x0)}" if 10 ** x0 <= cap else
-                 f"would vanish beyond {EXTRAPOLATION_CAP:.0f}× the largest rung run ({sym}={sci(cap)}): "
-                 "not extrapolated")
+        numbers["vanishes_at"], where = zero_crossing(fit, held.x, axis, ("will vanish", "would vanish"))
         return Verdict("SHRINKING", f"SHRINKING: {where}; {slope}; {back}", numbers)
     harmful = " (harmful at every scale)" if sign < 0 else ""
     return Verdict("HOLDS", f"HOLDS{harmful}: Δ steady or growing, {slope}; {back}", numbers)

@@ -49,7 +49,7 @@ WARM_POINTS = 400
 class Twin:
     """An earlier night's attempt that made the same change on the same code."""
 
-    label: str            # "nov29 #12"
+    label: str            # its night's tag and its trial, as the proposer is shown them
     record: LedgerRecord
 
 

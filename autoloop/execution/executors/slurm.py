@@ -304,8 +304,9 @@ class SlurmExecutor:
                     self.submitit.update_parameters(job_name=spec.name or "autoloop")
                 job = self.submitit.submit(run_on_node, spec.model_dump_json(), nodes=self.nodes)
             except Exception as exc:  # sbatch refused it: recorded like a launch failure
-                return self._outcome(spec, started_at, t0, follower, {"executor": self.name, "cluster": self.cluster},
-                                     launch_error=f"job submission failed: {_said(exc)}")
+                return no_result_outcome(spec, started_at, t0, follower,
+                                         {"executor": self.name, "cluster": self.cluster},
+                                         launch_error=f"job submission failed: {_said(exc)}")
         info: dict[str, Any] = {"executor": self.name, "cluster": self.cluster, "job_id": str(job.job_id),
                                 **({"job_name": spec.name} if spec.name and self.cluster == "slurm" else {}),
                                 **_job_logs(job)}
@@ -315,17 +316,17 @@ class SlurmExecutor:
         follower.poll(on_progress)
         if end.pending_expired is not None:
             info["job_state"] = "PENDING_LIMIT"   # the queue's doing, not the trial's: submitted again (run())
-            return self._outcome(spec, started_at, t0, follower, info,
-                                 job_error=None if end.stopped else end.pending_expired, stopped=end.stopped,
-                                 note=end.pending_expired)
+            return no_result_outcome(spec, started_at, t0, follower, info,
+                                     job_error=None if end.stopped else end.pending_expired, stopped=end.stopped,
+                                     note=end.pending_expired)
         if self.cluster == "local":
             # A job killed on this machine leaves its trial running: end it (a real cluster's
             # scheduler ends everything in the job's cgroup).
             _end_strays(job, token, spec.log_path)
         if end.failure is not None or not isinstance(end.data, dict):
             error, timed_out, info["job_state"] = _no_outcome_error(job, end.failure, end.data)
-            return self._outcome(spec, started_at, t0, follower, info, job_error=None if end.stopped else error,
-                                 stopped=end.stopped, timed_out=timed_out and not end.stopped, note=error)
+            return no_result_outcome(spec, started_at, t0, follower, info, job_error=None if end.stopped else error,
+                                     stopped=end.stopped, timed_out=timed_out and not end.stopped, note=error)
         return _node_outcome(job, end.data, info, end.stopped)
 
     def _wait(self, job: Job[Any], spec: RunSpec, t0: float, follower: _LogFollower,
@@ -411,23 +412,6 @@ class SlurmExecutor:
             with contextlib.suppress(Exception):
                 job.cancel(check=False)
 
-    def _outcome(self, spec: RunSpec, started_at: float, t0: float, follower: _LogFollower, info: dict[str, Any],
-                 job_error: str | None = None, launch_error: str | None = None, stopped: bool = False,
-                 timed_out: bool = False, note: str | None = None) -> RunOutcome:
-        """A RunOutcome for a job that gave none; the evidence goes into the trial's log too."""
-        note = note or launch_error
-        if note:
-            with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
-                f.write(f"\n[autoloop] {note}\n")
-        tail = ""
-        with contextlib.suppress(OSError):
-            tail = "\n".join(spec.log_path.read_text(errors="replace").splitlines()[-200:])
-        return RunOutcome(
-            exit_code=126 if launch_error else None, launch_error=launch_error, job_error=job_error,
-            killed_reason="stopped" if stopped else ("timeout" if timed_out else None), timed_out=timed_out,
-            max_rss_gb=spec.max_rss_gb, metric_name=spec.metric, log_path=spec.log_path, log_tail=tail,
-            started_at=started_at, ended_at=time.time(), wall_seconds=time.monotonic() - t0,
-            timeout_s=spec.timeout_s, last_progress=follower.last, job=info)
 
 
 def _quietly(hook: Callable[[T], None], value: T) -> None:
@@ -486,6 +470,26 @@ def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object
     if timed_out:
         error = f"job {job.job_id} hit the scheduler's time limit (state {state}): {what}"
     return error, timed_out, state
+
+
+def no_result_outcome(spec: RunSpec, started_at: float, t0: float, follower: _LogFollower, info: dict[str, Any],
+                      job_error: str | None = None, launch_error: str | None = None, stopped: bool = False,
+                      timed_out: bool = False, note: str | None = None) -> RunOutcome:
+    """A RunOutcome for a job or a step (slurm_steps) that gave none; the evidence goes into
+    the trial's log too."""
+    note = note or launch_error
+    if note:
+        with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
+            f.write(f"\n[autoloop] {note}\n")
+    tail = ""
+    with contextlib.suppress(OSError):
+        tail = "\n".join(spec.log_path.read_text(errors="replace").splitlines()[-200:])
+    return RunOutcome(
+        exit_code=126 if launch_error else None, launch_error=launch_error, job_error=job_error,
+        killed_reason="stopped" if stopped else ("timeout" if timed_out else None), timed_out=timed_out,
+        max_rss_gb=spec.max_rss_gb, metric_name=spec.metric, log_path=spec.log_path, log_tail=tail,
+        started_at=started_at, ended_at=time.time(), wall_seconds=time.monotonic() - t0,
+        timeout_s=spec.timeout_s, last_progress=follower.last, job=info)
 
 
 def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], stopped: bool) -> RunOutcome:

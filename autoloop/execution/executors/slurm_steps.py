@@ -40,6 +40,7 @@ from autoloop.execution.executors.slurm import (
     _for_the_node,
     _LogFollower,
     _quietly,
+    no_result_outcome,
     nonce_digest,
     run_on_node,
     time_limit_minutes,
@@ -189,7 +190,7 @@ class SlurmStepExecutor:
                 srun = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=said, stderr=said,
                                         start_new_session=True)
         except OSError as exc:
-            return self._outcome(spec, started_at, t0, follower, info, launch_error=f"srun did not start: {exc}")
+            return no_result_outcome(spec, started_at, t0, follower, info, launch_error=f"srun did not start: {exc}")
         step: str | None = None
         stopped = signalled = False
         stop_at: float | None = None
@@ -221,8 +222,8 @@ class SlurmStepExecutor:
         if data is None:
             last = _last_line(files["out"].with_suffix(".srun")) or _last_line(files["out"])
             error = f"step {info['job_id']} ended without a trial outcome (srun exit {srun.returncode}): {last}"
-            return self._outcome(spec, started_at, t0, follower, info, job_error=None if stopped else error,
-                                 stopped=stopped, note=error)
+            return no_result_outcome(spec, started_at, t0, follower, info, job_error=None if stopped else error,
+                                     stopped=stopped, note=error)
         node_signal = data.pop("node_signal", None)
         outcome = RunOutcome.model_validate(data)
         update: dict[str, Any] = {"job": info}
@@ -233,23 +234,6 @@ class SlurmStepExecutor:
             update["job_error"] = (f"step {info['job_id']} was ended from outside ({node_signal} on its node: the "
                                    "allocation's time limit, or scancel)")
         return outcome.model_copy(update=update)
-
-    def _outcome(self, spec: RunSpec, started_at: float, t0: float, follower: _LogFollower, info: dict[str, Any],
-                 job_error: str | None = None, launch_error: str | None = None, stopped: bool = False,
-                 note: str | None = None) -> RunOutcome:
-        """A RunOutcome for a step that gave none; the evidence goes into the trial's log too."""
-        note = note or launch_error
-        if note:
-            with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
-                f.write(f"\n[autoloop] {note}\n")
-        tail = ""
-        with contextlib.suppress(OSError):
-            tail = "\n".join(spec.log_path.read_text(errors="replace").splitlines()[-200:])
-        return RunOutcome(
-            exit_code=126 if launch_error else None, launch_error=launch_error, job_error=job_error,
-            killed_reason="stopped" if stopped else None, max_rss_gb=spec.max_rss_gb, metric_name=spec.metric,
-            log_path=spec.log_path, log_tail=tail, started_at=started_at, ended_at=time.time(),
-            wall_seconds=time.monotonic() - t0, timeout_s=spec.timeout_s, last_progress=follower.last, job=info)
 
 
 def _scancel(*argv: str) -> bool:
