@@ -135,7 +135,7 @@ def test_a_job_the_cluster_forgot_or_preempted_without_a_result_ends_its_wait(tm
 
     import submitit
 
-    from autoloop.execution.executors import slurm
+    from autoloop.execution.executors import resubmit, slurm
     answers = {"77": "RUNNING", "78": "RUNNING"}
     monkeypatch.setattr(slurm_state, "read_jobs", lambda ids: {i: {"State": answers[i]} for i in ids if i in answers})
     monkeypatch.setattr(slurm_state, "accounting_enabled", lambda: False)
@@ -155,13 +155,13 @@ def test_a_job_the_cluster_forgot_or_preempted_without_a_result_ends_its_wait(tm
     lost, preempted = slurm.SlurmExecutor._gone(executor, jobs["77"]), slurm.SlurmExecutor._gone(executor, jobs["78"])
     assert lost is not None and lost.state == "LOST" and "no longer known to the cluster" in str(lost)
     assert preempted is not None and preempted.state == "PREEMPTED"
-    assert slurm.RESUBMIT.keys() >= {"LOST", "PREEMPTED"}   # submitted again, not blamed on the candidate
+    assert resubmit.RESUBMIT.keys() >= {"LOST", "PREEMPTED"}   # submitted again, not blamed on the candidate
     (tmp_path / "78.pkl").write_bytes(b"x")   # a result came after all: taken, not thrown away
     assert slurm.SlurmExecutor._gone(executor, jobs["78"]) is None
     assert watcher.calls == 3   # one query per update for both jobs
 
 
 def test_resubmissions_wait_longer_each_time():
-    from autoloop.execution.executors.slurm import BACKOFF_MAX_S, backoff_s
+    from autoloop.execution.executors.resubmit import BACKOFF_MAX_S, backoff_s
     assert [backoff_s(k, 30) for k in (1, 2, 3, 4)] == [30, 60, 120, 240]
     assert backoff_s(9, 30) == BACKOFF_MAX_S and backoff_s(3, 0) == 0

@@ -57,7 +57,7 @@ SECTIONS = {
     "proposer": "proposer and agent",
     "safety": "safety (memory, logs, disk, network)",
     "workers": "parallel workers",
-    "slurm": "where trials run (slurm)",
+    "slurm": "where trials run (slurm, ray)",
     "watch": "watching the night (trackers, notifications, hooks)",
     "verify": "verification (autoloop verify, run --verify-at-end)",
 }
@@ -322,8 +322,13 @@ class Settings(BaseModel):
         "--workers W takes W groups of N GPUs; with --device cpu, N CPU ranks (gloo)", metavar="N", ge=0, le=64)
 
     # -- where trials run (docs/clusters.md) --------------------------------
-    executor: Literal["local", "slurm"] = setting(
-        "local", "slurm", "where trials run: local, or slurm (one job per trial through submitit)")
+    executor: Literal["local", "slurm", "ray"] = setting(
+        "local", "slurm", "where trials run: local, slurm (one job per trial through submitit), or ray (one "
+        "actor per trial on a Ray cluster, placed by Ray)")
+    ray_address: str | None = setting(
+        None, "slurm", "the Ray cluster of --executor ray: its head's HOST:PORT, or ray://HOST:PORT",
+        metavar="ADDRESS", default_text="RAY_ADDRESS of the environment, else a local Ray cluster started for "
+        "the night and stopped after it")
     slurm_cluster: Literal["slurm", "local", "debug"] = setting(
         "slurm", "slurm", "submitit cluster: slurm (sbatch), or local/debug to try it without a cluster")
     slurm_mode: Literal["auto", "jobs", "steps"] = setting(
@@ -360,7 +365,8 @@ class Settings(BaseModel):
     slurm_folder: str = setting(DEFAULT_SLURM_DIR, "slurm", "submitit's job files", metavar="DIR")
     slurm_retries: int = setting(
         3, "slurm", "submit a trial again this many times when the cluster ends its job (preempted, node "
-        "failure, lost, past slurm_pending_timeout), after 30 s, 60 s, ... (up to 5m); not counted against the "
+        "failure, lost, past slurm_pending_timeout; with --executor ray: its node died), after 30 s, 60 s, ... "
+        "(up to 5m); not counted against the "
         "change (default {default})",
         metavar="N", ge=0, le=20)
     slurm_pending_timeout: float | None = setting(

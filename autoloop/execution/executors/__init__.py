@@ -1,4 +1,5 @@
-"""Where a trial runs: ``local`` (the runner, in this process) or ``slurm`` (a job, via submitit).
+"""Where a trial runs: ``local`` (the runner, in this process), ``slurm`` (a job, via submitit)
+or ``ray`` (an actor on a Ray cluster, executors/ray_executor.py).
 
 Every executor has the runner's contract: ``run(spec, on_progress, stop_event, on_start,
 on_job) -> RunOutcome`` returns only when the trial is over, with the same timeout, log,
@@ -7,12 +8,14 @@ result-file and classification semantics. ``on_job`` gets a small dict naming th
 record it in state.json and cancel it on recovery (:func:`cancel_job`).
 
 ``places_devices``: whether the executor's engine places the trial and binds its devices
-there (Slurm's GRES binding on the node sets CUDA_VISIBLE_DEVICES for the job). The
+there (Slurm's GRES binding on the node sets CUDA_VISIBLE_DEVICES for the job; Ray sets it for
+the trial's actor). The
 orchestrator then computes and ships no device variables of its own (devices.placed_envs):
 what it sees on its own host (a login node without GPUs) says nothing of the trial's node,
 and the slot's variables would override the engine's binding in the trial's environment.
 
-The local executor never imports submitit: it is an optional dependency (extra ``slurm``).
+The local executor never imports submitit or ray: they are optional dependencies (extras
+``slurm`` and ``ray``).
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ def make_executor(settings: Settings, root: Path) -> Executor:
     """The executor the settings ask for; ExecutorError (one line) when it cannot work here."""
     if settings.executor == "local":
         return LocalExecutor()
+    if settings.executor == "ray":
+        from autoloop.execution.executors.ray_executor import RayExecutor
+
+        return RayExecutor.from_settings(settings, Path(root))
     from autoloop.execution.executors.slurm import SlurmExecutor  # imports submitit
     from autoloop.execution.executors.slurm_steps import SlurmStepExecutor, wants_steps
 
@@ -75,6 +82,10 @@ def make_executor(settings: Settings, root: Path) -> Executor:
 
 def cancel_job(job: dict[str, Any] | None) -> str | None:
     """Cancel a job recorded by an interrupted run (state.json); what was done, or None."""
+    if job and job.get("executor") == "ray":
+        from autoloop.execution.executors.ray_executor import cancel_recorded
+
+        return cancel_recorded(job)
     if not job or job.get("executor") != "slurm":
         return None
     if job.get("cluster") == "steps":
@@ -88,8 +99,26 @@ def cancel_job(job: dict[str, Any] | None) -> str | None:
 
 def collect_finished_job(job: dict[str, Any] | None) -> RunOutcome | None:
     """The trustworthy outcome of an interrupted run's job that finished meanwhile, or None."""
+    if job and job.get("executor") == "ray":
+        from autoloop.execution.executors.ray_executor import collect_recorded
+
+        return collect_recorded(job)
     if not job or job.get("executor") != "slurm":
         return None
     from autoloop.execution.executors.slurm import collect_finished
 
     return collect_finished(job)
+
+
+def wait_for_job(job: dict[str, Any] | None, until: float,
+                 stop_event: threading.Event | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> bool:
+    """Wait for a job recorded by an interrupted run (state.json) while its engine says it is
+    queued or running; True when it has ended (collect_finished_job then takes its result),
+    False when it is not this executor's, `until` (a time.time()) passed, or stop_event was
+    set (the caller then cancels it as before)."""
+    if job and job.get("executor") == "ray":
+        from autoloop.execution.executors.ray_executor import wait_recorded
+
+        return wait_recorded(job, until, stop_event, on_progress)
+    return False

@@ -44,6 +44,7 @@ import psutil
 
 from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.executors.resubmit import BACKOFF_S, with_resubmission
 from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters, this_node
 from autoloop.execution.executors.slurm_site import site_job
 from autoloop.execution.executors.slurm_state import (
@@ -71,15 +72,6 @@ except ImportError:   # optional dependency: only `--executor slurm` needs it
 
 T = TypeVar("T")
 
-# A trial the cluster ended (RESUBMIT) is submitted again, slurm_retries times (default 3), after
-# a wait that doubles from BACKOFF_S up to BACKOFF_MAX_S (a preempting job or a failed node is
-# seldom gone at once); one more such end is a crash.
-BACKOFF_S = 30.0
-BACKOFF_MAX_S = 300.0
-# Ends that say nothing of the candidate: the trial is submitted again, not blamed.
-RESUBMIT = {"PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL)",
-            "LOST": "was lost: the cluster no longer knows it",
-            "PENDING_LIMIT": "waited in the queue past slurm_pending_timeout"}
 # State updates in a row that find a job without a result PREEMPTED (its end: requeue is off)
 # or without a word from the cluster (forgotten): two, so that a job still completing (its
 # result on its way) is not taken for one.
@@ -111,11 +103,6 @@ def sbatch_parameters(settings: Settings, gpus: int | None = None, root: Path | 
     if site.said:
         params["said"] = ", ".join(site.said)
     return params
-
-
-def backoff_s(attempt: int, base: float = BACKOFF_S) -> float:
-    """The wait before the ``attempt``-th resubmission (1, 2, ...): base, doubled each time, capped."""
-    return min(BACKOFF_MAX_S, base * 2 ** (attempt - 1)) if base > 0 else 0.0
 
 
 def _check_typos(options: dict[str, Any]) -> None:
@@ -266,22 +253,8 @@ class SlurmExecutor:
         """The trial as a job; a job the cluster preempted, lost, or whose node failed, is
         submitted again, ``retries`` times after a growing wait (sbatch --no-requeue: this loop
         requeues, not Slurm, see :func:`sbatch_parameters`)."""
-        resubmitted: list[str] = []
-        while True:
-            outcome = self._run_job(spec, on_progress, stop_event, on_start, on_job)
-            stopped = stop_event is not None and stop_event.is_set()
-            why = RESUBMIT.get(outcome.job.get("job_state", "").split(" ")[0])
-            if why is None or stopped or len(resubmitted) >= self.retries:
-                break
-            resubmitted.append(f"job {outcome.job['job_id']}: {outcome.job['job_state']}")
-            wait = backoff_s(len(resubmitted), self.backoff_s)
-            _set_aside_log(spec.log_path, outcome.job["job_id"], why, wait)
-            if stop_event is not None and stop_event.wait(wait):
-                break   # stopped while waiting: the outcome says how the last job ended
-            if stop_event is None:
-                time.sleep(wait)
-        if resubmitted:
-            outcome = outcome.model_copy(update={"job": {**outcome.job, "resubmitted": resubmitted}})
+        outcome = with_resubmission(lambda: self._run_job(spec, on_progress, stop_event, on_start, on_job),
+                                    Path(spec.log_path).absolute(), stop_event, self.retries, self.backoff_s)
         if self.cluster == "slurm" and outcome.job.get("job_id"):
             # Where it ran, for every record: a partition mixing GPU models changes the speed
             # (and train.py's batch) between trials.
@@ -523,16 +496,6 @@ def _scheduler_ended(job: Job[Any], node_signal: str | None, caught: bool, info:
            }.get(word, "preemption or scancel")
     return {"job_error": f"job {job.job_id} was ended by the scheduler ({how}; {node_signal or 'a signal'} on its "
                          f"node; state {state})", "timed_out": timed_out, "job": {**info, "job_state": state}}
-
-
-def _set_aside_log(log_path: Path, job_id: str, why: str, wait: float = 0.0) -> None:
-    """The ended job's log, kept beside the one its resubmission writes (which must not
-    exist before the new job starts: its absence is how a pending job is told apart)."""
-    with contextlib.suppress(OSError):
-        with open(log_path, "a") as f:
-            after = f" in {format_duration(wait)}" if wait > 0 else ""
-            f.write(f"[autoloop] job {job_id} {why}; the trial is submitted again{after}\n")
-        log_path.replace(log_path.with_name(f"{log_path.stem}.job-{job_id}{log_path.suffix}"))
 
 
 def _job_logs(job: Job[Any]) -> dict[str, str]:
