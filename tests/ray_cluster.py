@@ -1,0 +1,217 @@
+"""A real multi-node Ray cluster on this machine, for the tests and benchmarks/engine_overhead.py.
+
+A head node without GPUs (where the orchestrator runs, as on a cluster's login or head pod) and
+two worker nodes, each declaring four stand-in GPUs (``ray start --num-gpus 4``: Ray binds
+them to tasks and actors through ``CUDA_VISIBLE_DEVICES`` as it would real ones). Each node is
+its own ``ray start --block`` process, in a session of its own (so that one node, and only that
+node, can be killed: :meth:`RayCluster.kill_node`), with its own ``--temp-dir`` and ports picked
+free here. The nodes import autoloop from this checkout (PYTHONPATH), as a cluster's image would
+carry it.
+
+Ray notices a dead node through missed health checks (by default after about 30 s); the nodes
+here check every 0.5 s and give up after 3 misses, so that the lost-node test waits seconds.
+
+``python tests/ray_cluster.py`` starts one and prints the RAY_ADDRESS to export; Ctrl-C ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GPUS_PER_WORKER = 4
+CPUS_PER_WORKER = 4
+OBJECT_STORE = str(80 * 1024 * 1024)   # Ray's default is 30% of memory per node: three nodes on a 24 GiB machine
+ROOT = Path(__file__).resolve().parents[1]   # this checkout: the nodes import its autoloop
+
+
+def missing_reason() -> str | None:
+    """Why no Ray cluster can start here, or None."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "ray is not installed (pip install 'autoloop[ray]')"
+    if shutil.which("ray") is None:
+        return "the ray command is not on PATH"
+    return None
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class RayCluster:
+    """Start with :meth:`start`, end with :meth:`stop`; ``address`` is the head's GCS address."""
+
+    def __init__(self, root: Path | None = None, workers: int = 2):
+        self.dir = Path(root or tempfile.mkdtemp(prefix="autoloop-ray-"))
+        self.workers = workers
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.address = ""
+        self._worker_port = 20000 + (os.getpid() % 200) * 200   # a range of worker ports per node
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        self.env = {**os.environ, "PYTHONPATH": path,
+                    "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
+                    "RAY_health_check_initial_delay_ms": "1000", "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env.pop("RAY_ADDRESS", None)
+
+    def _node_args(self, name: str) -> list[str]:
+        manager, objects, agent, agent_grpc, runtime_env, metrics = _free_ports(6)
+        low = self._worker_port
+        self._worker_port += 100
+        return ["--temp-dir", str(self.dir / name), "--node-manager-port", str(manager),
+                "--object-manager-port", str(objects), "--dashboard-agent-listen-port", str(agent),
+                "--dashboard-agent-grpc-port", str(agent_grpc), "--runtime-env-agent-port", str(runtime_env),
+                "--metrics-export-port", str(metrics), "--min-worker-port", str(low),
+                "--max-worker-port", str(low + 99), "--object-store-memory", OBJECT_STORE,
+                "--disable-usage-stats", "--block"]
+
+    def _spawn(self, name: str, *argv: str) -> None:
+        log = open(self.dir / f"{name}.out", "ab")   # the node keeps it open
+        self.procs[name] = subprocess.Popen(["ray", "start", *argv, *self._node_args(name)], stdout=log,
+                                            stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+
+    def start(self, timeout: float = 180) -> RayCluster:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (port,) = _free_ports(1)
+        self.address = f"127.0.0.1:{port}"
+        self._spawn("head", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                    "--num-cpus", "1", "--num-gpus", "0", "--include-dashboard", "false")
+        self._wait(lambda: self.nodes() is not None, timeout, "the head")
+        for k in range(1, self.workers + 1):
+            self.start_worker(f"worker{k}", wait=False)
+        self._wait(lambda: self.gpu_nodes() == self.workers, timeout, f"{self.workers} worker node(s)")
+        return self
+
+    def start_worker(self, name: str, wait: bool = True, timeout: float = 180) -> None:
+        before = self.gpu_nodes() or 0
+        self._spawn(name, "--address", self.address, "--node-ip-address", "127.0.0.1",
+                    "--num-cpus", str(CPUS_PER_WORKER), "--num-gpus", str(GPUS_PER_WORKER))
+        if wait:
+            self._wait(lambda: (self.gpu_nodes() or 0) > before, timeout, f"node {name}")
+
+    def nodes(self) -> list[dict] | None:
+        """The alive nodes as Ray lists them (NodeID, Resources), or None while the head does not answer."""
+        code = (f"import json, ray; ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False); "
+                "print(json.dumps([{'NodeID': n['NodeID'], 'Resources': n['Resources']} for n in ray.nodes() "
+                "if n['Alive']]))")
+        with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                                  env=self.env)
+            if proc.returncode == 0:
+                return json.loads(proc.stdout.strip().splitlines()[-1])
+        return None
+
+    def gpu_nodes(self) -> int | None:
+        nodes = self.nodes()
+        return None if nodes is None else sum(1 for n in nodes if n["Resources"].get("GPU", 0) > 0)
+
+    def node_of(self, pid: int) -> str | None:
+        """The node (its name here) whose session holds ``pid`` or one of its ancestors: a
+        trial's process runs in a session of its own, its actor's worker in the node's."""
+        import psutil
+
+        leaders = {proc.pid: name for name, proc in self.procs.items() if proc.poll() is None}
+        with contextlib.suppress(psutil.Error):
+            for p in [psutil.Process(pid), *psutil.Process(pid).parents()]:
+                sid = os.getsid(p.pid)
+                if sid in leaders:
+                    return leaders[sid]
+        return None
+
+    def kill_node(self, name: str) -> None:
+        """The node lost at once, as a machine that dies: SIGKILL to its whole session."""
+        proc = self.procs.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+    def _wait(self, ready, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.5)
+        logs = "".join(f"\n--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                       for p in sorted(self.dir.glob("*.out")))
+        raise RuntimeError(f"private Ray cluster: timed out waiting for {what} ({timeout:.0f} s){logs}")
+
+    def stop(self) -> None:
+        # Workers first, the head last: a worker outliving its head waits for it in vain.
+        for name in sorted(self.procs, key=lambda n: n == "head"):
+            proc = self.procs[name]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)   # whatever of its session is left
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        self.procs.clear()
+
+
+# ------------------------------------------------------------------------------ the pytest fixture
+def _fixture():
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def ray_cluster():
+        """One cluster for the session (the Ray tests share one xdist group, so one worker
+        holds it); skipped only where Ray is not installed and CI did not ask for it."""
+        reason = missing_reason()
+        if reason:
+            if os.environ.get("AUTOLOOP_REQUIRE_RAY"):
+                pytest.fail(f"AUTOLOOP_REQUIRE_RAY is set but {reason}")
+            pytest.skip(reason)
+        cluster = RayCluster()
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            with contextlib.suppress(Exception):
+                import ray
+
+                ray.shutdown()
+            cluster.stop()
+            shutil.rmtree(cluster.dir, ignore_errors=True)
+
+    return ray_cluster
+
+
+try:
+    ray_cluster = _fixture()
+except ImportError:   # run as a script without pytest
+    pass
+
+if __name__ == "__main__":
+    def _end(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _end)
+    signal.signal(signal.SIGINT, _end)
+    cluster = RayCluster().start()
+    print(f"export RAY_ADDRESS={cluster.address}   # Ctrl-C (or SIGTERM) ends the cluster", flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.dir, ignore_errors=True)

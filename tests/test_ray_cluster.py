@@ -1,0 +1,298 @@
+"""The ray executor against a real multi-node Ray cluster on this machine (tests/ray_cluster.py:
+a head without GPUs where the orchestrator runs, two worker nodes of four stand-in GPUs each,
+separate processes with their own temp dirs and ports). Actors are real, GPU binding is Ray's,
+the orchestrator and a node are killed for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers.git import init_repo
+from helpers.loop import assert_invariants, autoloop, queue_file
+from ray_cluster import ray_cluster  # noqa: F401 - the session fixture
+
+from autoloop.core.classify import classify
+
+pytest.importorskip("ray")
+
+# One cluster serves them all: with `-n 2 --dist loadgroup` they run on one worker.
+pytestmark = pytest.mark.xdist_group("ray_cluster")
+
+
+def fake_train(value: float, action: str = "") -> str:
+    return f"VALUE = {value!r}\n" + action + 'print("---")\nprint(f"val_bpb: {VALUE:.6f}")\n'
+
+
+def hang_train(marker: Path) -> str:
+    """Writes its pid to ``marker`` once running, then hangs."""
+    return fake_train(0.8, f"import os, pathlib, time\npathlib.Path({str(marker)!r}).write_text(str(os.getpid()))\n"
+                           "print('step 00001 (1.0%) | loss: 9.0', flush=True)\ntime.sleep(300)\n")
+
+
+def night(*extra: str) -> list[str]:
+    return ["run", "--budget", "2", "--timeout", "60", "--proposer", "queue", "--tag", "t", "--device", "cpu",
+            "--command", f"{sys.executable} train.py", "--executor", "ray", "--noise-runs", "0",
+            "--sanity-bound", "0", *extra]
+
+
+def wait_for(what: str, ready, timeout: float = 120) -> None:
+    """Poll until ready() (a bound against hangs, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_night(repo: Path, data_dir: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    return subprocess.Popen([sys.executable, "-m", "autoloop.cli", *args], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def live_actors(address: str) -> list[str]:
+    """The names of the trial actors the cluster holds, not dead (the GCS's actor table: the state
+    API needs the dashboard, which the test cluster leaves out). The tests run one at a time on
+    this cluster, so any is one a test left."""
+    import ray
+    from ray._private import state
+
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    return [a["Name"] for a in state.actors().values()
+            if a["ActorClassName"].endswith("TrialRunner") and a["State"] != "DEAD"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+@pytest.fixture
+def cluster(ray_cluster, monkeypatch):  # noqa: F811
+    """The session's cluster, named by RAY_ADDRESS for the CLI subprocesses and this process."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
+    return ray_cluster
+
+
+GPU_LINE = re.compile(r"^rank (\d)/(\d) cuda (\S+)$", re.MULTILINE)
+
+
+def gpu_train(value: float, barrier: Path | None = None) -> str:
+    """Each rank says which devices it sees; rank 0 reports ``value``. With ``barrier``, rank 0
+    waits (bounded) until two trials run at once, so that the GPUs they hold are held together."""
+    wait = "" if barrier is None else (
+        f"    barrier = pathlib.Path({str(barrier)!r})\n"
+        "    (barrier / str(os.getpid())).write_text('x')\n"
+        "    deadline = time.monotonic() + 90\n"
+        "    while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:\n"
+        "        time.sleep(0.2)\n")
+    return (f"import os, pathlib, time\nVALUE = {value!r}\nenv = os.environ\n"
+            "cuda = env.get('CUDA_VISIBLE_DEVICES')\n"
+            "os.write(1, f\"rank {env['RANK']}/{env['WORLD_SIZE']} cuda {cuda}\\n\".encode())\n"
+            "if env['RANK'] == '0':\n" + wait + "    os.write(1, f'---\\nval_bpb: {VALUE:.6f}\\n'.encode())\n")
+
+
+def test_each_trial_gets_two_gpus_ray_bound_disjoint_from_the_others(tmp_path, tiny_data_dir, cluster):
+    """The orchestrator on the head (no GPUs), the trials on the worker nodes: each trial's two
+    ranks see the two GPUs Ray bound to its actor (no device variable from here), recorded with
+    its node; two trials at once hold disjoint GPUs."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    repo = init_repo(tmp_path / "repo", {"train.py": gpu_train(1.0)})
+    queue_file(repo, "01_a.py", gpu_train(0.9, barrier), "a")
+    queue_file(repo, "02_b.py", gpu_train(0.95, barrier), "b")
+    proc = autoloop(repo, "run", "--budget", "2", "--timeout", "90", "--proposer", "queue", "--tag", "t",
+                    "--command", f"{sys.executable} train.py", "--executor", "ray", "--workers", "2",
+                    "--gpus-per-trial", "2", "--max-trials", "2", data_dir=tiny_data_dir,
+                    env={"AUTOLOOP_DEVICE": ""}, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "each on what ray binds to its job on its node" in proc.stdout, proc.stdout
+    assert "asking for 2 GPU(s) and 2 CPU(s)" in proc.stdout and "the nodes share this filesystem" in proc.stdout
+    ledger = assert_invariants(repo)
+    assert sorted(r["description"] for r in ledger) == ["a", "b", "baseline"], ledger
+    gpu_nodes = {n["NodeID"] for n in cluster.nodes() or [] if n["Resources"].get("GPU")}
+    held: dict[str, set[tuple[str, str]]] = {}
+    for record in ledger:
+        assert record["status"] in ("keep", "discard"), record
+        log = (repo / "results" / record["log_path"]).read_text()
+        ranks = GPU_LINE.findall(log)
+        assert sorted(r[:2] for r in ranks) == [("0", "2"), ("1", "2")], log   # two ranks, launched by torch
+        assert len({r[2] for r in ranks}) == 1, ranks   # both see the same devices
+        extra = record["extra"]
+        gpus = ranks[0][2].split(",")
+        assert len(gpus) == 2 and gpus == extra["gpu_ids"] and extra["executor"] == "ray", (ranks, extra)
+        assert extra["node_id"] in gpu_nodes, extra   # a worker node, never the head
+        held[record["description"]] = {(extra["node_id"], gpu) for gpu in gpus}
+    assert len(list(barrier.iterdir())) == 2   # the two trials ran at once
+    assert not held["a"] & held["b"], held
+    assert not live_actors(cluster.address)
+
+
+def test_more_gpus_per_trial_than_any_node_has_is_one_line(tmp_path, tiny_data_dir, cluster):
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    proc = autoloop(repo, *night("--gpus-per-trial", "8"), data_dir=tiny_data_dir, env={"AUTOLOOP_DEVICE": ""})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    port = cluster.address.rsplit(":", 1)[1]   # Ray names the head by its node address, not 127.0.0.1
+    said = f":{port} has 8 GPUs (the most on one node: 4); a trial runs on one node"
+    assert said in proc.stderr and "--gpus-per-trial 8: no node of the Ray cluster at " in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (repo / "results" / "ledger.jsonl").exists()
+
+
+def executor_run(tmp_path: Path, script: str, timeout_s: float = 120, retries: int = 3):
+    """Run one trial through RayExecutor in a thread; (thread, result holder, jobs, executor)."""
+    from autoloop.execution.executors.ray_executor import RayExecutor
+    from autoloop.execution.runner import RunSpec
+
+    work = tmp_path / "ws"
+    work.mkdir(exist_ok=True)
+    (work / "train.py").write_text(script)
+    spec = RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
+                   budget_s=1, timeout_s=timeout_s, sample_interval_s=0.05, grace_s=2)
+    executor = RayExecutor(work, gpus=1, retries=retries, poll_s=0.2,
+                           backoff=0.1)   # the waits between resubmissions: not this test's subject
+    jobs: list[dict] = []
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(executor.run(spec, on_job=jobs.append)), daemon=True)
+    thread.start()
+    return thread, result, jobs, executor
+
+
+def test_the_hard_timeout_ends_the_trial_on_its_node(tmp_path, cluster):
+    marker = tmp_path / "started"
+    thread, result, jobs, executor = executor_run(tmp_path, hang_train(marker), timeout_s=3)
+    thread.join(120)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert outcome.timed_out and outcome.killed_reason == "timeout", outcome
+    assert classify(outcome).kind == "timeout"
+    assert outcome.job["gpu_ids"] and outcome.job["node_id"], outcome.job
+    assert not alive(int(marker.read_text())), "the trial outlived its timeout"
+    assert not live_actors(cluster.address)
+
+
+def counting_train(runs: Path, marker: Path, hang_runs: int) -> str:
+    """Counts its runs in ``runs`` (one x each); the first ``hang_runs`` of them write their pid to
+    ``marker`` and hang."""
+    return fake_train(0.8, f"import os, pathlib, time\np = pathlib.Path({str(runs)!r})\n"
+                           "n = len(p.read_text()) if p.exists() else 0\np.write_text('x' * (n + 1))\n"
+                           f"if n < {hang_runs}:\n"
+                           f"    pathlib.Path({str(marker)!r}).write_text(str(os.getpid()))\n"
+                           "    time.sleep(300)\n")
+
+
+def test_a_node_lost_mid_trial_is_the_clusters_doing_and_the_trial_runs_again(tmp_path, cluster):
+    """Its node killed at once (the whole node, as a machine that dies): Ray's reason in the
+    record, the trial submitted again on the other node and counted apart, nothing left running."""
+    runs, marker = tmp_path / "runs.txt", tmp_path / "started"
+    thread, result, jobs, executor = executor_run(tmp_path, counting_train(runs, marker, 1))
+    wait_for("the trial to run", marker.exists)
+    pid = int(marker.read_text())
+    node = cluster.node_of(pid)
+    assert node and node.startswith("worker"), node
+    cluster.kill_node(node)
+    try:
+        thread.join(180)
+        assert result, "the executor never returned"
+        outcome = result[0]
+        assert outcome.metric == 0.8 and classify(outcome).kind == "ok", outcome
+        resubmitted = outcome.job.get("resubmitted") or []
+        assert len(resubmitted) == 1 and "NODE_DIED" in resubmitted[0], outcome.job
+        assert resubmitted[0].startswith(f"job {jobs[0]['job_id']}: NODE_DIED ("), resubmitted
+        first_log = outcome.log_path.with_name(f"1-1.job-{jobs[0]['job_id']}.log").read_text()
+        assert "lost its node" in first_log and "submitted again" in first_log, first_log
+        assert len(jobs) == 2 and runs.read_text() == "xx"
+        assert not alive(pid), "the lost node's trial was left running"
+        assert not live_actors(cluster.address)
+    finally:
+        cluster.start_worker(node)   # the session's cluster whole again for the next tests
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stop_ends_the_trial_and_its_actor(tmp_path, tiny_data_dir, cluster, how):
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to the orchestrator alone: the
+    trial's tree ended on its node, its actor killed, the attempt recorded interrupted."""
+    marker = tmp_path / "started"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
+    orchestrator = start_night(repo, tiny_data_dir, *night("--gpus-per-trial", "1"))
+    try:
+        wait_for("the hanging trial to run", lambda: marker.exists() or orchestrator.poll() is not None)
+        assert marker.exists(), orchestrator.communicate()[0]
+        assert live_actors(cluster.address)
+        if how == "ctrl-c":
+            os.killpg(orchestrator.pid, signal.SIGINT)   # as a terminal's Ctrl-C does
+        else:
+            os.kill(orchestrator.pid, signal.SIGTERM)   # the orchestrator alone, as `kill` sends it
+        out, _ = orchestrator.communicate(timeout=120)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    name = "SIGINT" if how == "ctrl-c" else "SIGTERM"
+    assert orchestrator.returncode == (130 if how == "ctrl-c" else 143), out
+    hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
+    assert hung and hung[0]["reason"] == f"interrupted ({name})", hung
+    assert not alive(int(marker.read_text())) and not live_actors(cluster.address), out
+
+
+def releasable_train(value: float, marker: Path, release: Path, nonce: str = "os.environ['AUTOLOOP_NONCE']") -> str:
+    """Starts (marker), waits for ``release``, then reports ``value`` as autoloop.evaluate does:
+    a result file with the trial's nonce (or ``nonce``, a forged one), and the line on stdout."""
+    return fake_train(value, f"import json, os, pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\n"
+                             f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.1)\n"
+                             "pathlib.Path(os.environ['AUTOLOOP_RESULT']).write_text(json.dumps("
+                             f"{{'val_bpb': VALUE, 'nonce': {nonce}}}))\n")
+
+
+@pytest.mark.parametrize("forged", [False, True], ids=["its-nonce", "forged-nonce"])
+def test_kill_9_and_resume_takes_the_finished_trials_result_with_its_nonce(tmp_path, tiny_data_dir, cluster, forged):
+    """The orchestrator killed with -9 while its trial runs: the detached actor runs on, the
+    trial finishes, and --resume takes its result when it carries the nonce recorded at
+    submission (a forged one: recorded interrupted); no actor is left either way."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    script = releasable_train(0.9, started, release, "'0' * 16" if forged else "os.environ['AUTOLOOP_NONCE']")
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_waits.py", script, "waits")
+    orchestrator = start_night(repo, tiny_data_dir, *night("--gpus-per-trial", "1"))
+    try:
+        wait_for("the trial to run", lambda: started.exists() or orchestrator.poll() is not None)
+        assert started.exists(), orchestrator.communicate()[0]
+        job = json.loads((repo / "results" / "state.json").read_text())["job"]
+        os.killpg(orchestrator.pid, signal.SIGKILL)
+        orchestrator.wait(30)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    assert job["executor"] == "ray" and job["nonce_sha256"], job
+    assert live_actors(cluster.address) == [job["job_id"]]   # the trial runs on without its orchestrator
+    release.write_text("go")
+    import ray
+
+    actor = ray.get_actor(job["job_id"], namespace=job["namespace"])
+    wait_for("the trial to finish", lambda: ray.get(actor.outcome.remote(0.5)) is not None)
+    proc = autoloop(repo, *night("--gpus-per-trial", "1", "--resume"), data_dir=tiny_data_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    waited = [r for r in assert_invariants(repo) if r["description"] == "waits"]
+    if forged:
+        assert "its result taken" not in proc.stdout, proc.stdout
+        assert waited[0]["status"] == "crash" and waited[0]["reason"].startswith("interrupted"), waited
+    else:
+        assert f"its job {job['job_id']} finished meanwhile; its result taken (keep" in proc.stdout, proc.stdout
+        assert len(waited) == 1 and waited[0]["metric"] == 0.9 and waited[0]["extra"]["collected"], waited
+        assert waited[0]["extra"]["job_id"] == job["job_id"]
+    assert not live_actors(cluster.address)
