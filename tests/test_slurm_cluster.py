@@ -265,31 +265,6 @@ def test_a_job_pending_too_long_is_cancelled_and_recorded(tmp_path, cluster):
     cluster.run("scancel", blocker)
 
 
-def test_resume_after_kill_9_cancels_the_orphaned_job(tmp_path, tiny_data_dir, cluster):
-    marker = tmp_path / "started"
-    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
-    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
-    orchestrator = start_night(repo, tiny_data_dir)
-    try:
-        wait_for("the hanging trial to run", lambda: marker.exists() or orchestrator.poll() is not None)
-        assert marker.exists(), orchestrator.communicate()[0] if orchestrator.poll() is not None else ""
-        job = json.loads((repo / "results" / "state.json").read_text())["job"]
-        os.kill(orchestrator.pid, signal.SIGKILL)
-        orchestrator.wait(30)
-    finally:
-        if orchestrator.poll() is None:
-            orchestrator.kill()
-    assert job["job_id"] in cluster.queue()   # the job outlived its orchestrator
-    # The subject is the orphaned job: its re-run would hang to the 60 s hard timeout.
-    proc = autoloop(repo, *night("--resume", "--no-rerun-interrupted"), data_dir=tiny_data_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"recovery: cancelled slurm job {job['job_id']} (was RUNNING" in proc.stdout, proc.stdout
-    wait_for("squeue to drain", lambda: not cluster.queue(), 60)
-    ledger = assert_invariants(repo)
-    hung = [r for r in ledger if r["description"] == "hangs"]
-    assert hung and hung[0]["status"] == "crash" and hung[0]["reason"].startswith("interrupted"), ledger
-
-
 def releasable_train(value: float, marker: Path, release: Path) -> str:
     """Starts (marker), waits for ``release``, then reports ``value`` as autoloop.evaluate does:
     a result file with the trial's nonce, and the line on stdout."""
@@ -344,6 +319,61 @@ def test_resume_does_not_trust_a_finished_orphan_whose_result_has_another_nonce(
     forged_records = [r for r in assert_invariants(repo) if r["description"] == "forged"]
     assert forged_records and forged_records[0]["status"] == "crash", forged_records
     assert forged_records[0]["reason"].startswith("interrupted"), forged_records
+
+
+def resume_in_background(repo: Path, data_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """``autoloop run --resume`` with its output in ``out``, read while it runs."""
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    with open(out, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "autoloop.cli", *night("--resume", *extra)], cwd=repo, env=env,
+                                stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_resume_after_kill_9_reattaches_to_the_running_job_and_takes_its_result(tmp_path, tiny_data_dir, cluster):
+    marker, release, out = tmp_path / "started", tmp_path / "release", tmp_path / "resume.out"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_better.py", releasable_train(0.9, marker, release), "better")
+    job = kill_9_while_running(repo, tiny_data_dir, marker)
+    assert job["job_id"] in cluster.queue()   # the job outlived its orchestrator
+    resumed = resume_in_background(repo, tiny_data_dir, out)
+    try:
+        wait_for("the resume to re-attach", lambda: "re-attached" in out.read_text() or resumed.poll() is not None)
+        assert f"recovery: trial 1.1: re-attached to slurm job {job['job_id']} RUNNING" in out.read_text()
+        assert job["job_id"] in cluster.queue()   # waited for, not cancelled
+        release.write_text("go")   # the job ends while the resumed night waits for it
+        assert resumed.wait(120) == 0, out.read_text()
+    finally:
+        if resumed.poll() is None:
+            os.killpg(resumed.pid, signal.SIGKILL)
+    said = out.read_text()
+    assert f"its job {job['job_id']} finished meanwhile; its result taken (keep" in said, said
+    assert "cancelled" not in said, said
+    better = [r for r in assert_invariants(repo) if r["description"] == "better"]
+    assert len(better) == 1 and better[0]["status"] == "keep" and better[0]["metric"] == 0.9, better
+    assert better[0]["extra"]["collected"] and better[0]["extra"]["job_id"] == job["job_id"], better[0]
+    assert better[0]["extra"]["job_state"] == "COMPLETED", better[0]
+    assert not cluster.queue()
+
+
+def test_ctrl_c_while_resume_waits_for_the_orphaned_job_cancels_it(tmp_path, tiny_data_dir, cluster):
+    marker, out = tmp_path / "started", tmp_path / "resume.out"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
+    job = kill_9_while_running(repo, tiny_data_dir, marker)
+    resumed = resume_in_background(repo, tiny_data_dir, out, "--no-rerun-interrupted")
+    try:
+        wait_for("the resume to re-attach", lambda: "re-attached" in out.read_text() or resumed.poll() is not None)
+        assert f"re-attached to slurm job {job['job_id']} RUNNING" in out.read_text(), out.read_text()
+        os.kill(resumed.pid, signal.SIGINT)   # as a terminal's Ctrl-C
+        assert resumed.wait(120) == 130, out.read_text()
+    finally:
+        if resumed.poll() is None:
+            os.killpg(resumed.pid, signal.SIGKILL)
+    said = out.read_text()
+    assert f"recovery: cancelled slurm job {job['job_id']} (was RUNNING" in said, said
+    wait_for("squeue to drain", lambda: not cluster.queue(), 60)
+    hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
+    assert hung and hung[0]["status"] == "crash" and hung[0]["reason"].startswith("interrupted"), hung
 
 
 def together_train(value: float, mine: Path, other: Path, alone: Path) -> str:

@@ -20,7 +20,7 @@ import pytest
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, loop_env, queue_file
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
-from test_slurm_cluster import fake_train, hang_train, together_train, wait_for
+from test_slurm_cluster import fake_train, hang_train, releasable_train, together_train, wait_for
 
 from autoloop.config.settings import Settings
 from autoloop.execution.executors.slurm_steps import step_options, wants_steps
@@ -189,10 +189,10 @@ def test_the_nights_trial_steps_get_disjoint_gpus_on_a_gpu_partition(tmp_path, t
     assert not steps_of(cluster, job_id)
 
 
-def test_resume_after_kill_9_cancels_the_orphaned_step(tmp_path, tiny_data_dir, cluster):
-    marker = tmp_path / "started"
+def test_resume_after_kill_9_reattaches_to_the_orphaned_step_and_takes_its_result(tmp_path, tiny_data_dir, cluster):
+    marker, release, out = tmp_path / "started", tmp_path / "release", tmp_path / "resume.out"
     repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
-    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
+    queue_file(repo, "01_better.py", releasable_train(0.9, marker, release), "better")
     env = {**os.environ, **cluster.env, **loop_env(tiny_data_dir)}
     loop = [sys.executable, "-m", "autoloop.cli", "run", "--budget", "2", "--executor", "slurm", *LOOP_ARGS]
     # The allocation outlives its first loop (an interactive salloc shell, where the person runs
@@ -200,8 +200,9 @@ def test_resume_after_kill_9_cancels_the_orphaned_step(tmp_path, tiny_data_dir, 
     holder = subprocess.Popen(["salloc", "--nodes=1", "--ntasks=1", "--cpus-per-task=2", "--time=10", "bash", "-c",
                                f"{shlex.join(loop)}; sleep 300"], cwd=repo, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
+    resumed = None
     try:
-        wait_for("the hanging trial's step to run", lambda: marker.exists() or holder.poll() is not None, 240)
+        wait_for("the trial's step to run", lambda: marker.exists() or holder.poll() is not None, 240)
         wait_for("state.json to name the step", lambda: recorded_step(repo) is not None, 60)
         step = recorded_step(repo)
         job_id = step.split(".")[0]
@@ -210,12 +211,21 @@ def test_resume_after_kill_9_cancels_the_orphaned_step(tmp_path, tiny_data_dir, 
         orchestrator.kill()   # kill -9: no stop, no cancel
         orchestrator.wait(30)
         assert step in steps_of(cluster, job_id)   # the step outlived its orchestrator
-        resumed = subprocess.run([*loop, "--resume", "--no-rerun-interrupted"], cwd=repo, text=True,
-                                 env={**env, "SLURM_JOB_ID": job_id}, capture_output=True, timeout=240)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert f"recovery: cancelled slurm step {step}" in resumed.stdout, resumed.stdout
-        wait_for("the step to end", lambda: step not in steps_of(cluster, job_id), 60)
+        with open(out, "w") as f:
+            resumed = subprocess.Popen([*loop, "--resume"], cwd=repo, env={**env, "SLURM_JOB_ID": job_id},
+                                       stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        wait_for("the resume to re-attach", lambda: "re-attached" in out.read_text() or resumed.poll() is not None)
+        assert f"re-attached to slurm step {step} RUNNING" in out.read_text(), out.read_text()
+        assert step in steps_of(cluster, job_id)   # waited for, not cancelled
+        release.write_text("go")
+        assert resumed.wait(120) == 0, out.read_text()
+        assert step not in steps_of(cluster, job_id)
     finally:
+        if resumed is not None and resumed.poll() is None:
+            os.killpg(resumed.pid, signal.SIGKILL)
         os.killpg(holder.pid, signal.SIGKILL)   # salloc's allocation is ended by the fixture's drain
-    hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
-    assert hung and hung[0]["status"] == "crash" and hung[0]["reason"].startswith("interrupted"), hung
+    said = out.read_text()
+    assert f"its job {step} finished meanwhile; its result taken (keep" in said and "cancelled" not in said, said
+    better = [r for r in assert_invariants(repo) if r["description"] == "better"]
+    assert len(better) == 1 and better[0]["status"] == "keep" and better[0]["metric"] == 0.9, better
+    assert better[0]["extra"]["collected"] and better[0]["extra"]["job_id"] == step, better[0]

@@ -1,7 +1,10 @@
-"""Taking the result of a trial whose job finished while its orchestrator was dead.
+"""Taking the result of a trial whose job ran on while its orchestrator was dead.
 
-With ``--executor slurm`` the trial is a job: a ``kill -9`` of the orchestrator leaves it
-running, and it may finish before ``autoloop run --resume``. Its outcome is then recorded as
+With ``--executor slurm`` the trial is a job (or a step of the night's allocation): a
+``kill -9`` of the orchestrator leaves it running. ``autoloop run --resume`` re-attaches to a
+job still queued or running (:func:`reattach`: it waits for it, bounded by the trial's hard
+timeout) rather than cancel work the cluster is doing for the night; a Ctrl-C during that
+wait cancels it, as before. The outcome of the ended job is then recorded as
 the attempt's, instead of ``interrupted``, when it can be trusted
 (:func:`autoloop.execution.executors.collect_finished_job`: the job's own result, the
 result's nonce the one recorded at submission) and the inputs were not changed meanwhile;
@@ -16,20 +19,57 @@ from typing import cast
 from autoloop.core.classify import classify
 from autoloop.core.keep import Facts, decide
 from autoloop.engine.night import Night
-from autoloop.execution.executors import collect_finished_job
+from autoloop.execution.executors import collect_finished_job, wait_for_job
 from autoloop.execution.integrity import Tampering
 from autoloop.store.ledger import AttemptKind, Draft, Extra
 from autoloop.store.state import RunState
 
 # Kinds whose decision rests on this run alone (a confirmation's also on earlier runs).
 COLLECTABLE = ("baseline", "candidate", "fix")
+# Waiting past the trial's hard timeout (and the queue's limit): the job's start-up and the
+# node's tree kill, as the scheduler's own limit allows (slurm.TIME_MARGIN_S).
+REATTACH_GRACE_S = 300.0
+
+
+def collectable(state: RunState) -> bool:
+    """Whether the attempt's job, once ended, could give the attempt's result (record_finished_job)."""
+    return (state.phase == "running" and bool(state.candidate) and bool(state.job)
+            and (state.kind or "candidate") in COLLECTABLE)
+
+
+def reattach(night: Night, state: RunState) -> bool:
+    """Wait for the interrupted attempt's job while its engine says it is queued or running,
+    saying so; True once it has ended (its result is then taken or not, as for a job that
+    finished meanwhile), False when the caller must cancel it: not collectable, Ctrl-C (the
+    night's stop) during the wait, or still running past the trial's hard timeout."""
+    if not collectable(state):
+        return False
+    s = night.settings
+    limit = max(s.timeout_s, s.slurm_time_limit or 0) + (s.slurm_pending_timeout or 0) + REATTACH_GRACE_S
+    until = (state.attempt_started_at or time.time()) + limit
+    which = f"trial {state.trial}.{state.attempt}"
+    heard: list[str] = []
+
+    def on_progress(line: str) -> None:
+        if not heard:
+            clock = time.strftime("%H:%M", time.localtime(until))
+            night.console.line(f"recovery: {which}: re-attached to {line}; waiting for it to end "
+                               f"(at most until {clock}; Ctrl-C cancels it)")
+        else:
+            night.console.line(f"recovery: {which}: {line}")
+        heard.append(line)
+
+    ended = wait_for_job(state.job, until, night.stop.event, on_progress)
+    if not ended and heard and not night.stop.is_set():
+        night.console.line(f"recovery: {which}: its job still runs past the trial's hard timeout")
+    return ended
 
 
 def record_finished_job(night: Night, state: RunState, tampered: Tampering, worker: int | None) -> str | None:
     """Record the finished job's outcome as the attempt's; the best after the record, or
     None when there is nothing trustworthy to take (the caller records it interrupted)."""
     kind = state.kind or "candidate"
-    if tampered or state.phase != "running" or not state.candidate or kind not in COLLECTABLE:
+    if tampered or not collectable(state):
         return None
     outcome = collect_finished_job(state.job)
     if outcome is None or outcome.metric is None or classify(outcome).kind != "ok":

@@ -14,8 +14,10 @@ flight (the single loop's ``state.json``, each worker's ``state-w<k>.json``):
   ``interrupted (orchestrator stopped during <phase>)``, after its candidate is saved
   under its trial ref (committing what the proposer left in the work tree if need be).
 
-Before that, everything the interrupted attempt left running is ended (its processes, by
-pid and token; its Slurm job), its capped log is put together, the measurement's inputs are
+Before that, a Slurm job of the attempt still queued or running is re-attached to (waited
+for, its result then taken with the nonce check: engine/orphan.py), everything else the
+interrupted attempt left running is ended (its processes, by pid and token; a job that
+cannot be waited for), its capped log is put together, the measurement's inputs are
 restored if it changed them, and a git ``index.lock`` it left behind is removed. Nothing
 tried is lost; the branch always ends at the best commit.
 """
@@ -34,7 +36,7 @@ from autoloop.core.errors import NightError
 from autoloop.core.keep import Facts, decide, tampered_reason
 from autoloop.core.layout import Layout
 from autoloop.engine.night import Night
-from autoloop.engine.orphan import record_finished_job
+from autoloop.engine.orphan import reattach, record_finished_job
 from autoloop.execution.executors import cancel_job
 from autoloop.execution.integrity import Tampering, recover_inputs
 from autoloop.execution.procs import end_leftovers
@@ -135,9 +137,11 @@ def _attempt_of(state: RunState) -> tuple[int, int]:
 
 
 def _end_what_it_left(night: Night, state: RunState) -> Tampering:
-    """End its job and processes, mend its log, restore the inputs it changed."""
+    """Wait for its job (or end it), end its processes, mend its log, restore the inputs it changed."""
     console, layout = night.console, night.layout
-    cancelled = cancel_job(state.job)   # a job of the interrupted trial still queued or running
+    # A job of the interrupted trial still queued or running: waited for while it can give the
+    # attempt's result, cancelled otherwise (or on Ctrl-C during the wait).
+    cancelled = None if reattach(night, state) else cancel_job(state.job)
     if cancelled:
         console.line(f"recovery: {cancelled}")
     ended = end_leftovers(state.child_pids, token=state.child_token, results_dir=layout.root)

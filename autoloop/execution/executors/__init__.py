@@ -5,7 +5,10 @@ Every executor has the runner's contract: ``run(spec, on_progress, stop_event, o
 on_job) -> RunOutcome`` returns only when the trial is over, with the same timeout, log,
 result-file and classification semantics. ``on_job`` gets a small dict naming the job
 (executor, cluster, job id, ...) as soon as it is submitted, so that the orchestrator can
-record it in state.json and cancel it on recovery (:func:`cancel_job`).
+record it in state.json for recovery: after a kill -9 of the orchestrator, ``--resume``
+waits for a job still queued or running (:func:`wait_for_job`), takes its result when it can
+be trusted (:func:`collect_finished_job`), and cancels it only when it cannot wait
+(:func:`cancel_job`: Ctrl-C during the wait, or past the trial's hard timeout).
 
 ``places_devices``: whether the executor's engine places the trial and binds its devices
 there (Slurm's GRES binding on the node sets CUDA_VISIBLE_DEVICES for the job; Ray sets it for
@@ -97,6 +100,24 @@ def cancel_job(job: dict[str, Any] | None) -> str | None:
     return cancel_recorded_job(job)
 
 
+def wait_for_job(job: dict[str, Any] | None, until: float,
+                 stop_event: threading.Event | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> bool:
+    """Wait for a job recorded by an interrupted run (state.json) while its engine says it is
+    queued or running; True when it has ended (collect_finished_job then takes its result),
+    False when it is not this executor's, `until` (a time.time()) passed, or stop_event was
+    set (the caller then cancels it as before)."""
+    if not job or job.get("executor") != "slurm":
+        return False
+    if job.get("cluster") == "steps":
+        from autoloop.execution.executors.slurm_steps import wait_for_recorded_step
+
+        return wait_for_recorded_step(job, until, stop_event, on_progress)
+    from autoloop.execution.executors.slurm import wait_for_recorded_job
+
+    return wait_for_recorded_job(job, until, stop_event, on_progress)
+
+
 def collect_finished_job(job: dict[str, Any] | None) -> RunOutcome | None:
     """The trustworthy outcome of an interrupted run's job that finished meanwhile, or None."""
     if job and job.get("executor") == "ray":
@@ -105,6 +126,10 @@ def collect_finished_job(job: dict[str, Any] | None) -> RunOutcome | None:
         return collect_recorded(job)
     if not job or job.get("executor") != "slurm":
         return None
+    if job.get("cluster") == "steps":
+        from autoloop.execution.executors.slurm_steps import collect_finished_step
+
+        return collect_finished_step(job)
     from autoloop.execution.executors.slurm import collect_finished
 
     return collect_finished(job)

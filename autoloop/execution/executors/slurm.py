@@ -55,6 +55,7 @@ from autoloop.execution.executors.slurm_state import (
     placement,
     read_job,
     settled,
+    wait_while_live,
 )
 from autoloop.execution.procs import TOKEN_VAR, end_token_holders
 from autoloop.execution.runner import _PROGRESS_RE, RunOutcome, RunSpec, default_timeout, run_process
@@ -602,14 +603,44 @@ def collect_finished(job: dict[str, Any] | None) -> RunOutcome | None:
     try:
         paths = submitit.SlurmJob(folder=job["folder"], job_id=str(job["job_id"])).paths
         status, data = pickle_load(paths.result_pickle)
-        outcome = RunOutcome.model_validate({k: v for k, v in data.items() if k != "node_signal"})
     except Exception:  # no result file, a failed job's, or not an outcome: nothing to collect
         return None
-    if (status != "success" or outcome.metric is None or outcome.killed_reason or outcome.signal is not None
-            or nonce_digest((outcome.result or {}).get("nonce")) != job["nonce_sha256"]):
+    if status != "success" or not isinstance(data, dict):
+        return None
+    return trusted_outcome(data, job, describe(info))
+
+
+def trusted_outcome(data: dict[str, Any], job: dict[str, Any], job_state: str) -> RunOutcome | None:
+    """The outcome a job or a step (slurm_steps) left after its orchestrator's kill -9, when it
+    ended by itself with a metric and its result carries the nonce recorded at submission
+    (state.json's digest); None otherwise."""
+    try:
+        outcome = RunOutcome.model_validate({k: v for k, v in data.items() if k != "node_signal"})
+    except ValueError:   # pydantic's ValidationError: not an outcome
+        return None
+    if (outcome.metric is None or outcome.killed_reason or outcome.signal is not None or data.get("node_signal")
+            or nonce_digest((outcome.result or {}).get("nonce")) != job.get("nonce_sha256")):
         return None
     kept = {k: v for k, v in job.items() if k not in ("folder", "nonce_sha256", "pid", "create_time")}
-    return outcome.model_copy(update={"job": {**kept, "job_state": describe(info), "collected": True}})
+    return outcome.model_copy(update={"job": {**kept, "job_state": job_state, "collected": True}})
+
+
+def wait_for_recorded_job(job: dict[str, Any], until: float, stop_event: threading.Event | None = None,
+                          on_progress: OnProgress | None = None) -> bool:
+    """Wait for the job of a run killed with -9 while the cluster says it is queued or running
+    (executors.wait_for_job). Only a cluster's job is waited for: submitit's local jobs were
+    the dead orchestrator's children (recovery cancels them, as before)."""
+    if job.get("cluster") != "slurm" or not job.get("job_id"):
+        return False
+    job_id = str(job["job_id"])
+
+    def look() -> str | None:
+        info = read_job(job_id)
+        if not info:
+            return ""
+        return describe(info) if base_state(info) in LIVE else None
+
+    return wait_while_live(f"slurm job {job_id}", look, until, stop_event, on_progress)
 
 
 def settle_orphan(job_id: str, job: dict[str, Any]) -> str:

@@ -18,8 +18,9 @@ import functools
 import logging
 import shutil
 import subprocess
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 try:
     from submitit.slurm.slurm import SlurmInfoWatcher
@@ -127,6 +128,36 @@ def settled(job_id: str, wait_s: float = 30.0, poll_s: float = 0.5) -> dict[str,
         time.sleep(poll_s)
         info = read_job(job_id)
     return info
+
+
+def wait_while_live(name: str, look: Callable[[], str | None], until: float,
+                    stop_event: threading.Event | None = None, on_progress: Callable[[str], None] | None = None,
+                    poll_s: float = 2.0) -> bool:
+    """Wait while ``look()`` says a job (or step) is live: its state in words; None once it has
+    ended; "" when no tool had a word of it. True when it has ended (or the cluster, asked twice
+    in a row, no longer knows it: MinJobAge passed, no accounting), False once ``until`` (a
+    time.time()) passed or ``stop_event`` was set. ``on_progress`` hears "<name> <state>" at
+    the first look and at each change of state."""
+    said, silent = None, 0
+    while True:
+        state = look()
+        if state is None:
+            return True
+        if state == "":
+            silent += 1   # twice in a row, as the watcher counts a forgotten job (slurm.GONE_AFTER)
+            if silent >= 2:
+                return True
+        else:
+            silent = 0
+            if state != said and on_progress is not None:
+                on_progress(f"{name} {state}")
+            said = state
+        if time.time() >= until:
+            return False
+        if stop_event is not None and stop_event.wait(poll_s):
+            return False
+        if stop_event is None:
+            time.sleep(poll_s)
 
 
 def describe(info: dict[str, str]) -> str:

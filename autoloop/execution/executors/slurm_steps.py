@@ -17,7 +17,9 @@ Stopping: ``scancel --signal=TERM <job>.<step>`` reaches the step's task, whose 
 the trial's tree and still writes the outcome; only then, or after a grace, is srun itself
 ended (its own SIGTERM cancels the step at once with SIGKILL, which would lose the outcome).
 srun runs in a session of its own so that a terminal's Ctrl-C reaches only the orchestrator.
-After a ``kill -9`` of the orchestrator, ``--resume`` cancels the step state.json names.
+After a ``kill -9`` of the orchestrator the step runs on (srun is in a session of its own);
+``--resume`` re-attaches to the step state.json names (:func:`wait_for_recorded_step`), then
+takes the outcome it wrote with the nonce check (:func:`collect_finished_step`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ from autoloop.execution.executors.slurm import (
     nonce_digest,
     run_on_node,
     time_limit_minutes,
+    trusted_outcome,
 )
 from autoloop.execution.executors.slurm_gpus import gpus_asked
+from autoloop.execution.executors.slurm_state import TIMEOUT_S, wait_while_live
 from autoloop.execution.runner import RunOutcome, RunSpec
 
 if TYPE_CHECKING:
@@ -275,6 +279,49 @@ def cancel_recorded_step(job: dict[str, Any]) -> str | None:
     if not _scancel(step):
         return f"slurm step {step} of the interrupted trial had ended; nothing to cancel"
     return f"cancelled slurm step {step}"
+
+
+def live_steps(job_id: str) -> list[str] | None:
+    """The allocation's steps Slurm still runs (``squeue -s``): [] once the allocation itself
+    has ended; None when squeue did not answer."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return [] if "Invalid job id" in proc.stderr else None
+    return proc.stdout.split()
+
+
+def wait_for_recorded_step(job: dict[str, Any], until: float, stop_event: threading.Event | None = None,
+                           on_progress: OnProgress | None = None) -> bool:
+    """Wait for the step of a run killed with -9 while Slurm still runs it (executors.wait_for_job)."""
+    step = str(job.get("job_id") or "")
+    if "." not in step or shutil.which("squeue") is None:
+        return False
+
+    def look() -> str | None:
+        listed = live_steps(step.split(".")[0])
+        if listed is None:
+            return ""
+        return "RUNNING" if step in listed else None
+
+    return wait_while_live(f"slurm step {step}", look, until, stop_event, on_progress)
+
+
+def collect_finished_step(job: dict[str, Any]) -> RunOutcome | None:
+    """The outcome an orphaned step wrote (next to its output, ``<trial>-<attempt>.outcome.json``)
+    once it has ended, when it can be trusted (slurm.trusted_outcome: its own end, a metric, the
+    nonce recorded at submission); None otherwise."""
+    step, out = str(job.get("job_id") or ""), job.get("job_stdout")
+    if "." not in step or not out or not job.get("nonce_sha256"):
+        return None
+    listed = live_steps(step.split(".")[0])
+    if listed is None or step in listed:
+        return None   # still running, or nobody can say: not an end to take
+    data = _read_outcome(Path(out).with_suffix(".outcome.json"))
+    return trusted_outcome(data, job, "COMPLETED") if data is not None else None
 
 
 def main(argv: list[str]) -> int:
