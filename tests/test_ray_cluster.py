@@ -259,16 +259,9 @@ def releasable_train(value: float, marker: Path, release: Path, nonce: str = "os
                              f"{{'val_bpb': VALUE, 'nonce': {nonce}}}))\n")
 
 
-@pytest.mark.parametrize("forged", [False, True], ids=["its-nonce", "forged-nonce"])
-def test_kill_9_and_resume_takes_the_finished_trials_result_with_its_nonce(tmp_path, tiny_data_dir, cluster, forged):
-    """The orchestrator killed with -9 while its trial runs: the detached actor runs on, the
-    trial finishes, and --resume takes its result when it carries the nonce recorded at
-    submission (a forged one: recorded interrupted); no actor is left either way."""
-    started, release = tmp_path / "started", tmp_path / "release"
-    script = releasable_train(0.9, started, release, "'0' * 16" if forged else "os.environ['AUTOLOOP_NONCE']")
-    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
-    queue_file(repo, "01_waits.py", script, "waits")
-    orchestrator = start_night(repo, tiny_data_dir, *night("--gpus-per-trial", "1"))
+def kill_9_while_running(repo: Path, data_dir: Path, started: Path) -> dict:
+    """Start a night, kill -9 it once its trial runs; the job recorded in state.json."""
+    orchestrator = start_night(repo, data_dir, *night("--gpus-per-trial", "1"))
     try:
         wait_for("the trial to run", lambda: started.exists() or orchestrator.poll() is not None)
         assert started.exists(), orchestrator.communicate()[0]
@@ -278,21 +271,66 @@ def test_kill_9_and_resume_takes_the_finished_trials_result_with_its_nonce(tmp_p
     finally:
         if orchestrator.poll() is None:
             orchestrator.kill()
+    return job
+
+
+def resume_in_background(repo: Path, data_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """``autoloop run --resume`` with its output in ``out``, read while it runs."""
+    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu"}
+    with open(out, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "autoloop.cli", *night("--gpus-per-trial", "1", "--resume",
+                                                                              *extra)],
+                                cwd=repo, env=env, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+
+def test_resume_after_kill_9_reattaches_to_the_running_actor_and_takes_its_result(tmp_path, tiny_data_dir, cluster):
+    """The orchestrator killed with -9 while its trial runs: the detached actor runs on, --resume
+    waits for it (not cancelled), and takes its result with the nonce recorded at submission."""
+    started, release, out = tmp_path / "started", tmp_path / "release", tmp_path / "resume.out"
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_waits.py", releasable_train(0.9, started, release), "waits")
+    job = kill_9_while_running(repo, tiny_data_dir, started)
     assert job["executor"] == "ray" and job["nonce_sha256"], job
     assert live_actors(cluster.address) == [job["job_id"]]   # the trial runs on without its orchestrator
+    resumed = resume_in_background(repo, tiny_data_dir, out)
+    try:
+        wait_for("the resume to re-attach", lambda: "re-attached" in out.read_text() or resumed.poll() is not None)
+        assert f"recovery: trial 1.1: re-attached to ray actor {job['job_id']}" in out.read_text(), out.read_text()
+        assert live_actors(cluster.address) == [job["job_id"]]   # waited for, not cancelled
+        release.write_text("go")   # the trial ends while the resumed night waits for it
+        assert resumed.wait(120) == 0, out.read_text()
+    finally:
+        if resumed.poll() is None:
+            os.killpg(resumed.pid, signal.SIGKILL)
+    said = out.read_text()
+    assert f"its job {job['job_id']} finished meanwhile; its result taken (keep" in said, said
+    assert "cancelled" not in said, said
+    waited = [r for r in assert_invariants(repo) if r["description"] == "waits"]
+    assert len(waited) == 1 and waited[0]["metric"] == 0.9 and waited[0]["extra"]["collected"], waited
+    assert waited[0]["extra"]["job_id"] == job["job_id"]
+    assert not live_actors(cluster.address)
+
+
+def test_resume_does_not_trust_a_finished_actors_result_with_another_nonce(tmp_path, tiny_data_dir, cluster):
+    """The trial finished before --resume, its result carrying a forged nonce: recorded
+    interrupted, not taken; its actor ended all the same."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    forged = releasable_train(0.5, started, release, "'0' * 16")
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    queue_file(repo, "01_forged.py", forged, "forged")
+    job = kill_9_while_running(repo, tiny_data_dir, started)
+    assert live_actors(cluster.address) == [job["job_id"]]   # (and this process joined the cluster)
     release.write_text("go")
     import ray
 
     actor = ray.get_actor(job["job_id"], namespace=job["namespace"])
     wait_for("the trial to finish", lambda: ray.get(actor.outcome.remote(0.5)) is not None)
-    proc = autoloop(repo, *night("--gpus-per-trial", "1", "--resume"), data_dir=tiny_data_dir)
+    proc = autoloop(repo, *night("--gpus-per-trial", "1", "--resume", "--no-rerun-interrupted"),
+                    data_dir=tiny_data_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    waited = [r for r in assert_invariants(repo) if r["description"] == "waits"]
-    if forged:
-        assert "its result taken" not in proc.stdout, proc.stdout
-        assert waited[0]["status"] == "crash" and waited[0]["reason"].startswith("interrupted"), waited
-    else:
-        assert f"its job {job['job_id']} finished meanwhile; its result taken (keep" in proc.stdout, proc.stdout
-        assert len(waited) == 1 and waited[0]["metric"] == 0.9 and waited[0]["extra"]["collected"], waited
-        assert waited[0]["extra"]["job_id"] == job["job_id"]
+    assert "its result taken" not in proc.stdout, proc.stdout
+    forged_records = [r for r in assert_invariants(repo) if r["description"] == "forged"]
+    assert forged_records[0]["status"] == "crash" and forged_records[0]["reason"].startswith("interrupted"), \
+        forged_records
     assert not live_actors(cluster.address)

@@ -107,6 +107,10 @@ def wait_for_job(job: dict[str, Any] | None, until: float,
     queued or running; True when it has ended (collect_finished_job then takes its result),
     False when it is not this executor's, `until` (a time.time()) passed, or stop_event was
     set (the caller then cancels it as before)."""
+    if job and job.get("executor") == "ray":
+        from autoloop.execution.executors.ray_executor import wait_recorded
+
+        return wait_recorded(job, until, stop_event, on_progress)
     if not job or job.get("executor") != "slurm":
         return False
     if job.get("cluster") == "steps":
@@ -133,17 +137,3 @@ def collect_finished_job(job: dict[str, Any] | None) -> RunOutcome | None:
     from autoloop.execution.executors.slurm import collect_finished
 
     return collect_finished(job)
-
-
-def wait_for_job(job: dict[str, Any] | None, until: float,
-                 stop_event: threading.Event | None = None,
-                 on_progress: Callable[[str], None] | None = None) -> bool:
-    """Wait for a job recorded by an interrupted run (state.json) while its engine says it is
-    queued or running; True when it has ended (collect_finished_job then takes its result),
-    False when it is not this executor's, `until` (a time.time()) passed, or stop_event was
-    set (the caller then cancels it as before)."""
-    if job and job.get("executor") == "ray":
-        from autoloop.execution.executors.ray_executor import wait_recorded
-
-        return wait_recorded(job, until, stop_event, on_progress)
-    return False

@@ -376,26 +376,31 @@ def _recorded_actor(job: dict[str, Any]) -> Any:
 
 def wait_recorded(job: dict[str, Any], until: float, stop_event: threading.Event | None = None,
                   on_progress: OnProgress | None = None) -> bool:
-    """Wait for the recorded actor's trial to end; True when it has (or the actor is gone)."""
+    """Wait for the recorded actor's trial to end; True when it has (or the actor is gone).
+    The ended trial's outcome is kept here and its actor killed at once, so that no actor is
+    left whatever recovery does next (:func:`collect_recorded` takes the outcome)."""
     ray = _ray()
     actor = _recorded_actor(job)
     if actor is None:
         return True
-    said = False
+    name = str(job.get("job_id"))
+    if on_progress is not None:
+        with contextlib.suppress(Exception):
+            on_progress(f"ray actor {name}")
     while time.time() < until:
         if stop_event is not None and stop_event.is_set():
             return False
         try:
-            if ray.get(actor.outcome.remote(1.0), timeout=120) is not None:
-                return True
+            data = ray.get(actor.outcome.remote(1.0), timeout=120)
         except ray.exceptions.RayActorError:
             return True   # it died: nothing to collect, the attempt is recorded interrupted
         except ray.exceptions.GetTimeoutError:
-            pass
-        if on_progress is not None and not said:
-            said = True
+            continue
+        if data is not None:
+            _collected[name] = data
             with contextlib.suppress(Exception):
-                on_progress(f"ray actor {job['job_id']} still runs the trial")
+                ray.kill(actor, no_restart=True)
+            return True
     return False
 
 
