@@ -154,6 +154,21 @@ def test_more_gpus_per_trial_than_any_node_has_is_one_line(tmp_path, tiny_data_d
     assert not (repo / "results" / "ledger.jsonl").exists()
 
 
+def test_doctor_lists_the_clusters_nodes_gpus_cpus_and_ray_versions(tmp_path, tiny_data_dir, cluster):
+    import ray
+
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    proc = autoloop(repo, "doctor", "--executor", "ray", "--gpus-per-trial", "2", data_dir=tiny_data_dir)
+    said = [line for line in proc.stdout.splitlines() if " ray " in f" {line} "]
+    port = cluster.address.rsplit(":", 1)[1]
+    assert any(f":{port}: 3 node(s), 8 GPU(s), 9 CPU(s); ray {ray.__version__} here" in x for x in said), proc.stdout
+    nodes = [x for x in said if " node " in x and f"ray {ray.__version__}" in x]
+    assert sorted(re.search(r"\): (.*), ray ", x).group(1) for x in nodes if "): " in x) == \
+        ["0 GPU(s), 1 CPU(s)", "4 GPU(s), 4 CPU(s)", "4 GPU(s), 4 CPU(s)"], proc.stdout
+    proc = autoloop(repo, "doctor", "--executor", "ray", "--gpus-per-trial", "8", data_dir=tiny_data_dir)
+    assert proc.returncode != 0 and "no node of the Ray cluster at " in proc.stdout, proc.stdout
+
+
 def executor_run(tmp_path: Path, script: str, timeout_s: float = 120, retries: int = 3):
     """Run one trial through RayExecutor in a thread; (thread, result holder, jobs, executor)."""
     from autoloop.execution.executors.ray_executor import RayExecutor

@@ -310,12 +310,27 @@ def _extras(root: Path, settings: Settings) -> list[Check]:
     else:
         checks.append(ok("slurm", f"submitit {submitit}" if submitit else
                          "submitit not installed (needed only for --executor slurm: pip install 'autoloop[slurm]')"))
+    checks.extend(_ray(settings))
     # The viewers' extras: never needed by a night, so never more than a line saying how to add them.
     for name, module, what in (("watch", "rich", "autoloop watch"), ("mcp", "mcp", "autoloop mcp")):
         version = _installed(module)
         checks.append(ok(name, f"{module} {version}: {what} works" if version else
                          f"{module} not installed (needed only for {what}: pip install 'autoloop[{name}]')"))
     return checks
+
+
+def _ray(settings: Settings) -> list[Check]:
+    """--executor ray: the cluster reachable, its nodes, GPUs and CPUs, Ray's version here and there."""
+    version = _installed("ray")
+    if settings.executor != "ray":
+        return [ok("ray", f"ray {version}" if version else
+                   "ray not installed (needed only for --executor ray: pip install 'autoloop[ray]')")]
+    if not version:
+        return [fail("ray", "--executor ray needs ray: pip install 'autoloop[ray]'")]
+    from autoloop.execution.executors.ray_executor import cluster_report
+
+    good, lines = cluster_report(settings.ray_address, settings.gpus_per_trial)
+    return [(ok if good else fail)("ray", line) for line in lines]
 
 
 def _sbatch_test_only(root: Path, settings: Settings) -> Check:
@@ -401,6 +416,8 @@ def _gpus(settings: Settings) -> Check:
     also answers for a torch without CUDA), and whether --gpus-per-trial fits."""
     if settings.executor == "slurm" and settings.slurm_cluster == "slurm":
         return ok("gpus", "on the trials' nodes, bound by Slurm (the sbatch check asks the partition)")
+    if settings.executor == "ray":
+        return ok("gpus", "on the trials' nodes, bound by Ray (the ray check lists them)")
     if shutil.which("nvidia-smi") is None:
         return ok("gpus", "none: no nvidia-smi on this machine")
     # compute_cap: what train.py trains in there; drivers before 510 do not know the field.

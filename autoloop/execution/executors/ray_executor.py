@@ -460,3 +460,51 @@ def collect_recorded(job: dict[str, Any]) -> RunOutcome | None:
         return None
     kept = {k: v for k, v in job.items() if k != "nonce_sha256"}
     return outcome.model_copy(update={"job": {**kept, "job_state": "FINISHED", "collected": True}})
+
+
+# -- autoloop doctor --executor ray ------------------------------------------------------------------
+
+def cluster_report(address: str | None, gpus: int) -> tuple[bool, list[str]]:
+    """Whether a night could run its trials on the cluster, and what doctor says of it: reachable,
+    its nodes with their GPUs and CPUs, the Ray version here and on every node (a task pinned on
+    each answers). Joins the cluster; starts none (no address: says what a night would do)."""
+    ray = _ray()
+    here = str(ray.__version__)
+    if not (address or os.environ.get("RAY_ADDRESS")):
+        return True, [f"ray {here}; no --ray-address and no RAY_ADDRESS: autoloop run starts a local Ray "
+                      "cluster on this machine for the night and stops it after"]
+    try:
+        gcs = connect(address, "autoloop-doctor")
+        nodes = alive_nodes()
+    except ExecutorError as exc:
+        return False, [str(exc)]
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    version = ray.remote(num_cpus=0)(_ray_version)
+    try:
+        theirs = ray.get([version.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                          .remote() for n in nodes], timeout=120)
+    except Exception as exc:  # a node that cannot run a task: said, not a traceback
+        theirs = [f"unknown ({_first_line(exc)})"] * len(nodes)
+    lines = [f"cluster at {gcs}: {len(nodes)} node(s), "
+             f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPU(s), "
+             f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPU(s); ray {here} here"]
+    for node, version_there in zip(nodes, theirs, strict=True):
+        res = node["Resources"]
+        lines.append(f"node {node.get('NodeManagerAddress', '?')} ({str(node['NodeID'])[:8]}): "
+                     f"{res.get('GPU', 0):g} GPU(s), {res.get('CPU', 0):g} CPU(s), ray {version_there}")
+    good = all(v == here for v in theirs)
+    if not good:
+        lines.append(f"ray differs between here ({here}) and the nodes: install the same version on both")
+    try:
+        check_fits(nodes, gpus, gcs)
+    except ExecutorError as exc:
+        good = False
+        lines.append(str(exc))
+    return good, lines
+
+
+def _ray_version() -> str:
+    import ray
+
+    return str(ray.__version__)
