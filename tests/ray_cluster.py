@@ -56,6 +56,10 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+class NodeExited(RuntimeError):
+    """A node's ``ray start`` ended while the cluster was starting."""
+
+
 class RayCluster:
     """Start with :meth:`start`, end with :meth:`stop`; ``address`` is the head's GCS address."""
 
@@ -64,7 +68,10 @@ class RayCluster:
         self.workers = workers
         self.procs: dict[str, subprocess.Popen] = {}
         self.address = ""
-        self._worker_port = 20000 + (os.getpid() % 200) * 200   # a range of worker ports per node
+        # Each node's worker processes take ports from a range of 100 given here: below the
+        # kernel's ephemeral range (32768 and up), where the free ports above are picked, which
+        # they met once; a block of 800 per test process, so that two runs rarely share one.
+        self._worker_port = 10000 + (os.getpid() % 27) * 800
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.env = {**os.environ, "PYTHONPATH": path,
                     "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
@@ -87,7 +94,19 @@ class RayCluster:
         self.procs[name] = subprocess.Popen(["ray", "start", *argv, *self._node_args(name)], stdout=log,
                                             stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
 
-    def start(self, timeout: float = 180) -> RayCluster:
+    def start(self, timeout: float = 180, tries: int = 3) -> RayCluster:
+        """The head, then the workers; all again (new ports) when a node exits while starting:
+        a port picked free here can be taken by another process before the node binds it."""
+        for attempt in range(1, tries + 1):
+            try:
+                return self._start(timeout)
+            except NodeExited:
+                self.stop()
+                if attempt == tries:
+                    raise
+        return self
+
+    def _start(self, timeout: float) -> RayCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         (port,) = _free_ports(1)
         self.address = f"127.0.0.1:{port}"
@@ -145,12 +164,18 @@ class RayCluster:
     def _wait(self, ready, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            exited = [name for name, proc in self.procs.items() if proc.poll() is not None]
+            if exited:
+                raise NodeExited(f"private Ray cluster: node {exited[0]} exited while waiting for {what}"
+                                 f"{self._logs()}")
             if ready():
                 return
             time.sleep(0.5)
-        logs = "".join(f"\n--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"private Ray cluster: timed out waiting for {what} ({timeout:.0f} s){self._logs()}")
+
+    def _logs(self) -> str:
+        return "".join(f"\n--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
                        for p in sorted(self.dir.glob("*.out")))
-        raise RuntimeError(f"private Ray cluster: timed out waiting for {what} ({timeout:.0f} s){logs}")
 
     def stop(self) -> None:
         # Workers first, the head last: a worker outliving its head waits for it in vain.
