@@ -1,4 +1,4 @@
-"""A private Slurm cluster on this machine, for the tests and benchmarks/slurm_overhead.py.
+"""A private Slurm cluster on this machine, for the tests and benchmarks/engine_overhead.py.
 
 Debian's slurmctld/slurmd/munge packages, started as root with a config and a munge key of
 their own under a temporary folder (nothing in /etc is read or written; clients find the

@@ -1,16 +1,20 @@
-"""Seconds of harness + scheduler overhead per trial: through a real (private, one-node) Slurm
-cluster, one job per trial and one step per trial in a single allocation, against local
-trials, on a scripted stand-in train.py that sleeps its budget.
+"""Seconds of harness + engine overhead per trial, side by side in one run: local trials; a real
+(private, one-node) Slurm cluster, one job per trial and one step per trial in a single
+allocation; a real Ray cluster (a head and two worker nodes on this machine), one actor per
+trial; on a scripted stand-in train.py that sleeps its budget.
 
-    python benchmarks/slurm_overhead.py [--trials 4] [--sleep 1]
+    python benchmarks/engine_overhead.py [--trials 4] [--sleep 1]
 
 Each row is one night of ``autoloop run --proposer queue`` (a baseline and trials-1 queued
 candidates) in a fresh git repo; ``per trial`` = (night wall - trials x sleep) / trials, so it
 holds the harness (propose, commit, judge, ledger) and, for Slurm, either sbatch, the
 scheduler's start-up, submitit's pickles and the polling (``slurm jobs``), or srun's step
 creation inside one allocation (``slurm steps``: the night is ``salloc``'s command, and its
-wall includes getting the allocation once). Needs root and Debian's slurmctld, slurmd,
-slurm-client and munge (tests/slurm_cluster.py starts and ends the cluster).
+wall includes getting the allocation once), or, for Ray (``ray actors``), joining the cluster,
+the probe for a shared filesystem, and per trial an actor's creation, placement, a new worker
+process on the node and the polling. Needs root and Debian's slurmctld, slurmd, slurm-client
+and munge (tests/slurm_cluster.py starts and ends the cluster), and ray (tests/ray_cluster.py;
+its row is left out, said, without it). The clusters' own start-up is not in the figures.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import ray_cluster  # noqa: E402
 from slurm_cluster import SlurmCluster, missing_reason  # noqa: E402
 
 
@@ -62,6 +67,8 @@ def night(folder: Path, trials: int, sleep: float, executor: str, env: dict, pre
            "--command", f"{sys.executable} train.py", "--executor", executor]
     if executor == "slurm":
         cmd += ["--slurm-mode", mode]
+    if executor == "ray":
+        cmd += ["--gpus-per-trial", "1"]   # a stand-in GPU of a worker node: the trials never land on the head
     env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@autoloop.invalid",
            "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@autoloop.invalid", **env}
     t0 = time.monotonic()
@@ -70,7 +77,7 @@ def night(folder: Path, trials: int, sleep: float, executor: str, env: dict, pre
     ledger = repo / "results" / "ledger.jsonl"
     rows = ledger.read_text().splitlines() if ledger.exists() else []
     if proc.returncode != 0 or len(rows) != trials:
-        sys.exit(f"slurm_overhead: the {executor} night failed ({len(rows)} of {trials} trials recorded):\n"
+        sys.exit(f"engine_overhead: the {executor} night failed ({len(rows)} of {trials} trials recorded):\n"
                  + proc.stdout[-2000:] + proc.stderr[-2000:])
     return wall
 
@@ -82,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     reason = missing_reason()
     if reason:
-        sys.exit(f"slurm_overhead: {reason}")
+        sys.exit(f"engine_overhead: {reason}")
     cluster = SlurmCluster().start()
     walls: dict[str, float] = {}
     try:
@@ -95,11 +102,23 @@ def main() -> None:
     finally:
         cluster.stop()
         shutil.rmtree(cluster.dir, ignore_errors=True)
+    no_ray = ray_cluster.missing_reason()
+    if no_ray:
+        print(f"ray actors: left out ({no_ray})")
+    else:
+        ray = ray_cluster.RayCluster().start()
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                walls["ray actors"] = night(Path(tmp, "ray"), args.trials, args.sleep, "ray",
+                                            {"RAY_ADDRESS": ray.address, "PYTHONPATH": ray.env["PYTHONPATH"]})
+        finally:
+            ray.stop()
+            shutil.rmtree(ray.dir, ignore_errors=True)
     print(f"{'executor':11} {'trials':>6} {'night s':>8} {'per trial s':>12} {'overhead/trial s':>17}")
     for name, wall in walls.items():
         per = wall / args.trials
         print(f"{name:11} {args.trials:6d} {wall:8.1f} {per:12.2f} {per - args.sleep:17.2f}")
-    for name in ("slurm jobs", "slurm steps"):
+    for name in [n for n in walls if n != "local"]:
         print(f"{name} add {(walls[name] - walls['local']) / args.trials:.2f} s per trial over local")
 
 
