@@ -75,7 +75,11 @@ class RayCluster:
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.env = {**os.environ, "PYTHONPATH": path,
                     "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
-                    "RAY_health_check_initial_delay_ms": "1000", "RAY_USAGE_STATS_ENABLED": "0"}
+                    "RAY_health_check_initial_delay_ms": "1000", "RAY_USAGE_STATS_ENABLED": "0",
+                    # A ~/.ray/auth_token (left by any `ray.init()` that started a local cluster)
+                    # turns token authentication on for a new head, and the tests' clients, which
+                    # know no token, could no longer join: this private cluster takes none.
+                    "RAY_AUTH_MODE": "disabled"}
         self.env.pop("RAY_ADDRESS", None)
 
     def _node_args(self, name: str) -> list[str]:

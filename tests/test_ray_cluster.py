@@ -169,7 +169,7 @@ def test_doctor_lists_the_clusters_nodes_gpus_cpus_and_ray_versions(tmp_path, ti
     assert proc.returncode != 0 and "no node of the Ray cluster at " in proc.stdout, proc.stdout
 
 
-def executor_run(tmp_path: Path, script: str, timeout_s: float = 120, retries: int = 3):
+def executor_run(tmp_path: Path, script: str, timeout_s: float = 120, retries: int = 3, shared: bool | None = None):
     """Run one trial through RayExecutor in a thread; (thread, result holder, jobs, executor)."""
     from autoloop.execution.executors.ray_executor import RayExecutor
     from autoloop.execution.runner import RunSpec
@@ -179,7 +179,7 @@ def executor_run(tmp_path: Path, script: str, timeout_s: float = 120, retries: i
     (work / "train.py").write_text(script)
     spec = RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
                    budget_s=1, timeout_s=timeout_s, sample_interval_s=0.05, grace_s=2)
-    executor = RayExecutor(work, gpus=1, retries=retries, poll_s=0.2,
+    executor = RayExecutor(work, gpus=1, retries=retries, poll_s=0.2, shared=shared,
                            backoff=0.1)   # the waits between resubmissions: not this test's subject
     jobs: list[dict] = []
     result: list = []
@@ -198,6 +198,23 @@ def test_the_hard_timeout_ends_the_trial_on_its_node(tmp_path, cluster):
     assert classify(outcome).kind == "timeout"
     assert outcome.job["gpu_ids"] and outcome.job["node_id"], outcome.job
     assert not alive(int(marker.read_text())), "the trial outlived its timeout"
+    assert not live_actors(cluster.address)
+
+
+def test_without_a_shared_filesystem_the_work_tree_travels_and_the_log_comes_back(tmp_path, cluster):
+    """The working_dir way (chosen where a node does not see the work tree; asked for here, as
+    every node of this cluster sees it): the trial runs in the copy Ray unpacked on the node, and
+    its log and result come back in the actor's answer, written here."""
+    script = fake_train(0.7, "import os\nprint('cwd ' + os.getcwd(), flush=True)\n")
+    thread, result, jobs, executor = executor_run(tmp_path, script, shared=False)
+    thread.join(180)
+    assert result, "the executor never returned"
+    outcome = result[0]
+    assert outcome.metric == 0.7 and classify(outcome).kind == "ok", (outcome.launch_error, outcome.log_tail)
+    log = (tmp_path / "runs" / "1-1.log").read_text()
+    ran_in = re.search(r"^cwd (\S+)$", log, re.MULTILINE)
+    assert ran_in and "runtime_resources" in ran_in.group(1) and ran_in.group(1) != str(tmp_path / "ws"), log
+    assert outcome.log_path == tmp_path / "runs" / "1-1.log" and "val_bpb: 0.700000" in outcome.log_tail
     assert not live_actors(cluster.address)
 
 

@@ -15,8 +15,9 @@ started for the night by ``ray.init`` and stopped with it). How the code reaches
 chosen at start: a probe task on every node that can take a trial looks for a file written
 here into the work tree; where all see it, the filesystem is shared and the trial runs in the
 work tree itself; else the worktree goes along in Ray's runtime environment (``working_dir``),
-whose size Ray limits (checked at start, one line). Either way the outcome, the result's
-content and (without a shared filesystem) the log come back with the actor's answer.
+whose size Ray limits (checked at start, one line), uploaded per trial (:func:`ship`). Either
+way the outcome, the result's content and (without a shared filesystem) the log come back
+with the actor's answer.
 
 A worker node lost mid-trial (its raylet gone, the machine down) is the cluster's doing: the
 job's state says ``NODE_DIED`` and the trial is submitted again with the Slurm executor's
@@ -31,6 +32,7 @@ import functools
 import hashlib
 import logging
 import os
+import tempfile
 import threading
 import time
 import uuid
@@ -168,13 +170,34 @@ def _code_plan(root: str, gpus: int) -> tuple[bool, str]:
     nodes = [n for n in alive_nodes() if n["Resources"].get("GPU", 0) >= gpus]
     if nodes and nodes_share(Path(root), nodes):
         return True, f"the nodes share this filesystem ({len(nodes)} checked): trials run in the work tree"
-    size, limit = working_dir_size(Path(root)), working_dir_limit()
+    return False, check_working_dir(Path(root))
+
+
+def ship(work_tree: Path) -> str:
+    """The trial's work tree uploaded to the cluster's GCS as a package; its URI for the actor's
+    runtime environment. An actor's (or a task's) ``working_dir`` must be a URI: Ray uploads a
+    local directory only for a whole job (``ray.init``), which would freeze the code of the
+    first trial. So this is what ``ray.init`` does, per trial, through Ray's packaging module
+    (not a public API; Ray 2.9-2.60 have these two functions). Content-addressed: a tree
+    already there is not sent again."""
+    from ray._private.runtime_env import packaging
+
+    uri = str(packaging.get_uri_for_directory(str(work_tree), include_gitignore=True, excludes=list(EXCLUDED)))
+    packaging.upload_package_if_needed(uri, tempfile.gettempdir(), str(work_tree), include_gitignore=True,
+                                       excludes=list(EXCLUDED))
+    return uri
+
+
+def check_working_dir(root: Path) -> str:
+    """One line saying the work tree goes in Ray's runtime environment; ExecutorError (one line)
+    when it is over Ray's limit for a working_dir, which Ray would refuse at each trial."""
+    size, limit = working_dir_size(root), working_dir_limit()
     if size >= limit:
         raise ExecutorError(f"--executor ray: the nodes do not see {root}, and the work tree ({size >> 20} MiB "
                             f"without .git, results, worktrees) is over Ray's working_dir limit ({limit >> 20} "
                             "MiB): move large files out of it, or run on a shared filesystem")
-    return False, (f"the nodes do not see {root}: each trial's work tree goes in Ray's runtime environment "
-                   f"(working_dir, {size >> 20} MiB of {limit >> 20} MiB allowed)")
+    return (f"the nodes do not see {root}: each trial's work tree goes in Ray's runtime environment "
+            f"(working_dir, {size >> 20} MiB of {limit >> 20} MiB allowed)")
 
 
 class RayExecutor:
@@ -227,11 +250,11 @@ class RayExecutor:
         options: dict[str, Any] = {"name": name, "namespace": self.namespace, "lifetime": "detached",
                                    "num_gpus": self.gpus, "num_cpus": self.cpus, "max_restarts": 0,
                                    "max_concurrency": 4}
-        if not self.shared:
-            options["runtime_env"] = {"working_dir": str(spec.cwd), "excludes": list(EXCLUDED)}
         from autoloop.execution.executors.ray_node import TrialRunner
 
         try:
+            if not self.shared:
+                options["runtime_env"] = {"working_dir": ship(Path(spec.cwd))}
             actor = ray.remote(TrialRunner).options(**options).remote()
         except Exception as exc:  # Ray refused it (a bad runtime environment): like a launch failure
             return no_result_outcome(spec, started_at, t0, follower, info,
