@@ -363,9 +363,14 @@ class Settings(BaseModel):
         "failure, lost, past slurm_pending_timeout), after 30 s, 60 s, ... (up to 5m); not counted against the "
         "change (default {default})",
         metavar="N", ge=0, le=20)
+    max_cluster_ends: int = setting(
+        3, "slurm", "stop the night when the cluster ended this many trials in a row past their retries "
+        "(preempted, node failure, lost, queue limit: recorded as ended, never against the change), rather "
+        "than burn the queue (default {default})", metavar="N", run_only=True, ge=1)
     slurm_pending_timeout: float | None = setting(
         3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and submit it again "
-        "(slurm_retries), then record a crash, so that a stuck queue cannot hold the night (default {default}; "
+        "(slurm_retries), then record the trial as ended by the cluster, so that a stuck queue cannot hold the "
+        "night (default {default}; "
         "0: wait forever)",
         metavar="DURATION")
 

@@ -19,7 +19,9 @@ real subprocess per job on this machine, for tests and for trying a config) and 
 On the node, SIGTERM (scancel, the time limit, preemption) and SIGINT end the trial through
 run_process's stop event, so its process tree is ended, not orphaned, and the outcome still
 comes back. A job preempted or whose node failed is submitted again once (Slurm's own
-requeue is off): neither says anything of the trial.
+requeue is off): neither says anything of the trial. Past ``slurm_retries`` such an end is
+still the cluster's: the outcome's ``cluster_ended`` says so, and the attempt is recorded as
+``ended`` (not a crash, not a discard).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ T = TypeVar("T")
 
 # A trial the cluster ended (RESUBMIT) is submitted again, slurm_retries times (default 3), after
 # a wait that doubles from BACKOFF_S up to BACKOFF_MAX_S (a preempting job or a failed node is
-# seldom gone at once); one more such end is a crash.
+# seldom gone at once); one more such end is recorded as the cluster's (RunOutcome.cluster_ended).
 BACKOFF_S = 30.0
 BACKOFF_MAX_S = 300.0
 # Ends that say nothing of the candidate: the trial is submitted again, not blamed.
@@ -272,6 +274,10 @@ class SlurmExecutor:
             outcome = self._run_job(spec, on_progress, stop_event, on_start, on_job)
             stopped = stop_event is not None and stop_event.is_set()
             why = RESUBMIT.get(outcome.job.get("job_state", "").split(" ")[0])
+            if why is not None and not stopped and len(resubmitted) >= self.retries:
+                # Past the retries the end is still the cluster's: an end of its own, never the change's crash.
+                tries = f" (submitted {len(resubmitted) + 1} times)" if resubmitted else ""
+                outcome = outcome.model_copy(update={"cluster_ended": f"job {outcome.job['job_id']} {why}{tries}"})
             if why is None or stopped or len(resubmitted) >= self.retries:
                 break
             resubmitted.append(f"job {outcome.job['job_id']}: {outcome.job['job_state']}")
