@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,10 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
 from autoloop.execution.executors.slurm import (
+    BACKOFF_S,
     POLL_S,
     _for_the_node,
     _LogFollower,
     _quietly,
+    _set_aside_log,
+    backoff_s,
     no_result_outcome,
     nonce_digest,
     run_on_node,
@@ -49,7 +53,7 @@ from autoloop.execution.executors.slurm import (
     trusted_outcome,
 )
 from autoloop.execution.executors.slurm_gpus import gpus_asked
-from autoloop.execution.executors.slurm_state import TIMEOUT_S, wait_while_live
+from autoloop.execution.executors.slurm_state import LIVE, TIMEOUT_S, base_state, describe, read_job, wait_while_live
 from autoloop.execution.runner import RunOutcome, RunSpec
 
 if TYPE_CHECKING:
@@ -147,7 +151,8 @@ class SlurmStepExecutor:
     places_devices = True
 
     def __init__(self, folder: Path, srun_options: list[str], job_id: str, plan: str | None = None,
-                 poll_s: float = POLL_S, stop_grace_s: float = STOP_GRACE_S):
+                 poll_s: float = POLL_S, stop_grace_s: float = STOP_GRACE_S, retries: int = 3,
+                 backoff: float = BACKOFF_S):
         missing = [tool for tool in ("srun", "scancel") if shutil.which(tool) is None]
         if missing:
             raise ExecutorError(f"slurm steps: {' and '.join(missing)} not found on PATH")
@@ -157,6 +162,7 @@ class SlurmStepExecutor:
         self.plan = plan
         self.poll_s = poll_s
         self.stop_grace_s = stop_grace_s
+        self.retries, self.backoff_s = retries, backoff
 
     @classmethod
     def from_settings(cls, settings: Settings, root: Path,
@@ -169,11 +175,42 @@ class SlurmStepExecutor:
                                 "slurm_mode = \"jobs\"")
         folder = Path(settings.slurm_folder)
         options, plan = step_options(settings, environ)
-        return cls((folder if folder.is_absolute() else Path(root) / folder) / "steps", options, job_id, plan)
+        return cls((folder if folder.is_absolute() else Path(root) / folder) / "steps", options, job_id, plan,
+                   retries=settings.slurm_retries)
 
     def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
             on_job: OnJob | None = None) -> RunOutcome:
+        """The trial as a step; a step whose node failed is started again, ``retries`` times after a
+        growing wait, as a job per trial is submitted again (slurm.SlurmExecutor.run): the step
+        lands on a node the allocation still has (an allocation made with ``--no-kill`` keeps the
+        others when one fails). Past the retries, or when the allocation itself is gone, the end
+        is the cluster's (``cluster_ended``), never the change's crash."""
+        resubmitted: list[str] = []
+        while True:
+            outcome = self._run_step(spec, on_progress, stop_event, on_start, on_job)
+            stopped = stop_event is not None and stop_event.is_set()
+            why = outcome.job.pop("cluster_end", None)
+            if why is None or stopped:
+                break
+            allocation_gone = why.startswith("lost its allocation")
+            if allocation_gone or len(resubmitted) >= self.retries:
+                tries = f" (started {len(resubmitted) + 1} times)" if resubmitted else ""
+                outcome = outcome.model_copy(update={"cluster_ended": f"step {outcome.job['job_id']} {why}{tries}"})
+                break
+            resubmitted.append(f"step {outcome.job['job_id']}: {why}")
+            wait = backoff_s(len(resubmitted), self.backoff_s)
+            _set_aside_log(spec.log_path, str(outcome.job["job_id"]), why, wait)
+            if stop_event is not None and stop_event.wait(wait):
+                break
+            if stop_event is None:
+                time.sleep(wait)
+        if resubmitted:
+            outcome = outcome.model_copy(update={"job": {**outcome.job, "resubmitted": resubmitted}})
+        return outcome
+
+    def _run_step(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
+                  on_start: OnStart | None, on_job: OnJob | None) -> RunOutcome:
         spec, _token = _for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -189,8 +226,10 @@ class SlurmStepExecutor:
         follower = _LogFollower(spec.log_path)
         info: dict[str, Any] = {"executor": self.name, "cluster": "steps", "job_id": self.job_id,
                                 "job_stdout": str(files["out"])}
+        srun_said = files["out"].with_suffix(".srun")
+        said_from = srun_said.stat().st_size if srun_said.exists() else 0   # this step's words only
         try:
-            with open(files["out"].with_suffix(".srun"), "ab") as said:   # srun's own words (waiting, errors)
+            with open(srun_said, "ab") as said:   # srun's own words (waiting, errors)
                 srun = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=said, stderr=said,
                                         start_new_session=True)
         except OSError as exc:
@@ -224,8 +263,11 @@ class SlurmStepExecutor:
             info["job_id"] = step
         data = _read_outcome(files["outcome.json"])
         if data is None:
-            last = _last_line(files["out"].with_suffix(".srun")) or _last_line(files["out"])
+            last = _last_line(srun_said) or _last_line(files["out"])
             error = f"step {info['job_id']} ended without a trial outcome (srun exit {srun.returncode}): {last}"
+            lost = None if stopped else self._lost(srun_said, said_from, _read_node(files["step"]))
+            if lost is not None:
+                info["cluster_end"] = lost   # run() starts it again, or says the cluster ended it
             return no_result_outcome(spec, started_at, t0, follower, info, job_error=None if stopped else error,
                                      stopped=stopped, note=error)
         node_signal = data.pop("node_signal", None)
@@ -240,6 +282,50 @@ class SlurmStepExecutor:
         return outcome.model_copy(update=update)
 
 
+    def _lost(self, said: Path, said_from: int, node: str | None) -> str | None:
+        """Why a step that gave no outcome was the cluster's doing, or None (the trial's own end):
+        srun says its node failed (``srun: error: Node failure on gpu07``), the node it ran on is
+        down now, or the allocation itself has ended."""
+        text = ""
+        with contextlib.suppress(OSError):
+            text = said.read_bytes()[said_from:].decode(errors="replace")
+        found = _NODE_FAILURE.search(text)
+        if found:
+            return f"lost its node {found[1]} (NODE_FAIL)"
+        state = node_state(node) if node else ""
+        if any(word in state for word in _NODE_DOWN):
+            return f"lost its node {node} ({state})"
+        info = read_job(self.job_id)
+        if info and base_state(info) not in LIVE:
+            return f"lost its allocation {self.job_id} ({describe(info)})"
+        return None
+
+
+# srun's own line when a node of the step fails (src/srun: "Node failure on %s").
+_NODE_FAILURE = re.compile(r"Node failure on (\S+)")
+# Node states (scontrol's, upper case, with flags such as DOWN+NOT_RESPONDING) that lose a step.
+_NODE_DOWN = ("DOWN", "FAIL", "NOT_RESPONDING")
+
+
+def node_state(node: str) -> str:
+    """scontrol's State of a node (``DOWN+NOT_RESPONDING``, ``IDLE``, ...); "" when it did not answer."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    found = re.search(r"\bState=(\S+)", proc.stdout) if proc.returncode == 0 else None
+    return found[1].upper() if found else ""
+
+
+def _read_node(path: Path) -> str | None:
+    """The node the step ran on, as its task wrote it after the step id (main())."""
+    with contextlib.suppress(OSError):
+        parts = path.read_text().split()
+        return parts[1] if len(parts) > 1 else None
+    return None
+
+
 def _scancel(*argv: str) -> bool:
     try:
         return subprocess.run(["scancel", *argv], capture_output=True, timeout=30).returncode == 0
@@ -249,8 +335,8 @@ def _scancel(*argv: str) -> bool:
 
 def _read_step(path: Path) -> str | None:
     with contextlib.suppress(OSError):
-        text = path.read_text().strip()
-        return text or None
+        parts = path.read_text().split()
+        return parts[0] if parts else None
     return None
 
 
@@ -328,7 +414,9 @@ def main(argv: list[str]) -> int:
     """In the step: run the trial (run_on_node) and write its outcome where the orchestrator reads it."""
     spec_path, outcome_path, step_path = (Path(a) for a in argv)
     # The step id first: the orchestrator needs it to stop the step with a signal its task catches.
-    step_path.write_text(f"{os.environ.get('SLURM_JOB_ID', '?')}.{os.environ.get('SLURM_STEP_ID', '?')}\n")
+    # Its node after it: a step that gave no outcome is told from a lost node by that node's state.
+    step_path.write_text(f"{os.environ.get('SLURM_JOB_ID', '?')}.{os.environ.get('SLURM_STEP_ID', '?')} "
+                         f"{os.environ.get('SLURMD_NODENAME', '?')}\n")
     data = run_on_node(spec_path.read_text())
     tmp = outcome_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
