@@ -21,7 +21,7 @@ import pytest
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, loop_env, queue_file
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
-from test_slurm_cluster import fake_train, hang_train, releasable_train, together_train, wait_for
+from test_slurm_cluster import TWO_NODE_TRAIN, fake_train, hang_train, releasable_train, together_train, wait_for
 
 from autoloop.config.settings import Settings
 from autoloop.execution.executors.slurm_steps import step_options, wants_steps
@@ -131,6 +131,10 @@ def test_steps_share_the_allocations_cpus_and_memory_between_the_workers():
     argv, _ = step_options(settings.model_copy(update={"slurm_options": {"mem": "60G"}}),
                            {**env, "SLURM_STEP_ID": "0", "SLURM_CPUS_ON_NODE": "1", "SLURM_JOB_CPUS_PER_NODE": "65"})
     assert {"--cpus-per-task=8", "--mem=60G"} <= set(argv), argv
+    # A trial over two nodes of the allocation: one task per node, each its node's share.
+    argv, plan = step_options(settings.model_copy(update={"nodes_per_trial": 2, "workers": 2}), env)
+    assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32"} <= set(argv), argv
+    assert "1 GPU (the allocation has 8 on its node), 32 CPU(s) on each of 2 nodes; 2 at once" in plan, plan
     assert wants_steps(settings, env) and not wants_steps(settings, {})
     assert not wants_steps(settings.model_copy(update={"slurm_mode": "jobs"}), env)
 
@@ -293,3 +297,40 @@ def test_a_step_whose_node_fails_is_started_again_on_a_node_the_allocation_keeps
     assert outcome.job["job_id"] == jobs[1]["job_id"] != jobs[0]["job_id"], jobs
     kept = outcome.log_path.with_name(f"{outcome.log_path.stem}.job-{jobs[0]['job_id']}.log")
     assert f"lost its node {down} (NODE_FAIL); the trial is submitted again" in kept.read_text()
+
+
+def test_a_trial_spans_two_nodes_of_the_allocation_as_one_step(tmp_path, cluster, monkeypatch):
+    """nodes_per_trial 2 in steps mode: one step, a task on each of two nodes of the allocation,
+    whose launchers meet at the step's first node; the first node's share is the trial."""
+    from autoloop.execution.executors.slurm_steps import SlurmStepExecutor
+    from autoloop.execution.runner import RunSpec
+
+    holder = subprocess.Popen(["salloc", "-p", "multi", "--nodes=2", "--ntasks=2", "--cpus-per-task=1",
+                               "--time=10", "sleep", "300"], env={**os.environ, **cluster.env},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for("the allocation", lambda: len(cluster.queue()) == 1 and "RUNNING" in cluster.run(
+            "scontrol", "show", "job", cluster.queue()[0]), 120)
+        (job_id,) = cluster.queue()
+        for key, value in {**cluster.env, "SLURM_JOB_ID": job_id}.items():
+            monkeypatch.setenv(key, value)
+        work = tmp_path / "ws"
+        work.mkdir()
+        (work / "train.py").write_text(TWO_NODE_TRAIN)
+        spec = RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
+                       budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
+        settings = Settings(executor="slurm", nodes_per_trial=2, device="cpu")
+        executor = SlurmStepExecutor.from_settings(settings, tmp_path, {"SLURM_JOB_ID": job_id,
+                                                                        "SLURM_JOB_CPUS_PER_NODE": "1(x2)"})
+        assert "on each of 2 nodes" in (executor.plan or ""), executor.plan
+        jobs: list[dict] = []
+        outcome = executor.run(spec, on_job=jobs.append)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+    assert outcome.metric == 3.0 and outcome.exit_code == 0, outcome   # ranks 1 + 2, all-reduced over both nodes
+    log = outcome.log_path.read_text()
+    ranks = re.search(r"ranks on \d+@(\S+),\d+@(\S+)", log)
+    assert ranks and {ranks[1], ranks[2]} == {cluster.node, cluster.node2}, log   # one share on each node
+    second = outcome.log_path.with_name(f"{outcome.log_path.stem}.node1.log")   # the other node's share
+    assert second.exists() and "val_bpb" not in second.read_text()
+    assert re.fullmatch(rf"{job_id}\.\d+", jobs[0]["job_id"]), jobs

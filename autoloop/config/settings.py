@@ -335,7 +335,8 @@ class Settings(BaseModel):
         None, "slurm", "deprecated: the same as --gpus-per-trial", metavar="N", ge=0,
         default_text="--gpus-per-trial when given, else 1 where the partition has GPUs (sinfo's GRES), else 0")
     nodes_per_trial: int = setting(
-        1, "slurm", "nodes per trial job; above 1, torchrun on each node meets at the allocation's first node",
+        1, "slurm", "nodes per trial (its job's, or its step's inside an allocation); above 1, torchrun on each node "
+        "meets at the first node's",
         metavar="M", ge=1)
     slurm_time_limit: float | None = setting(
         None, "slurm", "the job's time limit, e.g. 20m", metavar="DURATION",

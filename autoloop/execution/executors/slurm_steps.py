@@ -87,9 +87,7 @@ def step_options(settings: Settings, environ: Mapping[str, str]) -> tuple[list[s
     from slurm_options, else the allocation's ``--mem`` shared likewise (a step asks for all of
     it otherwise, and on a site that counts memory the second step would wait for the first).
     """
-    if settings.nodes_per_trial != 1:
-        raise ExecutorError("slurm steps: nodes_per_trial above 1 is for one job per trial "
-                            "(slurm_mode = \"jobs\"); a step of the allocation runs on one node")
+    nodes = max(1, settings.nodes_per_trial)
     workers = max(1, settings.workers)
     asked = gpus_asked(settings)
     on_node = allocation_gpus(environ)
@@ -107,7 +105,9 @@ def step_options(settings: Settings, environ: Mapping[str, str]) -> tuple[list[s
     cpus = opts.get("cpus_per_task")
     if cpus is None and "cpus_per_gpu" not in opts:
         cpus = max(1, (_int(environ.get("SLURM_JOB_CPUS_PER_NODE")) - own) // workers)
-    argv = ["--exact", "--nodes=1", "--ntasks=1", f"--time={time_limit_minutes(settings)}"]
+    # Over several nodes: one task per node, each starting its node's share (slurm_gpus.this_node).
+    argv = ["--exact", f"--nodes={nodes}", f"--ntasks={nodes}", *(["--ntasks-per-node=1"] if nodes > 1 else []),
+            f"--time={time_limit_minutes(settings)}"]
     if cpus is not None:
         argv.append(f"--cpus-per-task={cpus}")
     if gpus:
@@ -119,8 +119,9 @@ def step_options(settings: Settings, environ: Mapping[str, str]) -> tuple[list[s
         if key in opts and key != "cpus_per_task":
             argv.append(f"--{key.replace('_', '-')}={opts[key]}")
     cpus_said = f"{cpus} CPU(s)" if cpus is not None else f"{opts['cpus_per_gpu']} CPU(s) per GPU"
+    where = f" on each of {nodes} nodes" if nodes > 1 else ""
     plan = (f"slurm: each trial is a step of allocation {inside_allocation(environ)} (srun --exact, no queue): "
-            f"{why}, {cpus_said}; {workers} at once")
+            f"{why}, {cpus_said}{where}; {workers} at once")
     return argv, plan
 
 
@@ -163,6 +164,8 @@ class SlurmStepExecutor:
         self.poll_s = poll_s
         self.stop_grace_s = stop_grace_s
         self.retries, self.backoff_s = retries, backoff
+        nodes = next((o.split("=", 1)[1] for o in srun_options if o.startswith("--nodes=")), "1")
+        self.nodes = int(nodes) if nodes.isdigit() else 1
 
     @classmethod
     def from_settings(cls, settings: Settings, root: Path,
@@ -221,7 +224,7 @@ class SlurmStepExecutor:
         files["spec.json"].write_text(spec.model_dump_json())
         argv = ["srun", *self.srun_options, f"--job-name=autoloop-{name}", f"--output={files['out']}",
                 sys.executable, "-m", "autoloop.execution.executors.slurm_steps",
-                str(files["spec.json"]), str(files["outcome.json"]), str(files["step"])]
+                str(files["spec.json"]), str(files["outcome.json"]), str(files["step"]), str(self.nodes)]
         started_at, t0 = time.time(), time.monotonic()
         follower = _LogFollower(spec.log_path)
         info: dict[str, Any] = {"executor": self.name, "cluster": "steps", "job_id": self.job_id,
@@ -411,13 +414,25 @@ def collect_finished_step(job: dict[str, Any]) -> RunOutcome | None:
 
 
 def main(argv: list[str]) -> int:
-    """In the step: run the trial (run_on_node) and write its outcome where the orchestrator reads it."""
-    spec_path, outcome_path, step_path = (Path(a) for a in argv)
-    # The step id first: the orchestrator needs it to stop the step with a signal its task catches.
-    # Its node after it: a step that gave no outcome is told from a lost node by that node's state.
-    step_path.write_text(f"{os.environ.get('SLURM_JOB_ID', '?')}.{os.environ.get('SLURM_STEP_ID', '?')} "
-                         f"{os.environ.get('SLURMD_NODENAME', '?')}\n")
-    data = run_on_node(spec_path.read_text())
+    """In the step (each of its tasks, one per node): run the trial, or this node's share of it
+    (run_on_node), and, on the first node, write its outcome where the orchestrator reads it."""
+    spec_path, outcome_path, step_path = (Path(a) for a in argv[:3])
+    nodes = int(argv[3]) if len(argv) > 3 else 1
+    env = os.environ
+    job, step = env.get("SLURM_JOB_ID", "?"), env.get("SLURM_STEP_ID", "?")
+    first = env.get("SLURM_PROCID", "0") == "0"   # one task per node: the task's rank is its node's
+    if first:
+        # The step id first: the orchestrator needs it to stop the step with a signal its task catches.
+        # Its node after it: a step that gave no outcome is told from a lost node by that node's state.
+        step_path.write_text(f"{job}.{step} {env.get('SLURMD_NODENAME', '?')}\n")
+    # This node's place among the step's nodes (not the allocation's), and a rendezvous port of
+    # the step's own: two trials' steps may start on one first node.
+    where = {"SLURM_NODEID": env.get("SLURM_PROCID", "0"),
+             "SLURM_JOB_NODELIST": env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""),
+             "SLURM_JOB_ID": f"{job}{step.zfill(4)}"}
+    data = run_on_node(spec_path.read_text(), nodes=nodes, environ=where)
+    if not first:
+        return 0   # the first node's share is the trial (its log, its result)
     tmp = outcome_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(outcome_path)   # whole or absent: never half an outcome
