@@ -441,6 +441,25 @@ def test_resume_says_when_the_orphaned_job_had_ended(tmp_path, cluster):
     assert said == f"slurm job {done} of the interrupted trial had ended (COMPLETED); nothing to cancel"
 
 
+def test_waiting_for_an_orphaned_job_ends_at_its_end_its_bound_or_a_stop(tmp_path, cluster):
+    from autoloop.execution.executors import wait_for_job
+
+    live = cluster.run("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    job = {"executor": "slurm", "cluster": "slurm", "job_id": live, "folder": str(tmp_path)}
+    heard: list[str] = []
+    wait_for("the job to run", lambda: "RUNNING" in cluster.run("scontrol", "show", "job", live))
+    assert not wait_for_job(job, time.time() + 1, on_progress=heard.append)   # past its bound: the caller cancels
+    assert heard == [f"slurm job {live} RUNNING"], heard
+    stop = threading.Event()
+    stop.set()
+    assert not wait_for_job(job, time.time() + 300, stop_event=stop)   # Ctrl-C: the caller cancels
+    assert live in cluster.queue()   # waiting never cancels by itself
+    cluster.run("scancel", live)
+    assert wait_for_job(job, time.time() + 120)   # its end, whatever it was: the caller collects
+    assert not wait_for_job({**job, "executor": "ray"}, time.time() + 120)   # not this engine's
+    assert not wait_for_job({**job, "cluster": "local"}, time.time() + 120)   # submitit's local jobs: cancelled
+
+
 # Each rank adds its rank + 1 over gloo, so the metric says how many joined (1 + 2 = 3 for two);
 # rank 0 reports it with the node each rank ran on, as Slurm numbered them.
 TWO_NODE_TRAIN = """\
