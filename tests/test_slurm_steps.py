@@ -274,7 +274,8 @@ def test_a_step_whose_node_fails_is_started_again_on_a_node_the_allocation_keeps
         result: list = []
         thread = threading.Thread(target=lambda: result.append(executor.run(spec, on_job=jobs.append)), daemon=True)
         thread.start()
-        wait_for("the first step to run", lambda: runs.exists() and nodes.exists() and nodes.read_text().strip())
+        # Its node known and its step announced (state.json would name it) before the node goes down.
+        wait_for("the first step to run", lambda: nodes.exists() and nodes.read_text().strip() and len(jobs) == 1)
         down = nodes.read_text().split()[0]
         cluster.run("scontrol", "update", f"nodename={down}", "state=down", "reason=autoloop-test")
         thread.join(180)
