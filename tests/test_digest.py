@@ -169,3 +169,32 @@ def test_thousands_of_kept_changes_under_a_small_bound_name_the_latest_and_say_s
     match = re.search(r"\(and (\d+) earlier ones not listed here: see results/results.tsv\)", kept)
     named = [int(t) for t in re.findall(r"\b(\d+)\b", kept.split("\n", 2)[2][:match.start() - len(kept)])]
     assert named == kept_trials(records)[-len(named):] and int(match.group(1)) + len(named) == 3333
+
+
+def test_a_trial_the_cluster_ended_is_no_verdict_on_the_change():
+    """Status ``ended`` (the cluster kept ending the trial's job past its retries): the proposer
+    reads no failure of its change, the trial counts as interrupted (Optuna asks it again), and
+    the cluster's count has it; results.tsv leaves it out."""
+    from autoloop.core.keep import cluster_ended
+    from autoloop.observe.console import format_verdict
+    from autoloop.proposers.outcomes import proposer_yields, trial_outcomes
+    from autoloop.store import queries
+    from autoloop.store.ledger import tsv_row
+
+    records = synthetic_night(1)
+    base = records[0].commit
+    decision = cluster_ended("job 12 was preempted (submitted 4 times)", (base, 2.5), (base, 2.5))
+    assert (decision.status, decision.crash, decision.best) == ("ended", None, (base, 2.5))
+    ended = LedgerRecord(trial=1, started_at=1_700_000_400.0, ended_at=1_700_000_700.0, proposer="agent",
+                         parent=base, commit="c" * 40, description="SwiGLU", status=decision.status,
+                         reason=decision.reason, best=base, best_metric=2.5, extra={"resubmitted": ["job 11: x"] * 3})
+    records.append(ended)
+    digest = research_digest(records)
+    assert "#1 ended by the cluster, no verdict on the change - «SwiGLU»" in digest, digest
+    assert "Crashes" not in digest
+    assert trial_outcomes(records)[1].status == "interrupted"
+    assert proposer_yields(records)["agent"].failed == 0
+    assert queries.cluster_ended(records) == 4 and queries.ended_in_a_row(records) == 1
+    assert queries.was_interrupted(ended) and tsv_row(ended) is None
+    assert format_verdict("#1", ended, 2.5) == ("#1 SwiGLU: ended by the cluster, not by the change: job 12 was "
+                                           "preempted (submitted 4 times)")

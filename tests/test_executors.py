@@ -275,8 +275,8 @@ def stuck_queue(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("QUEUE_WAIT_S", "120")
 
 
-def test_a_job_pending_past_the_limit_is_cancelled_and_a_crash(tmp_path, stuck_queue):
-    # retries=0: no resubmission (tests/test_slurm_cluster.py has the one before the crash).
+def test_a_job_pending_past_the_limit_is_cancelled_and_ended_by_the_cluster(tmp_path, stuck_queue):
+    # retries=0: no resubmission (tests/test_slurm_cluster.py has the one before the end).
     executor = SlurmExecutor("local", tmp_path / "results" / "slurm", {"time": 5, "gpus_per_node": 0}, poll_s=0.1,
                              pending_timeout_s=2, retries=0)
     spec = spec_for(tmp_path, REPORT)
@@ -289,6 +289,8 @@ def test_a_job_pending_past_the_limit_is_cancelled_and_a_crash(tmp_path, stuck_q
     assert verdict.reason == (f"job {jobs[0]['job_id']} still waiting in the queue after 2s (state RUNNING; "
                               "slurm_pending_timeout): cancelled"), verdict.reason
     assert "slurm_pending_timeout" in spec.log_path.read_text()    # the evidence, in the trial's log
+    # The queue's doing, not the change's: the engine records it as ended, not as this crash.
+    assert outcome.cluster_ended == f"job {jobs[0]['job_id']} waited in the queue past slurm_pending_timeout"
     controller = jobs[0]["pid"]
     assert not psutil.pid_exists(controller) or psutil.Process(controller).status() == psutil.STATUS_ZOMBIE
 

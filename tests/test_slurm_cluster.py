@@ -195,7 +195,7 @@ def test_a_preempted_trial_is_submitted_again_once(tmp_path, cluster):
     assert "was preempted; the trial is submitted again" in kept.read_text()
 
 
-def test_a_trial_preempted_past_its_retries_is_a_crash_with_slurms_reason(tmp_path, cluster):
+def test_a_trial_preempted_past_its_retries_is_ended_by_the_cluster_with_slurms_reason(tmp_path, cluster):
     runs = tmp_path / "runs.txt"
     thread, result, jobs = executor_run(tmp_path, counting_train(runs, hang_runs=2), retries=1)
     wait_for("the job to start", lambda: runs_of(runs) == 1)
@@ -207,8 +207,8 @@ def test_a_trial_preempted_past_its_retries_is_a_crash_with_slurms_reason(tmp_pa
     outcome = result[0]
     assert len(jobs) == 2 and outcome.job["job_id"] == jobs[1]["job_id"], jobs
     assert outcome.job_error and "PREEMPTED" in outcome.job_error and jobs[1]["job_id"] in outcome.job_error
-    verdict = classify(outcome)
-    assert verdict.kind == "fundamental" and "PREEMPTED" in verdict.reason, verdict
+    # Still the cluster's end: the engine records it as ended, never as the change's crash.
+    assert outcome.cluster_ended == f"job {jobs[1]['job_id']} was preempted (submitted 2 times)", outcome
     assert len(outcome.job["resubmitted"]) == 1
 
 
@@ -229,6 +229,36 @@ def test_a_trial_whose_node_goes_down_is_submitted_again_not_blamed(tmp_path, cl
     assert said.startswith(f"job {jobs[0]['job_id']}: NODE_FAIL"), said   # the cluster's word for the first end
     kept = outcome.log_path.with_name(f"{outcome.log_path.stem}.job-{jobs[0]['job_id']}.log")
     assert "lost its node (NODE_FAIL); the trial is submitted again" in kept.read_text()
+
+
+def test_a_night_stops_when_the_cluster_keeps_ending_its_trials_and_blames_no_change(tmp_path, tiny_data_dir,
+                                                                                      cluster):
+    repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
+    first = autoloop(repo, *night(), data_dir=tiny_data_dir)   # the baseline, then no more ideas
+    assert first.returncode == 0, first.stdout + first.stderr
+    for n, value in enumerate((0.9, 0.8, 0.7), 1):
+        queue_file(repo, f"0{n}_better.py", fake_train(value), f"better {n}")
+    blocker = cluster.run("sbatch", "--parsable", "-c", "2", "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    try:
+        wait_for("the blocker to hold the node", lambda: "RUNNING" in cluster.run("scontrol", "show", "job", blocker))
+        # Every trial's job waits past the queue's limit and is not submitted again (retries 0).
+        proc = autoloop(repo, *night("--resume", "--slurm-pending-timeout", "2s", "--slurm-retries", "0",
+                                     "--max-cluster-ends", "2"), data_dir=tiny_data_dir)
+    finally:
+        cluster.run("scancel", blocker)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("stopped: the cluster ended 2 trials in a row (preempted, node failure, lost, queue limit; "
+            "--max-cluster-ends 2)") in proc.stdout, proc.stdout
+    ledger = assert_invariants(repo)
+    tried = [r for r in ledger if r["description"].startswith("better")]
+    assert [r["status"] for r in tried] == ["ended", "ended"] and [r["crash"] for r in tried] == [None, None], tried
+    assert all(r["reason"].startswith("ended by the cluster, not by the change: job ") and
+               "waited in the queue past slurm_pending_timeout" in r["reason"] for r in tried), tried
+    assert all(r["best"] == ledger[0]["commit"] for r in tried)   # the best unmoved
+    assert "better" not in (repo / "results" / "results.tsv").read_text()   # nothing measured, nothing judged
+    status = autoloop(repo, "status", data_dir=tiny_data_dir)
+    assert "cluster ended 2 jobs (preempted, node failure, lost, queue limit)" in status.stdout, status.stdout
+    assert "crash" not in status.stdout, status.stdout
 
 
 def test_slurms_own_time_limit_is_a_timeout_with_its_reason(tmp_path, cluster):
@@ -256,7 +286,7 @@ def test_a_job_pending_too_long_is_cancelled_and_recorded(tmp_path, cluster):
     thread.join(120)
     assert result, "the executor never returned"
     outcome = result[0]
-    # The queue's doing: submitted again once (retries=1), then a crash naming the wait.
+    # The queue's doing: submitted again once (retries=1), then ended by the cluster, naming the wait.
     assert len(jobs) == 2 and len(outcome.job["resubmitted"]) == 1, (jobs, outcome.job)
     assert outcome.job["resubmitted"][0] == f"job {jobs[0]['job_id']}: PENDING_LIMIT", outcome.job
     assert outcome.job_error and "still waiting in the queue after 3s" in outcome.job_error, outcome
@@ -409,6 +439,25 @@ def test_resume_says_when_the_orphaned_job_had_ended(tmp_path, cluster):
     wait_for("the job to end", lambda: done not in cluster.queue(), 60)
     said = cancel_job({"executor": "slurm", "cluster": "slurm", "job_id": done, "folder": str(tmp_path)})
     assert said == f"slurm job {done} of the interrupted trial had ended (COMPLETED); nothing to cancel"
+
+
+def test_waiting_for_an_orphaned_job_ends_at_its_end_its_bound_or_a_stop(tmp_path, cluster):
+    from autoloop.execution.executors import wait_for_job
+
+    live = cluster.run("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    job = {"executor": "slurm", "cluster": "slurm", "job_id": live, "folder": str(tmp_path)}
+    heard: list[str] = []
+    wait_for("the job to run", lambda: "RUNNING" in cluster.run("scontrol", "show", "job", live))
+    assert not wait_for_job(job, time.time() + 1, on_progress=heard.append)   # past its bound: the caller cancels
+    assert heard == [f"slurm job {live} RUNNING"], heard
+    stop = threading.Event()
+    stop.set()
+    assert not wait_for_job(job, time.time() + 300, stop_event=stop)   # Ctrl-C: the caller cancels
+    assert live in cluster.queue()   # waiting never cancels by itself
+    cluster.run("scancel", live)
+    assert wait_for_job(job, time.time() + 120)   # its end, whatever it was: the caller collects
+    assert not wait_for_job({**job, "executor": "ray"}, time.time() + 120)   # not this engine's
+    assert not wait_for_job({**job, "cluster": "local"}, time.time() + 120)   # submitit's local jobs: cancelled
 
 
 # Each rank adds its rank + 1 over gloo, so the metric says how many joined (1 + 2 = 3 for two);

@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -20,7 +21,7 @@ import pytest
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, loop_env, queue_file
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
-from test_slurm_cluster import fake_train, hang_train, releasable_train, together_train, wait_for
+from test_slurm_cluster import TWO_NODE_TRAIN, fake_train, hang_train, releasable_train, together_train, wait_for
 
 from autoloop.config.settings import Settings
 from autoloop.execution.executors.slurm_steps import step_options, wants_steps
@@ -130,6 +131,10 @@ def test_steps_share_the_allocations_cpus_and_memory_between_the_workers():
     argv, _ = step_options(settings.model_copy(update={"slurm_options": {"mem": "60G"}}),
                            {**env, "SLURM_STEP_ID": "0", "SLURM_CPUS_ON_NODE": "1", "SLURM_JOB_CPUS_PER_NODE": "65"})
     assert {"--cpus-per-task=8", "--mem=60G"} <= set(argv), argv
+    # A trial over two nodes of the allocation: one task per node, each its node's share.
+    argv, plan = step_options(settings.model_copy(update={"nodes_per_trial": 2, "workers": 2}), env)
+    assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32"} <= set(argv), argv
+    assert "1 GPU (the allocation has 8 on its node), 32 CPU(s) on each of 2 nodes; 2 at once" in plan, plan
     assert wants_steps(settings, env) and not wants_steps(settings, {})
     assert not wants_steps(settings.model_copy(update={"slurm_mode": "jobs"}), env)
 
@@ -229,3 +234,104 @@ def test_resume_after_kill_9_reattaches_to_the_orphaned_step_and_takes_its_resul
     better = [r for r in assert_invariants(repo) if r["description"] == "better"]
     assert len(better) == 1 and better[0]["status"] == "keep" and better[0]["metric"] == 0.9, better
     assert better[0]["extra"]["collected"] and better[0]["extra"]["job_id"] == step, better[0]
+
+
+def node_train(runs: Path, nodes: Path) -> str:
+    """Counts its runs and notes the node of each (the step's SLURMD_NODENAME); the first hangs."""
+    return fake_train(0.8, f"import os, pathlib, time\np = pathlib.Path({str(runs)!r})\n"
+                           "n = len(p.read_text()) if p.exists() else 0\np.write_text('x' * (n + 1))\n"
+                           f"with open({str(nodes)!r}, 'a') as f: f.write(os.environ['SLURMD_NODENAME'] + '\\n')\n"
+                           "if n < 1: time.sleep(300)\n")
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_step_whose_node_fails_is_started_again_on_a_node_the_allocation_keeps(tmp_path, cluster, monkeypatch,
+                                                                                 retries):
+    """retries 1: started again, its result the trial's; retries 0: the cluster's end, not a crash."""
+    from autoloop.execution.executors.slurm_steps import SlurmStepExecutor
+    from autoloop.execution.runner import RunSpec
+
+    runs, nodes = tmp_path / "runs.txt", tmp_path / "nodes.txt"
+    # Two nodes, --no-kill: the allocation outlives one of them (as a site's night over several nodes).
+    holder = subprocess.Popen(["salloc", "--no-kill", "-p", "multi", "--nodes=2", "--ntasks=2", "--cpus-per-task=1",
+                               "--time=10", "sleep", "300"], env={**os.environ, **cluster.env},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    down = None
+    try:
+        wait_for("the allocation", lambda: len(cluster.queue()) == 1 and "RUNNING" in cluster.run(
+            "scontrol", "show", "job", cluster.queue()[0]), 120)
+        (job_id,) = cluster.queue()
+        for key, value in {**cluster.env, "SLURM_JOB_ID": job_id}.items():
+            monkeypatch.setenv(key, value)   # srun finds the allocation as inside salloc's shell
+        work = tmp_path / "ws"
+        work.mkdir()
+        (work / "train.py").write_text(node_train(runs, nodes))
+        spec = RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
+                       budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
+        executor = SlurmStepExecutor(tmp_path / "steps", ["--exact", "--nodes=1", "--ntasks=1", "--cpus-per-task=1"],
+                                     job_id, poll_s=0.2, retries=retries, backoff=0.1)
+        jobs: list[dict] = []
+        result: list = []
+        thread = threading.Thread(target=lambda: result.append(executor.run(spec, on_job=jobs.append)), daemon=True)
+        thread.start()
+        # Its node known and its step announced (state.json would name it) before the node goes down.
+        wait_for("the first step to run", lambda: nodes.exists() and nodes.read_text().strip() and len(jobs) == 1)
+        down = nodes.read_text().split()[0]
+        cluster.run("scontrol", "update", f"nodename={down}", "state=down", "reason=autoloop-test")
+        thread.join(180)
+    finally:
+        if down is not None:
+            cluster.run("scontrol", "update", f"nodename={down}", "state=resume", check=False)
+        os.killpg(holder.pid, signal.SIGKILL)   # the fixture's drain ends the allocation
+    assert result, "the executor never returned"
+    outcome = result[0]
+    if retries == 0:
+        assert nodes.read_text().split() == [down] and len(jobs) == 1, jobs
+        assert outcome.cluster_ended == f"step {jobs[0]['job_id']} lost its node {down} (NODE_FAIL)", outcome
+        assert outcome.metric is None and "resubmitted" not in outcome.job
+        return
+    first, second = nodes.read_text().split()
+    assert first == down and second != down, (first, second)   # started again where the allocation still is
+    assert outcome.job_error is None and outcome.metric == 0.8 and outcome.cluster_ended is None, outcome
+    (said,) = outcome.job["resubmitted"]
+    assert said == f"step {jobs[0]['job_id']}: lost its node {down} (NODE_FAIL)", said
+    assert outcome.job["job_id"] == jobs[1]["job_id"] != jobs[0]["job_id"], jobs
+    kept = outcome.log_path.with_name(f"{outcome.log_path.stem}.job-{jobs[0]['job_id']}.log")
+    assert f"lost its node {down} (NODE_FAIL); the trial is submitted again" in kept.read_text()
+
+
+def test_a_trial_spans_two_nodes_of_the_allocation_as_one_step(tmp_path, cluster, monkeypatch):
+    """nodes_per_trial 2 in steps mode: one step, a task on each of two nodes of the allocation,
+    whose launchers meet at the step's first node; the first node's share is the trial."""
+    from autoloop.execution.executors.slurm_steps import SlurmStepExecutor
+    from autoloop.execution.runner import RunSpec
+
+    holder = subprocess.Popen(["salloc", "-p", "multi", "--nodes=2", "--ntasks=2", "--cpus-per-task=1",
+                               "--time=10", "sleep", "300"], env={**os.environ, **cluster.env},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for("the allocation", lambda: len(cluster.queue()) == 1 and "RUNNING" in cluster.run(
+            "scontrol", "show", "job", cluster.queue()[0]), 120)
+        (job_id,) = cluster.queue()
+        for key, value in {**cluster.env, "SLURM_JOB_ID": job_id}.items():
+            monkeypatch.setenv(key, value)
+        work = tmp_path / "ws"
+        work.mkdir()
+        (work / "train.py").write_text(TWO_NODE_TRAIN)
+        spec = RunSpec(command=[sys.executable, "train.py"], cwd=work, log_path=tmp_path / "runs" / "1-1.log",
+                       budget_s=1, timeout_s=120, sample_interval_s=0.05, grace_s=2)
+        settings = Settings(executor="slurm", nodes_per_trial=2, device="cpu")
+        executor = SlurmStepExecutor.from_settings(settings, tmp_path, {"SLURM_JOB_ID": job_id,
+                                                                        "SLURM_JOB_CPUS_PER_NODE": "1(x2)"})
+        assert "on each of 2 nodes" in (executor.plan or ""), executor.plan
+        jobs: list[dict] = []
+        outcome = executor.run(spec, on_job=jobs.append)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+    assert outcome.metric == 3.0 and outcome.exit_code == 0, outcome   # ranks 1 + 2, all-reduced over both nodes
+    log = outcome.log_path.read_text()
+    ranks = re.search(r"ranks on \d+@(\S+),\d+@(\S+)", log)
+    assert ranks and {ranks[1], ranks[2]} == {cluster.node, cluster.node2}, log   # one share on each node
+    second = outcome.log_path.with_name(f"{outcome.log_path.stem}.node1.log")   # the other node's share
+    assert second.exists() and "val_bpb" not in second.read_text()
+    assert re.fullmatch(rf"{job_id}\.\d+", jobs[0]["job_id"]), jobs

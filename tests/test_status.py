@@ -160,10 +160,17 @@ def test_jobs_the_cluster_ended_are_counted_apart_from_crashes(night):
                                                                                 "job 9: NODE_FAIL"]})
     plain = LedgerRecord.model_construct(status="discard", extra={})
     assert queries.cluster_ended([retried, plain]) == 2
-    assert crashes_section([retried, plain])[2].startswith("The cluster ended 2 job(s) (preempted, node failure, lost)")
+    assert crashes_section([retried, plain])[2].startswith("The cluster ended 2 job(s) (preempted, node failure, "
+                                                           "lost, queue limit); each trial was submitted again, and")
+    # Past its retries a trial is recorded as ended: counted with them, named in the report, never a crash.
+    ended = LedgerRecord.model_construct(trial=4, status="ended", extra={"resubmitted": ["job 10: PREEMPTED"]})
+    assert queries.cluster_ended([retried, plain, ended]) == 4
+    section = crashes_section([retried, plain, ended])
+    assert "; 1 trial(s) the cluster kept ending past their retries are recorded as ended (#4)" in section[2]
+    assert section[4] == "None."
     data = {**status_data(night.results), "cluster_ended": 2}
-    assert ("cluster ended 2 jobs (preempted, node failure, lost): each trial submitted again, not counted "
-            "against its change") in status_text(data).splitlines()
+    assert ("cluster ended 2 jobs (preempted, node failure, lost, queue limit): each trial submitted again, or "
+            "recorded as ended past its retries; none counted against its change") in status_text(data).splitlines()
     assert status_data(night.results)["cluster_ended"] == 0
 def test_more_than_one_epoch_is_a_warning_in_status_and_report(tmp_path):
     """A run that read its training bytes twice (train.py's epochs: 2.4) warns in status and the

@@ -340,7 +340,8 @@ class Settings(BaseModel):
         None, "slurm", "deprecated: the same as --gpus-per-trial", metavar="N", ge=0,
         default_text="--gpus-per-trial when given, else 1 where the partition has GPUs (sinfo's GRES), else 0")
     nodes_per_trial: int = setting(
-        1, "slurm", "nodes per trial job; above 1, torchrun on each node meets at the allocation's first node",
+        1, "slurm", "nodes per trial (its job's, or its step's inside an allocation); above 1, torchrun on each node "
+        "meets at the first node's",
         metavar="M", ge=1)
     slurm_time_limit: float | None = setting(
         None, "slurm", "the job's time limit, e.g. 20m", metavar="DURATION",
@@ -369,9 +370,14 @@ class Settings(BaseModel):
         "(up to 5m); not counted against the "
         "change (default {default})",
         metavar="N", ge=0, le=20)
+    max_cluster_ends: int = setting(
+        3, "slurm", "stop the night when the cluster ended this many trials in a row past their retries "
+        "(preempted, node failure, lost, queue limit: recorded as ended, never against the change), rather "
+        "than burn the queue (default {default})", metavar="N", run_only=True, ge=1)
     slurm_pending_timeout: float | None = setting(
         3600.0, "slurm", "cancel a trial's job still waiting in the queue after this long and submit it again "
-        "(slurm_retries), then record a crash, so that a stuck queue cannot hold the night (default {default}; "
+        "(slurm_retries), then record the trial as ended by the cluster, so that a stuck queue cannot hold the "
+        "night (default {default}; "
         "0: wait forever)",
         metavar="DURATION")
 

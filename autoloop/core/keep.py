@@ -114,7 +114,7 @@ class Facts:
 
 @dataclass(frozen=True)
 class Decision:
-    status: Literal["keep", "discard", "crash", "skip"]
+    status: Literal["keep", "discard", "crash", "skip", "ended"]
     action: Action
     reason: str
     best: Best                              # the best after this decision (the record's `best`)
@@ -153,6 +153,14 @@ def decide(f: Facts) -> Decision:
 def skipped(reason: str, parent: Best, current: Best) -> Decision:
     """A proposal that failed before anything ran: recorded as a skip, the best unmoved."""
     return Decision("skip", "discard", reason, current if current[0] is not None else parent)
+
+
+def cluster_ended(reason: str, parent: Best, current: Best) -> Decision:
+    """A trial the cluster ended (preempted, its node failed, lost, past the queue's limit) and kept
+    ending past the executor's retries: recorded as ``ended``, neither a crash nor a discard (it
+    says nothing of the change), the best unmoved."""
+    return Decision("ended", "discard", f"ended by the cluster, not by the change: {reason}",
+                    current if current[0] is not None else parent)
 
 
 def _unmoved(f: Facts) -> Best:

@@ -13,7 +13,8 @@ slot's work tree to commit now) and, phase by phase, each persisted before it st
    timeout, whole-tree kill, streamed log);
 4. ``judging``, under the arbiter's lock: checks the inputs again (changed during the run:
    the attempt is invalid), puts back what the run wrote into the repository, classifies the
-   outcome, has the arbiter decide against the best *now* and append the record;
+   outcome, has the arbiter decide against the best *now* and append the record (a trial the
+   cluster kept ending past the executor's retries is recorded ``ended``: no verdict);
 5. leaves the work tree at the best (or at the candidate, for a confirmation re-run) and the
    state idle.
 """
@@ -31,7 +32,7 @@ from autoloop.core.classify import Classification, classify
 from autoloop.core.durations import default_timeout, format_duration
 from autoloop.core.errors import NightError
 from autoloop.core.guards import finite_metrics
-from autoloop.core.keep import Decision, Facts, tampered_reason
+from autoloop.core.keep import Decision, Facts, cluster_ended, tampered_reason
 from autoloop.engine.candidate import Candidate
 from autoloop.engine.night import Night
 from autoloop.engine.precheck import CheckContext, CheckResult, run_checks, training_limit
@@ -125,7 +126,12 @@ class AttemptRunner:
             # NTP or a person can step by hours mid-attempt (benchmarks/chaos.py's clock_jump).
             draft.elapsed_s = time.monotonic() - started_mono
             self._note_git_changes(draft, before, after)
-            decision, merged = self.night.arbiter.decide(self._facts(plan, commit, outcome, verdict, after), ws)
+            if outcome.cluster_ended and not after and not self.night.stop.is_set():
+                # No verdict on the change: the best stays, the proposer is not told it failed.
+                decision, merged = cluster_ended(outcome.cluster_ended, (cand.parent, cand.parent_metric),
+                                                 self.night.arbiter.best()), None
+            else:
+                decision, merged = self.night.arbiter.decide(self._facts(plan, commit, outcome, verdict, after), ws)
             record = self.night.arbiter.record(draft, decision, self.slot.worker)
             fault_point("recorded", plan.trial)
         self._settle(plan, record, decision)

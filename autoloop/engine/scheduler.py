@@ -381,6 +381,12 @@ class Scheduler:
         # An agent has a limit of its own (its failures are slow and cost money).
         limit, flag = ((s.max_agent_failures, "--max-agent-failures") if self.proposer.name == "agent"
                        else (s.max_proposer_failures, "--max-proposer-failures"))
+        ended = queries.ended_in_a_row(night.arbiter.records())
+        if ended >= s.max_cluster_ends:
+            last = night.arbiter.records()[-1].reason
+            return (f"the cluster ended {plural(ended, 'trial')} in a row (preempted, node failure, lost, queue limit; "
+                    f"--max-cluster-ends {s.max_cluster_ends}): the night stops rather than burn the queue; "
+                    f"last: {shorten(last)}")
         if self.failures >= limit:
             records = night.arbiter.records()
             why = f"; last: {shorten(records[-1].reason)}" if records and records[-1].reason else ""

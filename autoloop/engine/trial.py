@@ -373,6 +373,9 @@ def run_baseline(night: Night, runner: AttemptRunner) -> LedgerRecord:
     baseline = Candidate(commit=head, parent=head, parent_metric=None, description="baseline", proposer="-")
     plan = AttemptPlan(trial, 1, "baseline", baseline, night.settings.seed)
     record = runner.run(plan).record
+    if record.status == "ended" and not night.stop.is_set():
+        raise NightError(f"the baseline run could not be measured: {record.reason}; nothing is compared without "
+                         "it: run again with --resume when the cluster has room")
     if record.status != "keep" and not night.stop.is_set():   # a signal's stop is no failure of the baseline
         raise NightError(f"the baseline run of the unmodified {night.settings.target} failed "
                          f"({record.crash}: {record.reason}); see results/{record.log_path}")

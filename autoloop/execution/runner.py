@@ -149,6 +149,10 @@ class RunOutcome(BaseModel):
     # job_id; copied into the ledger record's extra), and why it gave no normal outcome
     # (cancelled by the scheduler, its node died, ...).
     job: dict[str, Any] = Field(default_factory=dict)
+    # The cluster ended the trial and kept ending it past the executor's retries (preempted, its
+    # node failed, lost, past the queue's limit): why, in one line. It says nothing of the change:
+    # the attempt is recorded as ``ended``, never a crash (engine/attempt.py).
+    cluster_ended: str | None = None
     job_error: str | None = None
 
 

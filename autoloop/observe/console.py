@@ -193,6 +193,8 @@ def format_verdict(label: str, record: LedgerRecord, reference: float | None) ->
         return f"{label} crash ({record.crash or 'fundamental'}) {description}: {record.reason or '-'}"
     if record.status == "skip":
         return f"{label} skipped: {record.reason or description}"
+    if record.status == "ended":
+        return f"{label} {description}: {record.reason or 'ended by the cluster'}"
     status: str = "measured" if record.kind == "verify" else record.status   # verify.py: never judged
     if "noise_samples" in record.extra:
         # A re-run of the best for the noise estimate: the best stays, so not a "keep" (read

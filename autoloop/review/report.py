@@ -260,8 +260,11 @@ def crashes_section(records: list[LedgerRecord]) -> list[str]:
     out = ["## Crashes", ""]
     ended = queries.cluster_ended(records)
     if ended:
-        out += [f"The cluster ended {ended} job(s) (preempted, node failure, lost); each trial was submitted "
-                "again and none is counted against its change.", ""]
+        gave_up = [r for r in records if r.status == "ended"]
+        past = (f"; {len(gave_up)} trial(s) the cluster kept ending past their retries are recorded as ended "
+                f"({', '.join(f'#{r.trial}' for r in gave_up[-5:])})" if gave_up else "")
+        out += [f"The cluster ended {ended} job(s) (preempted, node failure, lost, queue limit); each trial was "
+                f"submitted again{past}, and none is counted against its change.", ""]
     if not crashes:
         return out + ["None.", ""]
     by_class: dict[str, list[LedgerRecord]] = {}

@@ -268,8 +268,9 @@ def _result_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"{data['earlier_duplicates']} already measured in an earlier night on the same code: not "
                      "trained again (its result was shown to the proposer)")
     if data.get("cluster_ended"):
-        lines.append(f"cluster ended {plural(data['cluster_ended'], 'job')} (preempted, node failure, lost): "
-                     "each trial submitted again, not counted against its change")
+        lines.append(f"cluster ended {plural(data['cluster_ended'], 'job')} (preempted, node failure, lost, queue "
+                     "limit): each trial submitted again, or recorded as ended past its retries; none counted "
+                     "against its change")
     if data["trials_per_hour"]:
         lines.append(f"pace: {data['trials_per_hour']:.1f} trials/hour")
     return lines

@@ -406,7 +406,7 @@ def _recent(records: list[LedgerRecord], before: list[float | None], sigma: floa
     lines = []
     for r in records[-RECENT_ROWS:]:
         metric = _num(r.metric) if r.status in ("keep", "discard") else "-"
-        why = f" {r.crash}" if r.crash else ""
+        why = f" {r.crash}" if r.crash else (" by the cluster, no verdict on the change" if r.status == "ended" else "")
         lines.append(f"- #{trial_label(r.trial, r.attempt)} {r.status}{why} {metric} {quote(r.description, 80)}")
     return _titled(f"## The last {len(lines)} attempts", lines, "attempts", newest_last=True)
 

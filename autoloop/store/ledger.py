@@ -48,9 +48,10 @@ Files, all under the workspace's ``results/``:
     TSV-safe like the description; ``-`` when none was given. Always the last column:
     readers of the first ten keep working.
 
-    Records with status ``skip`` (a proposal that failed before anything ran) are
-    in the ledger but NOT in results.tsv, whose status column is only
-    keep/discard/crash.
+    Records with status ``skip`` (a proposal that failed before anything ran) or
+    ``ended`` (the cluster ended the trial's job past its retries: nothing measured,
+    nothing judged) are in the ledger but NOT in results.tsv, whose status column is
+    only keep/discard/crash.
 
 Damage:
 
@@ -86,7 +87,8 @@ from autoloop.core.layout import Layout
 from autoloop.store import chain
 from autoloop.store.atomic import atomic_write, fault_write, fsync_dir
 
-Status = Literal["keep", "discard", "crash", "skip"]   # skip: proposal failed, nothing was run
+# skip: proposal failed, nothing was run; ended: the cluster ended the trial (past its retries), no verdict
+Status = Literal["keep", "discard", "crash", "skip", "ended"]
 # What an attempt was: the unmodified baseline, a new idea, a fix of a trivial crash,
 # a re-run of an earlier candidate (noise confirmation, replay), or a run of
 # `autoloop verify` (verify.py: never judged against the best, never moving it), or a run at
@@ -295,8 +297,9 @@ def scout_description(record: LedgerRecord) -> str:
 
 def tsv_row(record: LedgerRecord) -> list[str] | None:
     """The results.tsv fields of one record, or None for records the TSV leaves out: skips,
-    and verification runs (the table is the night's search; report.md has the verdict)."""
-    if record.status == "skip" or record.kind == "verify":
+    ends by the cluster, and verification runs (the table is the night's search; report.md has
+    the verdict)."""
+    if record.status in ("skip", "ended") or record.kind == "verify":
         return None
     crashed = record.status == "crash"
     metric = 0.0 if crashed or record.metric is None else record.metric

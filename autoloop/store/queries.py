@@ -100,9 +100,10 @@ def is_noise_sample(record: LedgerRecord) -> bool:
 
 
 def was_interrupted(record: LedgerRecord) -> bool:
-    """An attempt a stop or a kill ended before it had a verdict of its own (recovery's and
-    the stop request's reason, classify's "interrupted" rule): its change was never judged."""
-    return record.status == "crash" and record.reason.startswith("interrupted")
+    """An attempt a stop, a kill or the cluster ended before it had a verdict of its own
+    (recovery's and the stop request's reason, classify's "interrupted" rule; status ``ended``):
+    its change was never judged."""
+    return (record.status == "crash" and record.reason.startswith("interrupted")) or record.status == "ended"
 
 
 def noise(records: list[LedgerRecord]) -> float | None:
@@ -143,13 +144,13 @@ def is_kept_change(record: LedgerRecord) -> bool:
 
 
 # How attempt_counts names its groups, in the order status and the report give them.
-COUNT_ORDER = ("baseline", "noise_sample", "keep", "confirm", "discard", "crash", "skip")
+COUNT_ORDER = ("baseline", "noise_sample", "keep", "confirm", "discard", "crash", "ended", "skip")
 
 
 def attempt_kind(record: LedgerRecord) -> str:
     """What an attempt was, for the counts: the baseline, a noise sample, a kept change
     ("keep"), a re-run of a change that was not kept ("confirm": a confirmation or replay
-    that lost), or its plain status (discard, crash, skip). Each attempt is one of these."""
+    that lost), or its plain status (discard, crash, ended, skip). Each attempt is one of these."""
     if record.status == "keep":
         if record.kind == "baseline":
             return "baseline"
@@ -176,9 +177,20 @@ def of_night(records: list[LedgerRecord]) -> list[LedgerRecord]:
 
 
 def cluster_ended(records: list[LedgerRecord]) -> int:
-    """Jobs the cluster ended (preempted, node failure, lost) whose trial was submitted again:
-    the executor's ``resubmitted`` list, counted apart from crashes (none says anything of a change)."""
-    return sum(len(r.extra.get("resubmitted") or []) for r in records)
+    """Jobs the cluster ended (preempted, node failure, lost, past the queue's limit): those whose
+    trial was submitted again (the executor's ``resubmitted`` list) and the last of each attempt
+    recorded ``ended`` (past its retries); counted apart from crashes (none says anything of a change)."""
+    return sum(len(r.extra.get("resubmitted") or []) + (r.status == "ended") for r in records)
+
+
+def ended_in_a_row(records: list[LedgerRecord]) -> int:
+    """How many of the night's last attempts in a row the cluster ended (status ``ended``)."""
+    n = 0
+    for r in reversed(of_night(records)):
+        if r.status != "ended":
+            break
+        n += 1
+    return n
 
 
 def next_trial(records: list[LedgerRecord]) -> int:

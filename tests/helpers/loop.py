@@ -177,7 +177,7 @@ def assert_invariants(repo: Path, tag: str = "t") -> list[dict]:
     keys = [(r["trial"], r["attempt"]) for r in ledger]
     assert len(keys) == len(set(keys)), keys
     tsv = read_tsv(repo)
-    judged = [r for r in ledger if r["status"] != "skip" and r["kind"] != "verify"]   # the TSV's rows
+    judged = [r for r in ledger if r["status"] not in ("skip", "ended") and r["kind"] != "verify"]   # the TSV's rows
     assert len(tsv) == len(judged)
     for row, record in zip(tsv, judged, strict=True):
         assert row["status"] == record["status"]

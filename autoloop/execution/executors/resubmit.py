@@ -3,8 +3,9 @@
 A job preempted, lost by the scheduler, or whose node died says nothing of the change it
 ran: the trial is submitted again, ``retries`` times, after a wait that doubles from
 ``backoff`` up to BACKOFF_MAX_S (a preempting job or a failed node is seldom gone at once);
-one more such end is a crash. Each such end is listed in the outcome's ``job["resubmitted"]``,
-which the ledger counts apart (store.queries.cluster_ended), never against the change.
+one more such end is still the cluster's (``RunOutcome.cluster_ended``), never the change's
+crash. Each end is listed in the outcome's ``job["resubmitted"]``, which the ledger counts
+apart (store.queries.cluster_ended), never against the change.
 
 Which ends count: the engine puts the cluster's word for it first in ``job["job_state"]``
 (``NODE_FAIL (...)``), and :data:`RESUBMIT` says what it means.
@@ -48,6 +49,10 @@ def with_resubmission(run_once: Callable[[], RunOutcome], log_path: Path, stop_e
         outcome = run_once()
         stopped = stop_event is not None and stop_event.is_set()
         why = cluster_end(outcome)
+        if why is not None and not stopped and len(resubmitted) >= retries:
+            # Past the retries the end is still the cluster's: an end of its own, never the change's crash.
+            tries = f" (submitted {len(resubmitted) + 1} times)" if resubmitted else ""
+            outcome = outcome.model_copy(update={"cluster_ended": f"job {outcome.job['job_id']} {why}{tries}"})
         if why is None or stopped or len(resubmitted) >= retries:
             break
         job_id = str(outcome.job.get("job_id"))

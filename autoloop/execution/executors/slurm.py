@@ -19,7 +19,9 @@ real subprocess per job on this machine, for tests and for trying a config) and 
 On the node, SIGTERM (scancel, the time limit, preemption) and SIGINT end the trial through
 run_process's stop event, so its process tree is ended, not orphaned, and the outcome still
 comes back. A job preempted or whose node failed is submitted again once (Slurm's own
-requeue is off): neither says anything of the trial.
+requeue is off): neither says anything of the trial. Past ``slurm_retries`` such an end is
+still the cluster's: the outcome's ``cluster_ended`` says so, and the attempt is recorded as
+``ended`` (not a crash, not a discard).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -118,13 +120,14 @@ def _check_typos(options: dict[str, Any]) -> None:
 
 def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
                 on_progress: OnProgress | None = None, on_start: OnStart | None = None,
-                nodes: int = 1) -> dict[str, Any]:
+                nodes: int = 1, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The job (one task per node): run the trial here, or this node's share of it when it
     spans ``nodes`` nodes, and return its RunOutcome as a dict (with ``node_signal`` when a
-    signal from the scheduler ended it). submitit's result is the first node's."""
+    signal from the scheduler ended it). submitit's result is the first node's. ``environ``:
+    what says which node this is and where the first one is (a step's: slurm_steps.main)."""
     spec = RunSpec.model_validate_json(spec_json)
     if nodes > 1:
-        spec = this_node(spec, nodes, os.environ)
+        spec = this_node(spec, nodes, os.environ if environ is None else environ)
     stop = stop_event or threading.Event()
     caught: list[str] = []
     previous: dict[signal.Signals, Any] = {}

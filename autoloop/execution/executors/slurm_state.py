@@ -132,7 +132,7 @@ def settled(job_id: str, wait_s: float = 30.0, poll_s: float = 0.5) -> dict[str,
 
 def wait_while_live(name: str, look: Callable[[], str | None], until: float,
                     stop_event: threading.Event | None = None, on_progress: Callable[[str], None] | None = None,
-                    poll_s: float = 2.0) -> bool:
+                    poll_s: float = 1.0) -> bool:
     """Wait while ``look()`` says a job (or step) is live: its state in words; None once it has
     ended; "" when no tool had a word of it. True when it has ended (or the cluster, asked twice
     in a row, no longer knows it: MinJobAge passed, no accounting), False once ``until`` (a

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.executors.resubmit import BACKOFF_S, backoff_s, set_aside_log
 from autoloop.execution.executors.slurm import (
     POLL_S,
     _for_the_node,
@@ -49,7 +51,7 @@ from autoloop.execution.executors.slurm import (
     trusted_outcome,
 )
 from autoloop.execution.executors.slurm_gpus import gpus_asked
-from autoloop.execution.executors.slurm_state import TIMEOUT_S, wait_while_live
+from autoloop.execution.executors.slurm_state import LIVE, TIMEOUT_S, base_state, describe, read_job, wait_while_live
 from autoloop.execution.runner import RunOutcome, RunSpec
 
 if TYPE_CHECKING:
@@ -83,9 +85,7 @@ def step_options(settings: Settings, environ: Mapping[str, str]) -> tuple[list[s
     from slurm_options, else the allocation's ``--mem`` shared likewise (a step asks for all of
     it otherwise, and on a site that counts memory the second step would wait for the first).
     """
-    if settings.nodes_per_trial != 1:
-        raise ExecutorError("slurm steps: nodes_per_trial above 1 is for one job per trial "
-                            "(slurm_mode = \"jobs\"); a step of the allocation runs on one node")
+    nodes = max(1, settings.nodes_per_trial)
     workers = max(1, settings.workers)
     asked = gpus_asked(settings)
     on_node = allocation_gpus(environ)
@@ -103,7 +103,9 @@ def step_options(settings: Settings, environ: Mapping[str, str]) -> tuple[list[s
     cpus = opts.get("cpus_per_task")
     if cpus is None and "cpus_per_gpu" not in opts:
         cpus = max(1, (_int(environ.get("SLURM_JOB_CPUS_PER_NODE")) - own) // workers)
-    argv = ["--exact", "--nodes=1", "--ntasks=1", f"--time={time_limit_minutes(settings)}"]
+    # Over several nodes: one task per node, each starting its node's share (slurm_gpus.this_node).
+    argv = ["--exact", f"--nodes={nodes}", f"--ntasks={nodes}", *(["--ntasks-per-node=1"] if nodes > 1 else []),
+            f"--time={time_limit_minutes(settings)}"]
     if cpus is not None:
         argv.append(f"--cpus-per-task={cpus}")
     if gpus:
@@ -115,8 +117,9 @@ def step_options(settings: Settings, environ: Mapping[str, str]) -> tuple[list[s
         if key in opts and key != "cpus_per_task":
             argv.append(f"--{key.replace('_', '-')}={opts[key]}")
     cpus_said = f"{cpus} CPU(s)" if cpus is not None else f"{opts['cpus_per_gpu']} CPU(s) per GPU"
+    where = f" on each of {nodes} nodes" if nodes > 1 else ""
     plan = (f"slurm: each trial is a step of allocation {inside_allocation(environ)} (srun --exact, no queue): "
-            f"{why}, {cpus_said}; {workers} at once")
+            f"{why}, {cpus_said}{where}; {workers} at once")
     return argv, plan
 
 
@@ -147,7 +150,8 @@ class SlurmStepExecutor:
     places_devices = True
 
     def __init__(self, folder: Path, srun_options: list[str], job_id: str, plan: str | None = None,
-                 poll_s: float = POLL_S, stop_grace_s: float = STOP_GRACE_S):
+                 poll_s: float = POLL_S, stop_grace_s: float = STOP_GRACE_S, retries: int = 3,
+                 backoff: float = BACKOFF_S):
         missing = [tool for tool in ("srun", "scancel") if shutil.which(tool) is None]
         if missing:
             raise ExecutorError(f"slurm steps: {' and '.join(missing)} not found on PATH")
@@ -157,6 +161,9 @@ class SlurmStepExecutor:
         self.plan = plan
         self.poll_s = poll_s
         self.stop_grace_s = stop_grace_s
+        self.retries, self.backoff_s = retries, backoff
+        nodes = next((o.split("=", 1)[1] for o in srun_options if o.startswith("--nodes=")), "1")
+        self.nodes = int(nodes) if nodes.isdigit() else 1
 
     @classmethod
     def from_settings(cls, settings: Settings, root: Path,
@@ -169,11 +176,42 @@ class SlurmStepExecutor:
                                 "slurm_mode = \"jobs\"")
         folder = Path(settings.slurm_folder)
         options, plan = step_options(settings, environ)
-        return cls((folder if folder.is_absolute() else Path(root) / folder) / "steps", options, job_id, plan)
+        return cls((folder if folder.is_absolute() else Path(root) / folder) / "steps", options, job_id, plan,
+                   retries=settings.slurm_retries)
 
     def run(self, spec: RunSpec, on_progress: OnProgress | None = None,
             stop_event: threading.Event | None = None, on_start: OnStart | None = None,
             on_job: OnJob | None = None) -> RunOutcome:
+        """The trial as a step; a step whose node failed is started again, ``retries`` times after a
+        growing wait, as a job per trial is submitted again (slurm.SlurmExecutor.run): the step
+        lands on a node the allocation still has (an allocation made with ``--no-kill`` keeps the
+        others when one fails). Past the retries, or when the allocation itself is gone, the end
+        is the cluster's (``cluster_ended``), never the change's crash."""
+        resubmitted: list[str] = []
+        while True:
+            outcome = self._run_step(spec, on_progress, stop_event, on_start, on_job)
+            stopped = stop_event is not None and stop_event.is_set()
+            why = outcome.job.pop("cluster_end", None)
+            if why is None or stopped:
+                break
+            allocation_gone = why.startswith("lost its allocation")
+            if allocation_gone or len(resubmitted) >= self.retries:
+                tries = f" (started {len(resubmitted) + 1} times)" if resubmitted else ""
+                outcome = outcome.model_copy(update={"cluster_ended": f"step {outcome.job['job_id']} {why}{tries}"})
+                break
+            resubmitted.append(f"step {outcome.job['job_id']}: {why}")
+            wait = backoff_s(len(resubmitted), self.backoff_s)
+            set_aside_log(spec.log_path, str(outcome.job["job_id"]), why, wait)
+            if stop_event is not None and stop_event.wait(wait):
+                break
+            if stop_event is None:
+                time.sleep(wait)
+        if resubmitted:
+            outcome = outcome.model_copy(update={"job": {**outcome.job, "resubmitted": resubmitted}})
+        return outcome
+
+    def _run_step(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
+                  on_start: OnStart | None, on_job: OnJob | None) -> RunOutcome:
         spec, _token = _for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -184,13 +222,15 @@ class SlurmStepExecutor:
         files["spec.json"].write_text(spec.model_dump_json())
         argv = ["srun", *self.srun_options, f"--job-name=autoloop-{name}", f"--output={files['out']}",
                 sys.executable, "-m", "autoloop.execution.executors.slurm_steps",
-                str(files["spec.json"]), str(files["outcome.json"]), str(files["step"])]
+                str(files["spec.json"]), str(files["outcome.json"]), str(files["step"]), str(self.nodes)]
         started_at, t0 = time.time(), time.monotonic()
         follower = _LogFollower(spec.log_path)
         info: dict[str, Any] = {"executor": self.name, "cluster": "steps", "job_id": self.job_id,
                                 "job_stdout": str(files["out"])}
+        srun_said = files["out"].with_suffix(".srun")
+        said_from = srun_said.stat().st_size if srun_said.exists() else 0   # this step's words only
         try:
-            with open(files["out"].with_suffix(".srun"), "ab") as said:   # srun's own words (waiting, errors)
+            with open(srun_said, "ab") as said:   # srun's own words (waiting, errors)
                 srun = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=said, stderr=said,
                                         start_new_session=True)
         except OSError as exc:
@@ -224,8 +264,11 @@ class SlurmStepExecutor:
             info["job_id"] = step
         data = _read_outcome(files["outcome.json"])
         if data is None:
-            last = _last_line(files["out"].with_suffix(".srun")) or _last_line(files["out"])
+            last = _last_line(srun_said) or _last_line(files["out"])
             error = f"step {info['job_id']} ended without a trial outcome (srun exit {srun.returncode}): {last}"
+            lost = None if stopped else self._lost(srun_said, said_from, _read_node(files["step"]))
+            if lost is not None:
+                info["cluster_end"] = lost   # run() starts it again, or says the cluster ended it
             return no_result_outcome(spec, started_at, t0, follower, info, job_error=None if stopped else error,
                                      stopped=stopped, note=error)
         node_signal = data.pop("node_signal", None)
@@ -240,6 +283,50 @@ class SlurmStepExecutor:
         return outcome.model_copy(update=update)
 
 
+    def _lost(self, said: Path, said_from: int, node: str | None) -> str | None:
+        """Why a step that gave no outcome was the cluster's doing, or None (the trial's own end):
+        srun says its node failed (``srun: error: Node failure on gpu07``), the node it ran on is
+        down now, or the allocation itself has ended."""
+        text = ""
+        with contextlib.suppress(OSError):
+            text = said.read_bytes()[said_from:].decode(errors="replace")
+        found = _NODE_FAILURE.search(text)
+        if found:
+            return f"lost its node {found[1]} (NODE_FAIL)"
+        state = node_state(node) if node else ""
+        if any(word in state for word in _NODE_DOWN):
+            return f"lost its node {node} ({state})"
+        info = read_job(self.job_id)
+        if info and base_state(info) not in LIVE:
+            return f"lost its allocation {self.job_id} ({describe(info)})"
+        return None
+
+
+# srun's own line when a node of the step fails (src/srun: "Node failure on %s").
+_NODE_FAILURE = re.compile(r"Node failure on (\S+)")
+# Node states (scontrol's, upper case, with flags such as DOWN+NOT_RESPONDING) that lose a step.
+_NODE_DOWN = ("DOWN", "FAIL", "NOT_RESPONDING")
+
+
+def node_state(node: str) -> str:
+    """scontrol's State of a node (``DOWN+NOT_RESPONDING``, ``IDLE``, ...); "" when it did not answer."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    found = re.search(r"\bState=(\S+)", proc.stdout) if proc.returncode == 0 else None
+    return found[1].upper() if found else ""
+
+
+def _read_node(path: Path) -> str | None:
+    """The node the step ran on, as its task wrote it after the step id (main())."""
+    with contextlib.suppress(OSError):
+        parts = path.read_text().split()
+        return parts[1] if len(parts) > 1 else None
+    return None
+
+
 def _scancel(*argv: str) -> bool:
     try:
         return subprocess.run(["scancel", *argv], capture_output=True, timeout=30).returncode == 0
@@ -249,8 +336,8 @@ def _scancel(*argv: str) -> bool:
 
 def _read_step(path: Path) -> str | None:
     with contextlib.suppress(OSError):
-        text = path.read_text().strip()
-        return text or None
+        parts = path.read_text().split()
+        return parts[0] if parts else None
     return None
 
 
@@ -325,11 +412,25 @@ def collect_finished_step(job: dict[str, Any]) -> RunOutcome | None:
 
 
 def main(argv: list[str]) -> int:
-    """In the step: run the trial (run_on_node) and write its outcome where the orchestrator reads it."""
-    spec_path, outcome_path, step_path = (Path(a) for a in argv)
-    # The step id first: the orchestrator needs it to stop the step with a signal its task catches.
-    step_path.write_text(f"{os.environ.get('SLURM_JOB_ID', '?')}.{os.environ.get('SLURM_STEP_ID', '?')}\n")
-    data = run_on_node(spec_path.read_text())
+    """In the step (each of its tasks, one per node): run the trial, or this node's share of it
+    (run_on_node), and, on the first node, write its outcome where the orchestrator reads it."""
+    spec_path, outcome_path, step_path = (Path(a) for a in argv[:3])
+    nodes = int(argv[3]) if len(argv) > 3 else 1
+    env = os.environ
+    job, step = env.get("SLURM_JOB_ID", "?"), env.get("SLURM_STEP_ID", "?")
+    first = env.get("SLURM_PROCID", "0") == "0"   # one task per node: the task's rank is its node's
+    if first:
+        # The step id first: the orchestrator needs it to stop the step with a signal its task catches.
+        # Its node after it: a step that gave no outcome is told from a lost node by that node's state.
+        step_path.write_text(f"{job}.{step} {env.get('SLURMD_NODENAME', '?')}\n")
+    # This node's place among the step's nodes (not the allocation's), and a rendezvous port of
+    # the step's own: two trials' steps may start on one first node.
+    where = {"SLURM_NODEID": env.get("SLURM_PROCID", "0"),
+             "SLURM_JOB_NODELIST": env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""),
+             "SLURM_JOB_ID": f"{job}{step.zfill(4)}"}
+    data = run_on_node(spec_path.read_text(), nodes=nodes, environ=where)
+    if not first:
+        return 0   # the first node's share is the trial (its log, its result)
     tmp = outcome_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(outcome_path)   # whole or absent: never half an outcome

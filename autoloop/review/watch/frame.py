@@ -25,7 +25,7 @@ from autoloop.review.dashboard.views import WorkspaceViews
 BLOCKS = " ▁▂▃▄▅▆▇█"
 CURVE_HEIGHT = 4
 BAR_WIDTH = 12
-STATUS_STYLE = {"keep": "bold green", "discard": "yellow", "crash": "bold red", "skip": "dim",
+STATUS_STYLE = {"keep": "bold green", "discard": "yellow", "crash": "bold red", "skip": "dim", "ended": "magenta",
                 "baseline": "cyan"}
 # Bidirectional overrides and isolates: text that reads differently from what it holds.
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
@@ -177,7 +177,7 @@ def _attempts(rows: list[dict[str, Any]]) -> RenderableType:
         status = "baseline" if r["kind"] == "baseline" else r["status"]
         shown = status + (f" ({r['crash']})" if r["crash"] else "")
         text = Text(clean(r["description"]))
-        if r["status"] in ("crash", "skip") and r["reason"]:
+        if r["status"] in ("crash", "skip", "ended") and r["reason"]:
             text.append(" — " + clean(r["reason"]), style="dim")
         table.add_row(f"#{r['label']}", Text(clean(shown), style=STATUS_STYLE.get(status, "")),
                       _number(r["metric"]), _number(r["delta"], "+.6f"),
