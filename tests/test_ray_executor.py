@@ -56,3 +56,22 @@ def test_without_ray_the_executor_is_one_line(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(ExecutorError, match=r"^--executor ray needs ray: pip install 'autoloop\[ray\]'"):
         rx.connect(None, "autoloop-x")
+
+
+def test_a_node_that_dies_past_the_retries_is_the_clusters_end_not_the_changes(tmp_path):
+    from autoloop.execution.executors.resubmit import with_resubmission
+    from autoloop.execution.runner import RunOutcome
+
+    log = tmp_path / "1-1.log"
+    calls: list[int] = []
+
+    def lost() -> RunOutcome:
+        calls.append(1)
+        log.write_text("step 1\n")
+        return RunOutcome(log_path=log, job_error="ray actor t-1 lost its node",
+                          job={"executor": "ray", "job_id": f"t-{len(calls)}", "job_state": "NODE_DIED (node died)"})
+
+    outcome = with_resubmission(lost, log, None, retries=1, backoff=0)
+    assert len(calls) == 2 and outcome.job["resubmitted"] == ["job t-1: NODE_DIED (node died)"]
+    assert outcome.cluster_ended == "job t-2 lost its node (Ray: the node died) (submitted 2 times)"
+    assert (tmp_path / "1-1.job-t-1.log").exists()   # the first try's log kept beside the second's
