@@ -86,7 +86,7 @@ def make_executor(settings: Settings, root: Path) -> Executor:
 def cancel_job(job: dict[str, Any] | None) -> str | None:
     """Cancel a job recorded by an interrupted run (state.json); what was done, or None."""
     if job and job.get("executor") == "ray":
-        from autoloop.execution.executors.ray_executor import cancel_recorded
+        from autoloop.execution.executors.ray_recovery import cancel_recorded
 
         return cancel_recorded(job)
     if not job or job.get("executor") != "slurm":
@@ -108,7 +108,7 @@ def wait_for_job(job: dict[str, Any] | None, until: float,
     False when it is not this executor's, `until` (a time.time()) passed, or stop_event was
     set (the caller then cancels it as before)."""
     if job and job.get("executor") == "ray":
-        from autoloop.execution.executors.ray_executor import wait_recorded
+        from autoloop.execution.executors.ray_recovery import wait_recorded
 
         return wait_recorded(job, until, stop_event, on_progress)
     if not job or job.get("executor") != "slurm":
@@ -125,7 +125,7 @@ def wait_for_job(job: dict[str, Any] | None, until: float,
 def collect_finished_job(job: dict[str, Any] | None) -> RunOutcome | None:
     """The trustworthy outcome of an interrupted run's job that finished meanwhile, or None."""
     if job and job.get("executor") == "ray":
-        from autoloop.execution.executors.ray_executor import collect_recorded
+        from autoloop.execution.executors.ray_recovery import collect_recorded
 
         return collect_recorded(job)
     if not job or job.get("executor") != "slurm":

@@ -5,7 +5,7 @@ Each attempt is one named detached actor (ray_node.TrialRunner) asking Ray for
 the actor's ``CUDA_VISIBLE_DEVICES``, which the trial inherits (``places_devices``: the
 orchestrator ships no device variables of its own). Detached, in a namespace of the night,
 so that a ``kill -9`` of the orchestrator leaves the trial running and ``--resume`` finds it
-by name (:func:`wait_recorded`, :func:`collect_recorded`, :func:`cancel_recorded`).
+by name (executors/ray_recovery.py).
 
 One node per trial (``nodes_per_trial`` 1): a trial over several nodes would need a placement
 group and a launcher per node, not built here; it is refused at start in one line.
@@ -59,7 +59,6 @@ NODE_DEATH_WAIT_S = 60.0   # how long the cluster may take to mark a node dead a
 STOP_WAIT_S = 60.0         # after a stop: the trial's grace and tree kill on the node, then the actor is killed
 _live: dict[str, Any] = {}   # actor name -> handle, of this process: killed at exit whatever happens
 _live_lock = threading.Lock()
-_collected: dict[str, dict[str, Any]] = {}   # outcomes taken from finished actors at recovery
 
 
 def _ray() -> Any:
@@ -382,107 +381,6 @@ def _end_all() -> None:
     """At exit (the night's end, Ctrl-C, SIGTERM): no actor of this process left on the cluster."""
     for name in list(_live):
         _kill(name)
-
-
-# -- recovery after a kill -9 of the orchestrator (executors.cancel_job and co.) ------------------
-
-def _recorded_actor(job: dict[str, Any]) -> Any:
-    """The recorded attempt's actor, or None where it is gone (or Ray is not there)."""
-    try:
-        ray = _ray()
-        if not ray.is_initialized():
-            connect(job.get("address"), str(job.get("namespace")))
-        return ray.get_actor(str(job["job_id"]), namespace=str(job.get("namespace")))
-    except Exception:  # no such actor (killed, its node died) or no cluster: nothing to find
-        return None
-
-
-def wait_recorded(job: dict[str, Any], until: float, stop_event: threading.Event | None = None,
-                  on_progress: OnProgress | None = None) -> bool:
-    """Wait for the recorded actor's trial to end; True when it has (or the actor is gone).
-    The ended trial's outcome is kept here and its actor killed at once, so that no actor is
-    left whatever recovery does next (:func:`collect_recorded` takes the outcome)."""
-    ray = _ray()
-    actor = _recorded_actor(job)
-    if actor is None:
-        return True
-    name = str(job.get("job_id"))
-    if on_progress is not None:
-        with contextlib.suppress(Exception):
-            on_progress(f"ray actor {name}")
-    while time.time() < until:
-        if stop_event is not None and stop_event.is_set():
-            return False
-        try:
-            data = ray.get(actor.outcome.remote(1.0), timeout=120)
-        except ray.exceptions.RayActorError:
-            return True   # it died: nothing to collect, the attempt is recorded interrupted
-        except ray.exceptions.GetTimeoutError:
-            continue
-        if data is not None:
-            _collected[name] = data
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-            return True
-    return False
-
-
-def cancel_recorded(job: dict[str, Any]) -> str | None:
-    """End the recorded actor. A finished one's outcome is kept here first, so that
-    :func:`collect_recorded` can still take it: no actor is left either way."""
-    ray = _ray()
-    actor = _recorded_actor(job)
-    name = job.get("job_id")
-    if actor is None:
-        return None
-    try:
-        data = ray.get(actor.outcome.remote(0.0), timeout=120)
-    except Exception:  # dead or not answering: killed below
-        data = None
-    if isinstance(data, dict):
-        _collected[str(name)] = data
-        said = f"ray actor {name} of the interrupted trial had finished; its outcome kept, the actor ended"
-    else:
-        with contextlib.suppress(Exception):
-            actor.stop.remote()
-            ray.get(actor.outcome.remote(STOP_WAIT_S), timeout=STOP_WAIT_S + 30)
-        said = f"cancelled ray actor {name} (its trial's tree ended on its node)"
-    with contextlib.suppress(Exception):
-        ray.kill(actor, no_restart=True)
-    return said
-
-
-def collect_recorded(job: dict[str, Any]) -> RunOutcome | None:
-    """The outcome of the recorded actor's trial when it finished by itself and can be trusted:
-    ended with a metric, its result carrying the nonce recorded at submission. None otherwise."""
-    if not job.get("nonce_sha256"):
-        return None
-    name = str(job.get("job_id"))
-    data = _collected.pop(name, None)
-    if data is None:
-        ray = _ray()
-        actor = _recorded_actor(job)
-        if actor is None:
-            return None
-        try:
-            data = ray.get(actor.outcome.remote(0.0), timeout=120)
-        except Exception:  # died meanwhile: nothing to take
-            data = None
-        with contextlib.suppress(Exception):
-            if data is not None:
-                ray.kill(actor, no_restart=True)
-    if not isinstance(data, dict) or "node_error" in data:
-        return None
-    data = {k: v for k, v in data.items() if k != "log_text"}
-    try:
-        outcome = RunOutcome.model_validate(data)
-    except Exception:  # not an outcome: nothing to collect
-        return None
-    if (outcome.metric is None or outcome.killed_reason or outcome.signal is not None
-            or nonce_digest((outcome.result or {}).get("nonce")) != job["nonce_sha256"]):
-        return None
-    kept = {k: v for k, v in job.items() if k != "nonce_sha256"}
-    return outcome.model_copy(update={"job": {**kept, "job_state": "FINISHED", "collected": True}})
 
 
 # -- autoloop doctor --executor ray ------------------------------------------------------------------
