@@ -295,15 +295,14 @@ class RayExecutor:
                                f"{format_duration(self.pending_timeout_s or 0)} (slurm_pending_timeout): killed")
                         return no_result_outcome(spec, started_at, t0, follower, info, job_error=why, note=why)
                     continue
-                data = ray.get(actor.outcome.remote(self.poll_s), timeout=self.poll_s + 120)
+                with contextlib.suppress(ray.exceptions.GetTimeoutError):   # a slow answer: ask again
+                    data = ray.get(actor.outcome.remote(self.poll_s), timeout=self.poll_s + 120)
                 if self.shared:
                     follower.poll(on_progress)
                 if data is None and stopped and time.monotonic() > stop_deadline:
                     break
         except ray.exceptions.RayActorError as exc:
             return self._lost(exc, spec, token, info, where, started_at, t0, follower, stopped)
-        except ray.exceptions.GetTimeoutError:
-            data = None
         if not isinstance(data, dict) or "node_error" in data:
             what = data.get("node_error") if isinstance(data, dict) else "no outcome in time after the stop"
             error = f"ray actor {info['job_id']} gave no trial outcome: {what}"
