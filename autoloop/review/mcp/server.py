@@ -30,7 +30,7 @@ INSTRUCTIONS = (
 )
 
 
-Status = Literal["keep", "discard", "crash", "skip"]
+Status = Literal["keep", "discard", "crash", "skip", "pruned"]
 Crash = Literal["trivial", "fundamental", "timeout"]
 
 

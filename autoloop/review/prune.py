@@ -1,0 +1,43 @@
+"""A --prune night's pruning, for status, the report and the dashboard (store/prune.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoloop.core.prune import BAND_Z, CONFIRM_LINES, WARMUP_SHARE
+from autoloop.core.scout import MIN_PAIRS, RHO_FLOOR
+from autoloop.store import queries
+from autoloop.store.ledger import LedgerRecord
+from autoloop.store.prune import is_pruned, pruning, saved_seconds
+
+
+def status_lines(records: list[LedgerRecord]) -> list[str]:
+    found = pruning(records, queries.night_budget(records))
+    return [found.line()] if found is not None else []
+
+
+def summary(records: list[LedgerRecord]) -> dict[str, Any] | None:
+    """The dashboard's view of pruning; None for a night that never pruned nor kept a curve."""
+    found = pruning(records, queries.night_budget(records))
+    if found is None:
+        return None
+    return {"pruned": found.pruned, "saved_seconds": round(found.saved_seconds, 1), "watched": found.watched,
+            "rho": found.agreement.rho, "pairs": found.agreement.pairs, "on": found.off is None,
+            "line": found.line()}
+
+
+def report_section(records: list[LedgerRecord]) -> list[str]:
+    """report.md's "Pruning" section; nothing for a night without --prune."""
+    found = pruning(records, queries.night_budget(records))
+    if found is None:
+        return []
+    out = ["## Pruning", "", f"- {found.line()}"]
+    for r in records:
+        if is_pruned(r):
+            out.append(f"- #{r.trial}{f'.{r.attempt}' if r.attempt > 1 else ''} pruned "
+                       f"({saved_seconds(r):.0f} s saved): {' '.join(r.description.split())[:100]}")
+    return out + ["", f"A trial was stopped when its smoothed train loss sat above the best's curve at the same "
+                  f"elapsed time by more than {BAND_Z:g} x the curve noise, past {WARMUP_SHARE:.0%} of the budget, on "
+                  f"{CONFIRM_LINES} progress lines in a row. The rule turns itself off once {MIN_PAIRS} completed "
+                  f"trials rank with a Spearman below {RHO_FLOOR} between the early gap and the final one "
+                  "(docs/fidelity.md).", ""]
