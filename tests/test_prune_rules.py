@@ -19,6 +19,8 @@ from autoloop.core.prune import (
     thin,
 )
 from autoloop.core.scout import MIN_PAIRS
+from autoloop.store.ledger import LedgerRecord
+from autoloop.store.prune import pairs, pruning, saved_seconds
 
 BEST = tuple((float(t), 4.0 - 0.2 * t) for t in range(11))   # 10 s budget, one point a second
 
@@ -84,3 +86,33 @@ def test_partial_gap_and_the_switch_off_as_scouting_has_it():
     reversed_ = [(0.01 * k, -0.001 * k) for k in range(MIN_PAIRS + 2)]
     off = rule_off(reversed_)
     assert off is not None and off.pairs == MIN_PAIRS and off.rho is not None and off.rho < 0
+
+
+def record(trial: int, commit: str, parent: str | None, metric: float, offset: float, kind: str = "candidate",
+           status: str = "discard") -> LedgerRecord:
+    curve = [[t, v + offset] for t, v in BEST]
+    return LedgerRecord(trial=trial, kind=kind, started_at=0.0, ended_at=1.0, proposer="queue", parent=parent,
+                        commit=commit, description=f"idea {trial}", status=status, metric=metric,
+                        extra={"curve": curve, "budget_s": 10.0})
+
+
+def test_a_night_whose_early_loss_ranks_against_the_end_turns_the_rule_off():
+    base = record(0, "b" * 40, None, 2.0, 0.0, kind="baseline", status="keep")
+    # each trial is further behind at the warm-up share, yet ends further ahead
+    trials = [record(k, f"{k:040d}", base.commit, 2.0 - 0.01 * k, 0.001 * k) for k in range(1, MIN_PAIRS + 2)]
+    records = [base, *trials]
+    found = pairs(records, 10.0)
+    assert len(found) == MIN_PAIRS + 1 and found[0] == (pytest.approx(0.001), pytest.approx(-0.01))
+    summary = pruning(records, 10.0)
+    assert summary is not None and summary.off is not None and summary.off.pairs == MIN_PAIRS
+    assert "rule turned off" in summary.line()
+    agreeing = [base, *[record(k, f"{k:040d}", base.commit, 2.0 + 0.01 * k, 0.001 * k) for k in range(1, 12)]]
+    assert pruning(agreeing, 10.0).off is None   # type: ignore[union-attr]
+
+
+def test_a_pruned_record_counts_the_training_it_did_not_spend():
+    pruned = record(1, "c" * 40, "b" * 40, 0.0, 0.5, status="pruned").model_copy(
+        update={"metric": None, "extra": {"prune": {"at_s": 6.0, "budget_s": 10.0}, "curve": [[6.0, 3.0]]}})
+    summary = pruning([pruned], 10.0)
+    assert summary is not None and summary.pruned == 1 and summary.saved_seconds == pytest.approx(4.0)
+    assert saved_seconds(pruned) == pytest.approx(4.0)
