@@ -17,6 +17,7 @@ from helpers.loop import TIMEOUT, assert_invariants, autoloop, autoloop_in_proce
 
 from autoloop.core.prune import PruneRef, Watch
 from autoloop.proposers.outcomes import trial_outcomes
+from autoloop.review.dashboard.views import WorkspaceViews
 from autoloop.store.ledger import LedgerRecord
 
 CURVE = (Path(__file__).parent / "trial_scripts" / "curve.py").read_text()
@@ -62,6 +63,8 @@ def test_a_pruned_trial_is_never_kept_nor_blamed_as_a_crash(tmp_path, tiny_data_
     assert outcomes[1].status == "pruned" and not outcomes[1].kept
     status = autoloop_in_process(repo, "status", data_dir=tiny_data_dir).stdout
     assert "pruning: 1 of 2 trials pruned" in status and "rule on" in status
+    dashboard = WorkspaceViews(repo).summary()   # what the dashboard's page is sent
+    assert dashboard["status_counts"]["pruned"] == 1 and dashboard["pruning"][0].startswith("pruning: 1 of 2")
     autoloop_in_process(repo, "report", data_dir=tiny_data_dir)
     report = (repo / "results" / "report.md").read_text()
     assert "## Pruning" in report and "#1 pruned" in report and "pruned behind the best's curve" in report

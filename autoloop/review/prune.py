@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from autoloop.core.prune import BAND_Z, CONFIRM_LINES, WARMUP_SHARE
 from autoloop.core.scout import MIN_PAIRS, RHO_FLOOR
 from autoloop.store import queries
@@ -14,16 +12,6 @@ from autoloop.store.prune import is_pruned, pruning, saved_seconds
 def status_lines(records: list[LedgerRecord]) -> list[str]:
     found = pruning(records, queries.night_budget(records))
     return [found.line()] if found is not None else []
-
-
-def summary(records: list[LedgerRecord]) -> dict[str, Any] | None:
-    """The dashboard's view of pruning; None for a night that never pruned nor kept a curve."""
-    found = pruning(records, queries.night_budget(records))
-    if found is None:
-        return None
-    return {"pruned": found.pruned, "saved_seconds": round(found.saved_seconds, 1), "watched": found.watched,
-            "rho": found.agreement.rho, "pairs": found.agreement.pairs, "on": found.off is None,
-            "line": found.line()}
 
 
 def report_section(records: list[LedgerRecord]) -> list[str]:
