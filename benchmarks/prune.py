@@ -47,7 +47,7 @@ from autoloop.core.prune import (  # noqa: E402
 from autoloop.core.scout import pooled_sigma, spearman  # noqa: E402
 
 SHARES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-RULES = [(share, z, project) for share in (0.3, 0.5, 0.7) for z in (2.0, 3.0, 4.0) for project in (False, True)]
+RULES = [(share, z, project) for share in (0.3, 0.5, 0.7) for z in (0.0, 1.0, 2.0, 3.0) for project in (False, True)]
 
 
 def load(path: Path) -> tuple[dict, list[dict]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from helpers.git import init_repo
 from helpers.loop import TIMEOUT, assert_invariants, autoloop, autoloop_in_process, queue_file, read_tsv, set_constants
 
-from autoloop.core.prune import PruneRef, Watch
+from autoloop.core.prune import WARMUP_SHARE, PruneRef, Watch
 from autoloop.proposers.outcomes import trial_outcomes
 from autoloop.review.dashboard.views import WorkspaceViews
 from autoloop.store.ledger import LedgerRecord
@@ -52,7 +52,7 @@ def test_a_pruned_trial_is_never_kept_nor_blamed_as_a_crash(tmp_path, tiny_data_
     assert pruned["metric"] is None and pruned["best"] == ledger[0]["commit"] and pruned["next"] is None
     assert pruned["reason"].startswith("pruned: train loss")
     at = pruned["extra"]["prune"]["at_s"]
-    assert 1.0 <= at < 2.0   # past the warm-up share, before the end
+    assert 2.0 * WARMUP_SHARE <= at < 2.0   # past the warm-up share, before the end
     assert pruned["extra"]["curve"][-1][0] == at and len(pruned["extra"]["curve"]) >= 2   # its partial curve kept
     assert ledger[0]["extra"]["curve"][-1][0] == 2.0    # the best's whole curve, stored with its record
     tsv = read_tsv(repo)
