@@ -35,7 +35,6 @@ from autoloop.core.prune import (  # noqa: E402
     BAND_Z,
     PROJECT,
     WARMUP_SHARE,
-    Curve,
     PruneRef,
     Watch,
     curve_noise,
@@ -54,7 +53,11 @@ def load(path: Path) -> tuple[dict, list[dict]]:
     data = json.loads(path.read_text())
     runs = [r for r in data["runs"] if r.get("val_bpb") is not None and r.get("curve")]
     for r in runs:
-        r["c"] = tuple((float(t), float(v)) for t, v in r["curve"])
+        r["c"] = tuple((float(p[0]), float(p[1])) for p in r["curve"])
+        # (step, loss) where the recording kept the step (benchmarks/record_curves.py does
+        # since the first real night; the committed recording predates it: time alone)
+        r["s"] = tuple(sorted((float(p[2]), float(p[1])) for p in r["curve"] if len(p) == 3))
+        r["pts"] = [(float(p[0]), float(p[1]), float(p[2]) if len(p) == 3 else None) for p in r["curve"]]
     return data, runs
 
 
@@ -64,11 +67,11 @@ def reference(baselines: list[dict], leave_out: dict | None, budget: float) -> P
                     curve_noise([[b["c"] for b in others]], WARMUP_SHARE * budget), budget)
 
 
-def replay(curve: Curve, ref: PruneRef, share: float, z: float, project: bool) -> float | None:
+def replay(run: dict, ref: PruneRef, share: float, z: float, project: bool) -> float | None:
     """Where the rule stops this run (elapsed s), None when it trains to the end."""
     watch = Watch(ref, share, z, project=project)
-    for t, v in curve:
-        if watch.see(t, v):
+    for t, v, step in run["pts"]:
+        if watch.see(t, v, step):
             return t
     return None
 
@@ -89,12 +92,12 @@ def rule_table(runs: list[dict], sigma: float | None, budget: float) -> list[dic
     for share, z, project in RULES:
         pairs, pruned, saved, false, schedule_false = 0, 0, 0.0, 0, 0
         for best in runs:
-            ref = PruneRef(best["c"], sigma, budget)
+            ref = PruneRef(best["c"], sigma, budget, best["s"])
             for r in runs:
                 if r is best:
                     continue
                 pairs += 1
-                at = replay(r["c"], ref, share, z, project)
+                at = replay(r, ref, share, z, project)
                 if at is None:
                     continue
                 pruned += 1
@@ -115,12 +118,12 @@ def night(rng: random.Random, runs: list[dict], sigma: float | None, budget: flo
     start = rng.choice(runs)
     changes = [r for r in runs if r is not start]
     best_bpb = start["val_bpb"]
-    ref = PruneRef(start["c"], sigma, budget)
+    ref = PruneRef(start["c"], sigma, budget, start["s"])
     device, kept, false, pruned, off_at = 0.0, 0, 0, 0, None
     pairs: list[tuple[float, float]] = []
     for i in range(trials):
         r = rng.choice(changes)
-        at = replay(r["c"], ref, share, z, project) if prune and off_at is None else None
+        at = replay(r, ref, share, z, project) if prune and off_at is None else None
         win = r["val_bpb"] < best_bpb - 2 * sigma_bpb
         if at is not None:
             device += at
@@ -136,7 +139,7 @@ def night(rng: random.Random, runs: list[dict], sigma: float | None, budget: flo
         if win:
             kept += 1
             best_bpb = r["val_bpb"]
-            ref = PruneRef(r["c"], sigma, budget)
+            ref = PruneRef(r["c"], sigma, budget, r["s"])
     return {"device": device, "kept": kept, "false": false, "pruned": pruned, "best": best_bpb, "off": off_at}
 
 

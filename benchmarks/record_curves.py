@@ -2,7 +2,7 @@
 
 Each run is train.py with one change (the mutator's kind of move, or a change of schedule:
 a longer warmup, a later or earlier decay), trained for a short budget on this machine, its
-progress lines (elapsed training seconds, smoothed train loss) and final val_bpb kept. The
+progress lines (elapsed training seconds, smoothed train loss, step) and final val_bpb kept. The
 baseline runs several times, spread over the recording, so its repeats give the noise band
 and show drift in the machine's speed. Written after every run, so a cut recording keeps
 what it has.
@@ -102,7 +102,7 @@ def run_one(source: bytes, budget: float, seed: int, workdir: Path) -> dict[str,
     for line in proc.stdout.splitlines():
         p = parse_progress(line)
         if "percent" in p and "loss" in p:
-            curve.append([round(p["percent"] / 100 * budget, 2), p["loss"]])
+            curve.append([round(p["percent"] / 100 * budget, 2), p["loss"], *([p["step"]] if "step" in p else [])])
         if line.startswith("val_bpb:"):
             val_bpb = float(line.split()[1])
     return {"curve": curve, "val_bpb": val_bpb, "exit_code": proc.returncode, "wall_s": round(wall, 1),
@@ -122,7 +122,7 @@ def main() -> None:
     data: dict[str, object] = {
         "how": f"python benchmarks/record_curves.py --budget {args.budget:g}: real train.py runs (cpu "
                "profile), one change each, seed 42 (the baseline's repeats seeds 42, 43, ...), progress "
-               "lines every 1 s; curve = [elapsed training seconds, smoothed train loss]",
+               "lines every 1 s; curve = [elapsed training seconds, smoothed train loss, step]",
         "machine": f"{os.cpu_count()} cores, shared with other sessions' tests (load averages per run)",
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "budget_s": args.budget, "runs": [],

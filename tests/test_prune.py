@@ -78,8 +78,8 @@ def test_a_schedule_change_behind_mid_run_that_wins_at_the_end_is_not_pruned(tmp
     assert shape(ledger) == [(0, 1, "baseline", "keep", None), (1, 1, "candidate", "keep", None)]
     # it was behind the best's curve beyond the band past the warm-up share: the rule without
     # its look at the slope stops it on these very curves, the default rule did not
-    best = PruneRef(tuple(map(tuple, ledger[0]["extra"]["curve"])), None, 2.0)
-    mine = [tuple(p) for p in ledger[1]["extra"]["curve"]]
+    best = PruneRef(tuple((p[0], p[1]) for p in ledger[0]["extra"]["curve"]), None, 2.0)
+    mine = [(p[0], p[1]) for p in ledger[1]["extra"]["curve"]]   # [s, loss, step]: on time alone
     plain = Watch(best, project=False)
     assert any(plain.see(t, v) for t, v in mine) and plain.verdict is not None and plain.verdict.gap > 0.04
     assert not any(Watch(best).see(t, v) for t, v in mine)

@@ -12,6 +12,7 @@ from autoloop.core.prune import (
     PruneRef,
     Watch,
     curve_noise,
+    judge_point,
     loss_at,
     mean_curve,
     partial_gap,
@@ -116,3 +117,17 @@ def test_a_pruned_record_counts_the_training_it_did_not_spend():
     summary = pruning([pruned], 10.0)
     assert summary is not None and summary.pruned == 1 and summary.saved_seconds == pytest.approx(4.0)
     assert saved_seconds(pruned) == pytest.approx(4.0)
+
+
+def test_a_run_behind_in_time_but_not_at_the_same_step_is_not_pruned():
+    # the best took 10 steps a second; this run the same losses per step at 5 a second (a slower
+    # machine): behind at every elapsed time, not at any step
+    steps = tuple((10.0 * t, v) for t, v in BEST)
+    best = PruneRef(BEST, 0.01, 10.0, steps)
+    slow = [(t, loss_at(steps, 5.0 * t), 5.0 * t) for t, _ in BEST]
+    watch = Watch(best, share=0.3, z=1)
+    assert not any(watch.see(t, v, s) for t, v, s in slow)
+    assert "fewer steps, not worse ones" in judge_point(6.0, slow[6][1], best, 0.3, 1, slow[6][2]).reason
+    # worse at the same step too: stopped
+    worse = Watch(best, share=0.3, z=1)
+    assert any(worse.see(t, v + 0.5, s) for t, v, s in slow)

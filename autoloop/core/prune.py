@@ -57,13 +57,13 @@ NATS_PER_BIT = math.log(2)
 MAX_POINTS = 120
 
 
-def thin(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -> Curve:
+def thin(points: Sequence[tuple[float, ...]], limit: int = MAX_POINTS) -> tuple[tuple[float, ...], ...]:
     """At most ``limit`` points, evenly picked, the last one always kept."""
-    pts = [(float(t), float(v)) for t, v in points if math.isfinite(t) and math.isfinite(v)]
+    pts = [tuple(float(x) for x in p) for p in points if all(math.isfinite(x) for x in p)]
     if len(pts) <= limit:
         return tuple(pts)
-    step = (len(pts) - 1) / (limit - 1)
-    return tuple(pts[round(i * step)] for i in range(limit))
+    every = (len(pts) - 1) / (limit - 1)
+    return tuple(pts[round(i * every)] for i in range(limit))
 
 
 def loss_at(curve: Curve, t: float) -> float | None:
@@ -78,15 +78,16 @@ def loss_at(curve: Curve, t: float) -> float | None:
 
 
 def mean_curve(curves: Sequence[Curve]) -> Curve:
-    """The mean of repeated runs' curves, at the first curve's times where every run has a point."""
+    """The mean of repeated runs' curves, at every run's points within the span all of them
+    cover (runs whose lines fall at other times are interpolated, none is cut short)."""
     curves = [c for c in curves if c]
     if not curves:
         return ()
+    lo, hi = max(c[0][0] for c in curves), min(c[-1][0] for c in curves)
     out = []
-    for t, _ in curves[0]:
+    for t in sorted({p[0] for c in curves for p in c if lo <= p[0] <= hi}):
         values = [loss_at(c, t) for c in curves]
-        if all(v is not None for v in values):
-            out.append((t, sum(v for v in values if v is not None) / len(values)))
+        out.append((t, sum(v for v in values if v is not None) / len(values)))
     return tuple(out)
 
 
@@ -111,11 +112,13 @@ def curve_noise(groups: Sequence[Sequence[Curve]], from_s: float = 0.0) -> float
 
 @dataclass(frozen=True)
 class PruneRef:
-    """What a running trial is held against: the best's curve and its noise (in nats)."""
+    """What a running trial is held against: the best's curve and its noise (in nats), and the
+    best's loss against its step count (``steps``: (step, loss); empty where not known)."""
 
     curve: Curve = ()
     sigma: float | None = None        # the curve noise; None: none measured
     budget_s: float = 0.0
+    steps: Curve = ()
 
     def band(self, loss: float, z: float = BAND_Z) -> float:
         """How far above the best's loss at a time a trial may be and still train on."""
@@ -130,8 +133,13 @@ class PruneVerdict:
 
 
 def judge_point(t: float, loss: float, ref: PruneRef, share: float = WARMUP_SHARE,
-                z: float = BAND_Z) -> PruneVerdict:
-    """One progress point of a running trial against the best's curve."""
+                z: float = BAND_Z, step: float | None = None) -> PruneVerdict:
+    """One progress point of a running trial against the best's curve. Behind at the same
+    elapsed time is not enough where the step is known: the run must be behind the best at the
+    same step too. A run behind in time alone took fewer steps in that time: the machine got
+    slower (another job came), or the change makes steps slower, which the time comparison
+    alone would blame on the change. In the first real --prune night on this shared machine a
+    best measured in a quiet spell had every later trial stopped at 20 s of 40 this way."""
     if ref.budget_s <= 0 or t < share * ref.budget_s:
         return PruneVerdict(False, "before the warm-up share", None)
     best = loss_at(ref.curve, t)
@@ -140,6 +148,10 @@ def judge_point(t: float, loss: float, ref: PruneRef, share: float = WARMUP_SHAR
     gap, band = loss - best, ref.band(best, z)
     shown = (f"train loss {loss:.4f} at {t:.0f} s of {ref.budget_s:.0f} s vs the best's {best:.4f}: "
              f"{gap:+.4f}, band {band:.4f}")
+    at_step = loss_at(ref.steps, step) if step is not None and ref.steps else None
+    if gap > band and at_step is not None and loss - at_step <= band:
+        return PruneVerdict(False, f"{shown}; at step {step:.0f} {loss - at_step:+.4f}: fewer steps, not worse ones",
+                            gap)
     return PruneVerdict(gap > band, shown, gap)
 
 
@@ -166,15 +178,16 @@ class Watch:
         self.run = 0
         self.verdict: PruneVerdict | None = None   # set once: the point that pruned it
 
-    def see(self, t: float, loss: float) -> bool:
-        """Add a point; True the first time the trial is to be stopped."""
+    def see(self, t: float, loss: float, step: float | None = None) -> bool:
+        """Add a point (``step``: the run's step count there, where known); True the first
+        time the trial is to be stopped."""
         self.points.append((t, loss))
         best = loss_at(self.ref.curve, t)
         if best is not None and math.isfinite(loss):
             self.gaps.append((t, loss - best))
         if self.verdict is not None:
             return False
-        v = judge_point(t, loss, self.ref, self.share, self.z)
+        v = judge_point(t, loss, self.ref, self.share, self.z, step)
         if v.beyond and self.project and v.gap is not None:
             trend = slope(self.gaps[-TREND_LINES:])
             end = v.gap + (trend or 0.0) * max(0.0, self.ref.budget_s - t)

@@ -98,7 +98,7 @@ class AttemptRunner:
         self._checked = CheckResult()   # this attempt's --check results (precheck.py)
         self._machine: dict[str, float | str] | None = None   # machine_probe's figures for this run
         # --prune: this run's progress points, the watch over them and its stop (engine/prune.py)
-        self._curve: list[tuple[float, float]] = []
+        self._curve: list[tuple[float, ...]] = []   # (s, loss) or (s, loss, step)
         self._watch: Watch | None = None
         self._run_stop: prune.RunStop | None = None
 
@@ -412,7 +412,8 @@ class AttemptRunner:
         found = prune.point(line, budget)
         if found is None:
             return
-        self._curve.append(found)
-        if self._watch is not None and self._watch.see(*found) and self._run_stop is not None:
+        t, loss, step = found
+        self._curve.append((t, loss) if step is None else (t, loss, step))
+        if self._watch is not None and self._watch.see(t, loss, step) and self._run_stop is not None:
             self.console.line(f"pruning the run: {self._watch.verdict.reason if self._watch.verdict else ''}")
             self._run_stop.set()

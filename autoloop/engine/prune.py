@@ -62,13 +62,14 @@ def watch_for(night: Night, kind: str, parent: str | None) -> Watch | None:
     return Watch(ref) if ref.curve else None
 
 
-def point(line: str, budget_s: float) -> tuple[float, float] | None:
-    """(elapsed training seconds, smoothed loss) of a progress line: train.py's percentage of
-    the budget and its loss; None for a line without both."""
+def point(line: str, budget_s: float) -> tuple[float, float, float | None] | None:
+    """(elapsed training seconds, smoothed loss, step) of a progress line: train.py's
+    percentage of the budget, its loss and its step count (None where the line has none);
+    None for a line without a percentage and a loss."""
     p = parse_progress(line)
     if "percent" not in p or "loss" not in p:
         return None
-    return p["percent"] / 100 * budget_s, p["loss"]
+    return p["percent"] / 100 * budget_s, p["loss"], float(p["step"]) if "step" in p else None
 
 
 def say_if_turned_off(night: Night, record: LedgerRecord) -> None:

@@ -25,17 +25,24 @@ from autoloop.core.scout import Agreement
 from autoloop.store.ledger import LedgerRecord
 
 
-def curve_of(record: LedgerRecord) -> Curve:
-    """The record's curve (extra.curve), () when it has none or it is malformed."""
+def _points(record: LedgerRecord) -> list[tuple[float, ...]]:
     raw = record.extra.get("curve")
     if not isinstance(raw, list):
-        return ()
-    out = []
-    for p in raw:
-        if (isinstance(p, (list, tuple)) and len(p) == 2
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)):
-            out.append((float(p[0]), float(p[1])))
-    return tuple(sorted(out))
+        return []
+    return [tuple(float(v) for v in p) for p in raw
+            if isinstance(p, (list, tuple)) and len(p) in (2, 3)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)]
+
+
+def curve_of(record: LedgerRecord) -> Curve:
+    """The record's curve (extra.curve: [s, loss] or [s, loss, step]) as (s, loss); () when it
+    has none or it is malformed."""
+    return tuple(sorted((p[0], p[1]) for p in _points(record)))
+
+
+def steps_of(record: LedgerRecord) -> Curve:
+    """The record's loss against its step count, (step, loss); () for a curve without steps."""
+    return tuple(sorted((p[2], p[1]) for p in _points(record) if len(p) == 3))
 
 
 def _full_run(r: LedgerRecord) -> bool:
@@ -64,7 +71,8 @@ def reference(records: Sequence[LedgerRecord], commit: str | None, budget_s: flo
     sigma = curve_noise(list(groups.values()), WARMUP_SHARE * budget_s)
     if sigma is None and noise is not None:
         sigma = noise * NATS_PER_BIT
-    return PruneRef(mean_curve(curves), sigma, budget_s)
+    steps = [c for r in records if r.commit == commit and commit and _full_run(r) and (c := steps_of(r))]
+    return PruneRef(mean_curve(curves), sigma, budget_s, mean_curve(steps))
 
 
 def _metric_of(records: Sequence[LedgerRecord], commit: str | None) -> float | None:
