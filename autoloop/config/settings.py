@@ -142,6 +142,10 @@ class Settings(BaseModel):
         None, "trial", "train each proposal this long first; only one within the scout noise of the best's scout "
         "result gets the full budget; about a tenth of the budget pays (docs/fidelity.md; off by default)",
         metavar="DURATION")
+    prune: bool = setting(
+        False, "trial", "stop a trial whose train loss falls behind the best's curve beyond its noise band past "
+        "a warm-up share of the budget; recorded as pruned, never kept; turns itself off when the night's "
+        "completed trials show the early loss does not rank as the end does (docs/fidelity.md; off by default)")
     target: str = setting("train.py", "trial", "the one file a proposer may edit", metavar="FILE")
     command: str | None = setting(
         None, "trial", "trial command, e.g. 'uv run train.py'", metavar="CMD",

@@ -110,11 +110,12 @@ class Facts:
     baseline_metrics: dict[str, float] = field(default_factory=dict)   # the baseline's (relative guards)
     scout: ScoutRef | None = None           # kind scout: the best's scout runs and the scout noise
     adjusted: Adjusted | None = None        # runs, best and noise at the night's median machine speed
+    pruned: str | None = None               # --prune stopped the run behind the best's curve: why
 
 
 @dataclass(frozen=True)
 class Decision:
-    status: Literal["keep", "discard", "crash", "skip", "ended"]
+    status: Literal["keep", "discard", "crash", "skip", "ended", "pruned"]
     action: Action
     reason: str
     best: Best                              # the best after this decision (the record's `best`)
@@ -191,6 +192,10 @@ def _invalid(f: Facts) -> Decision | None:
             extra["invalid_metric"] = f.runs[-1]
         return Decision("crash", "discard", tampered_reason(paths), best, crash="fundamental", extra=extra,
                         metric_valid=False)
+    if f.pruned is not None:
+        # Stopped on purpose behind the best's curve (core/prune.py): no metric, so never a
+        # keep, and not a crash: its change is not blamed, nothing is sent back for a fix.
+        return Decision("pruned", "discard", f"pruned: {f.pruned}", best, noise=f.noise)
     if f.crash is not None:
         return Decision("crash", "discard", f.crash[1], best, crash=f.crash[0])
     if f.other_data is not None:

@@ -33,6 +33,8 @@ from autoloop.core.durations import default_timeout, format_duration
 from autoloop.core.errors import NightError
 from autoloop.core.guards import finite_metrics
 from autoloop.core.keep import Decision, Facts, cluster_ended, tampered_reason
+from autoloop.core.prune import Watch, thin
+from autoloop.engine import prune
 from autoloop.engine.candidate import Candidate
 from autoloop.engine.night import Night
 from autoloop.engine.precheck import CheckContext, CheckResult, run_checks, training_limit
@@ -96,6 +98,10 @@ class AttemptRunner:
         self._progress_saved_at = 0.0
         self._checked = CheckResult()   # this attempt's --check results (precheck.py)
         self._machine: dict[str, float | str] | None = None   # machine_probe's figures for this run
+        # --prune: this run's progress points, the watch over them and its stop (engine/prune.py)
+        self._curve: list[tuple[float, ...]] = []   # (s, loss) or (s, loss, step)
+        self._watch: Watch | None = None
+        self._run_stop: prune.RunStop | None = None
 
     def run(self, plan: AttemptPlan) -> Recorded:
         """Commit, run, check, record (see the module docstring); returns once the state is
@@ -211,10 +217,14 @@ class AttemptRunner:
         probe = Probe(s.device, self.slot.env) if s.machine_probe and self.slot.executor.name == "local" else None
         if probe is not None:
             spec.env.update(probe.start())   # empty but under the test knob AUTOLOOP_PROBE_SCALE
+        self._curve, self._watch = [], None
+        self._watch = prune.watch_for(self.night, plan.kind, plan.candidate.parent) if s is self.night.settings \
+            else None
+        self._run_stop = prune.RunStop(self.night.stop.event) if self._watch is not None else None
         try:
             progress = functools.partial(self._on_progress, plan.label, probe=probe, budget=budget)
             outcome = self.slot.executor.run(spec, on_progress=progress,
-                                             stop_event=self.night.stop.event,
+                                             stop_event=self._run_stop or self.night.stop.event,
                                              on_start=lambda pids: self._on_start(pids, probe),
                                              on_job=lambda job: self.slot.state.update(job=job))
         finally:
@@ -260,6 +270,12 @@ class AttemptRunner:
         run (its output is the log, the evidence), never a metric of its own."""
         ran = self._checked.outcome or RunOutcome(exit_code=0, log_path=spec.log_path)
         return ran.model_copy(update={"metric": None, "metric_error": None, "summary": {}, "result": None})
+
+    def _pruned(self) -> str | None:
+        """Why the prune stopped this run; None when it did not (or the night's stop came first)."""
+        if self._watch is None or self._watch.verdict is None or self.night.stop.is_set():
+            return None
+        return self._watch.verdict.reason
 
     def _verdict(self, outcome: RunOutcome) -> Classification:
         if self._checked.failed is not None:
@@ -313,6 +329,12 @@ class AttemptRunner:
             extra["tampered_before_run"] = before.paths
         if self._machine:
             extra["machine"] = self._machine
+        if s.prune and self._curve:
+            extra["curve"] = [list(p) for p in thin(self._curve)]
+        if self._pruned() is not None and self._watch is not None and self._watch.verdict is not None:
+            at = self._watch.points[-1][0] if self._watch.points else 0.0
+            extra["prune"] = {"at_s": round(at, 2), "budget_s": rung_limits(s, plan.kind)[0],
+                              "gap": self._watch.verdict.gap, "reason": self._watch.verdict.reason}
         memory_mb = summary.get("peak_vram_mb") or outcome.peak_rss_mb
         return Draft(
             trial=plan.trial, attempt=plan.attempt, kind=plan.kind, started_at=started,
@@ -335,7 +357,8 @@ class AttemptRunner:
     def _facts(self, plan: AttemptPlan, commit: str, outcome: RunOutcome, verdict: Classification,
                after: Tampering) -> Facts:
         """What the keep decision needs to know about this run (the arbiter adds the best now)."""
-        crash = (verdict.kind, verdict.reason) if verdict.kind != "ok" else None
+        pruned = self._pruned()
+        crash = (verdict.kind, verdict.reason) if verdict.kind != "ok" and pruned is None else None
         ours, theirs = self.night.fingerprint, (outcome.result or {}).get("fingerprint")
         other_data = (f"evaluated on other data (fingerprint {theirs}, expected {ours})"
                       if crash is None and theirs and ours and theirs != ours else None)
@@ -354,7 +377,7 @@ class AttemptRunner:
                      metrics=dict(outcome.summary), baseline_metrics=baseline.metrics if baseline else {},
                      scout=scout_ref(self.night.arbiter.records(), self.night.arbiter.best()[0])
                      if plan.kind == "scout" else None,
-                     adjusted=adjusted)
+                     adjusted=adjusted, pruned=pruned)
 
     def _settle(self, plan: AttemptPlan, record: LedgerRecord, decision: Decision) -> None:
         """Git follows the record, then the state goes idle. A confirmation re-run follows at
@@ -379,6 +402,8 @@ class AttemptRunner:
         ``budget``: the run's own (a scout run's is --scout), which train.py's percentage is of."""
         if probe is not None:
             probe.mark()
+        if self.settings.prune and budget is not None:
+            self._see(line, budget)
         now, st = time.time(), self.slot.state.state
         elapsed = now - st.phase_started_at if st.phase_started_at else None
         self.console.status(live_line(
@@ -387,3 +412,14 @@ class AttemptRunner:
         if now - self._progress_saved_at >= PROGRESS_SAVE_S:
             self._progress_saved_at = now
             self.slot.state.update(progress=line)
+
+    def _see(self, line: str, budget: float) -> None:
+        """A progress point for the run's curve, and for the prune's watch: stopped when it says so."""
+        found = prune.point(line, budget)
+        if found is None:
+            return
+        t, loss, step = found
+        self._curve.append((t, loss) if step is None else (t, loss, step))
+        if self._watch is not None and self._watch.see(t, loss, step) and self._run_stop is not None:
+            self.console.line(f"pruning the run: {self._watch.verdict.reason if self._watch.verdict else ''}")
+            self._run_stop.set()

@@ -33,7 +33,7 @@ from autoloop.config.settings import Settings
 from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.guards import missing_in_baseline, parse_guards
 from autoloop.core.keep import skipped
-from autoloop.engine import scout
+from autoloop.engine import prune, scout
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Recorded
 from autoloop.engine.candidate import Candidate, Claims, Skipped, fix_context, prepare, proposal_request
 from autoloop.engine.night import Night
@@ -140,6 +140,7 @@ class Trial:
         """The next step, from the decision on the attempt just recorded."""
         record, action = done.record, done.decision.action
         scout.say_if_switched_off(self.night, record)
+        prune.say_if_turned_off(self.night, record)
         if self.night.stop.is_set():
             return Done("ran")
         if action == "promote":

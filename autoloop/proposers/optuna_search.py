@@ -241,9 +241,10 @@ class OptunaProposer:
             told = True
             o = outcomes.get(trial) if isinstance(trial, int) else None
             ours = o is not None and (o.first.extra.get("optuna") or {}).get("trial") == t.number
-            if o is not None and o.status == "measured" and ours and o.scouted_out:
-                # Stopped at the scout rung (--scout): pruned, as Optuna names a trial cut short
-                # at a low fidelity; its scout value would read as a full run's, and worse.
+            if o is not None and ours and (o.status == "pruned" or (o.status == "measured" and o.scouted_out)):
+                # Stopped at the scout rung (--scout) or behind the best's curve (--prune):
+                # pruned, as Optuna names a trial cut short; a scout value would read as a full
+                # run's, and worse.
                 study.tell(t.number, state=optuna.trial.TrialState.PRUNED)
             elif o is not None and o.status == "measured" and ours:
                 study.tell(t.number, o.value)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from autoloop.store import queries
 from autoloop.store.ledger import LedgerRecord
 
-Status = Literal["measured", "crash", "interrupted", "skip"]
+Status = Literal["measured", "crash", "interrupted", "skip", "pruned"]
 
 # How the portfolio words a failed proposal (the skip's reason): which member it chose, why,
 # and how long the member took to fail. The choice itself travels in the skip's
@@ -49,7 +49,7 @@ class TrialResult:
     trial: int
     proposer: str              # who proposed it: the portfolio's choice, else the record's proposer
     kind: str                  # baseline | candidate
-    status: Status             # measured (it has a value), crash, interrupted, skip
+    status: Status             # measured (it has a value), crash, interrupted, skip, pruned (stopped behind the best)
     commit: str | None         # the commit judged (None when nothing was committed)
     value: float | None        # the judged metric (the mean of that commit's runs)
     runs: int                  # how many runs the value is the mean of
@@ -108,6 +108,8 @@ def _outcome(trial: int, attempts: list[tuple[LedgerRecord, float | None]], dire
         status: Status = "skip"
     elif runs:
         status = "measured"
+    elif any(r.status == "pruned" for r in records):
+        status = "pruned"
     elif any(queries.was_interrupted(r) for r in records):
         status = "interrupted"
     else:

@@ -21,7 +21,7 @@ from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
 
 SCHEMA = "autoloop.attempts"
 VERSION = 1
-STATUSES = ("keep", "discard", "crash", "ended", "skip")
+STATUSES = ("keep", "discard", "crash", "ended", "skip", "pruned")
 CRASHES = ("trivial", "fundamental", "timeout")
 TEXT_LIMIT = 2000   # characters of one description, hypothesis or reason in a row
 

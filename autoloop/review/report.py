@@ -21,7 +21,7 @@ from autoloop.core import epochs
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
 from autoloop.observe.console import whole_seconds
-from autoloop.review import machine_speed, scout, throughput
+from autoloop.review import machine_speed, prune, scout, throughput
 from autoloop.review.status import integrity_lines, spend_data, spend_line
 from autoloop.review.tradeoffs import guards_section, tradeoffs_section
 from autoloop.store import person_notes, queries
@@ -151,6 +151,7 @@ def report_markdown(records: list[LedgerRecord], evals: dict[tuple[int, int], fl
     out += integrity_section(records)
     out += noise_section(records, baseline, metric)
     out += scout.report_section(records)
+    out += prune.report_section(records)
     out += machine_speed.report_section(records, metric)
     out += guards_section(records) + tradeoffs_section(records, metric, direction)
     out += time_section(time_split(records, evals))
@@ -230,7 +231,8 @@ REPORT_COUNT_WORDS = {"baseline": ("baseline run", "baseline runs"), "noise_samp
                       "keep": ("kept change", "kept changes"),
                       "confirm": ("re-run (confirmation or replay) not kept", "re-runs (confirmations or replays) "
                                   "not kept"),
-                      "discard": ("discarded", "discarded"), "crash": ("crashed", "crashed")}
+                      "discard": ("discarded", "discarded"), "crash": ("crashed", "crashed"),
+                      "pruned": ("pruned behind the best's curve", "pruned behind the best's curve")}
 
 
 def attempts_section(records: list[LedgerRecord], baseline: LedgerRecord | None) -> list[str]:

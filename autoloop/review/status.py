@@ -17,7 +17,7 @@ from typing import Any
 from autoloop.core import epochs
 from autoloop.core.layout import Layout
 from autoloop.observe.console import parse_progress, plural, shorten, time_left, whole_seconds
-from autoloop.review import machine_speed, scout, throughput
+from autoloop.review import machine_speed, prune, scout, throughput
 from autoloop.review.jobs import job_data, job_lines
 from autoloop.store import person_notes, queries
 from autoloop.store.ledger import Ledger, LedgerRecord, trial_label
@@ -101,6 +101,7 @@ def status_data(results_dir: Path, now: float | None = None) -> dict[str, Any]:
                  for r in records[-5:]],
         "throughput": throughput.status_lines(records),
         "rungs": scout.status_lines(records),   # --scout: the scout and the full rung
+        "pruning": prune.status_lines(records),   # --prune: the trials stopped, the time saved
     }
 
 
@@ -295,6 +296,7 @@ def _pipeline_lines(data: dict[str, Any]) -> list[str]:
                      + (f"; proposer {proposer:.1f} s per trial" if proposer is not None else ""))
     lines += data.get("throughput", [])
     lines += data.get("rungs", [])
+    lines += data.get("pruning", [])
     if data["time_left_s"] is not None:
         lines.append(f"time left: {time_left(data['time_left_s'])}")
     return lines

@@ -314,7 +314,7 @@ def _directions(records: list[LedgerRecord], before: list[float | None], sigma: 
     kept_trials = {r.trial for r in records if r.status == "keep"}
     groups: OrderedDict[str, _Group] = OrderedDict()
     for r, ref in zip(records, before, strict=True):
-        if r.kind == "baseline" or r.status not in ("discard", "crash") or r.trial in kept_trials:
+        if r.kind == "baseline" or r.status not in ("discard", "crash", "pruned") or r.trial in kept_trials:
             continue
         delta = None if r.metric is None or ref is None or r.status == "crash" else r.metric - ref
         settings = _settings(r.description)
@@ -406,7 +406,8 @@ def _recent(records: list[LedgerRecord], before: list[float | None], sigma: floa
     lines = []
     for r in records[-RECENT_ROWS:]:
         metric = _num(r.metric) if r.status in ("keep", "discard") else "-"
-        why = f" {r.crash}" if r.crash else (" by the cluster, no verdict on the change" if r.status == "ended" else "")
+        why = (f" {r.crash}" if r.crash else " by the cluster, no verdict on the change" if r.status == "ended"
+               else " (stopped early: behind the best's curve)" if r.status == "pruned" else "")
         lines.append(f"- #{trial_label(r.trial, r.attempt)} {r.status}{why} {metric} {quote(r.description, 80)}")
     return _titled(f"## The last {len(lines)} attempts", lines, "attempts", newest_last=True)
 

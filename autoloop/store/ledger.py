@@ -87,8 +87,9 @@ from autoloop.core.layout import Layout
 from autoloop.store import chain
 from autoloop.store.atomic import atomic_write, fault_write, fsync_dir
 
-# skip: proposal failed, nothing was run; ended: the cluster ended the trial (past its retries), no verdict
-Status = Literal["keep", "discard", "crash", "skip", "ended"]
+# skip: proposal failed, nothing was run; ended: the cluster ended the trial (past its retries), no verdict;
+# pruned: stopped early behind the best's curve (--prune)
+Status = Literal["keep", "discard", "crash", "skip", "ended", "pruned"]
 # What an attempt was: the unmodified baseline, a new idea, a fix of a trivial crash,
 # a re-run of an earlier candidate (noise confirmation, replay), or a run of
 # `autoloop verify` (verify.py: never judged against the best, never moving it), or a run at
@@ -204,6 +205,8 @@ class Extra(TypedDict, total=False):
     tampered_before_run: list[str]       # protected inputs a proposer changed, restored
     tampered: list[str]                  # protected inputs changed by the run (core/keep.py, recovery)
     machine: dict[str, float | str]      # the machine probe's figures (execution/machine_speed.py)
+    curve: list[list[float]]             # --prune: [elapsed training s, smoothed train loss] per progress line
+    prune: dict[str, Any]                # --prune: a pruned run's at_s, budget_s, gap, band, reason
     # verification (verification/verify.py, verification/ladder.py)
     verify: dict[str, Any]               # variant, role, repeat, changes, scaled
     ladder: dict[str, Any]               # change, rung, side, multiplier, repeat, values
@@ -286,7 +289,11 @@ def trial_label(trial: int, attempt: int) -> str:
 
 def scout_description(record: LedgerRecord) -> str:
     """The TSV's description: a scout run's says so (and whether it was scouted out), so the
-    table keeps autoresearch's columns and still tells the two rungs apart."""
+    table keeps autoresearch's columns and still tells the two rungs apart; a pruned run's
+    says where it was stopped (its status column reads discard: autoresearch's three words)."""
+    if record.status == "pruned":
+        at = (record.extra.get("prune") or {}).get("at_s")
+        return f"[pruned{f' at {at:.0f} s' if isinstance(at, (int, float)) else ''}] {record.description}"
     if record.fidelity != "scout":
         return record.description
     scout = record.extra.get("scout") or {}
@@ -311,7 +318,7 @@ def tsv_row(record: LedgerRecord) -> list[str] | None:
         record.commit[:7] if record.commit else "-",
         f"{metric:.6f}",
         f"{memory:.1f}",
-        record.status,
+        "discard" if record.status == "pruned" else record.status,
         tsv_field(scout_description(record)),
         record.crash or "-",
         trial_label(record.trial, record.attempt),

@@ -144,7 +144,7 @@ def is_kept_change(record: LedgerRecord) -> bool:
 
 
 # How attempt_counts names its groups, in the order status and the report give them.
-COUNT_ORDER = ("baseline", "noise_sample", "keep", "confirm", "discard", "crash", "ended", "skip")
+COUNT_ORDER = ("baseline", "noise_sample", "keep", "confirm", "discard", "pruned", "crash", "ended", "skip")
 
 
 def attempt_kind(record: LedgerRecord) -> str:

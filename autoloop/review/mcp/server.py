@@ -30,7 +30,7 @@ INSTRUCTIONS = (
 )
 
 
-Status = Literal["keep", "discard", "crash", "skip", "ended"]
+Status = Literal["keep", "discard", "crash", "skip", "ended", "pruned"]
 Crash = Literal["trivial", "fundamental", "timeout"]
 
 

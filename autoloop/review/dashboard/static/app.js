@@ -124,7 +124,7 @@ function renderSummary(s) {
   }
   const runs = base.runs > 1 ? `mean of ${base.runs} runs${base.sigma !== null && base.sigma !== undefined ? ', σ ' + fmt(base.sigma, 6) : ''}; ` : '';
   const counted = [['keep', 'keep'], ['noise_sample', 'noise samples'], ['confirm', 're-runs not kept'],
-                   ['discard', 'discard'], ['crash', 'crash'], ['skip', 'skip']]
+                   ['discard', 'discard'], ['pruned', 'pruned'], ['crash', 'crash'], ['skip', 'skip']]
     .filter(([k]) => k === 'keep' || counts[k]).map(([k, word]) => `${word} ${counts[k] || 0}`).join(', ');
   document.getElementById('cards').replaceChildren(
     card(`best ${s.metric_name}`, fmt(best.metric, 6), best.trial !== null && best.trial !== undefined
@@ -142,10 +142,10 @@ function renderSummary(s) {
   );
 }
 
-// --scout: one line per rung (text only: nothing in it is markup)
+// --scout: one line per rung; --prune: its line (text only: nothing in it is markup)
 function renderRungs(s) {
   const el = document.getElementById('rungs');
-  const lines = s.rungs || [];
+  const lines = [...(s.rungs || []), ...(s.pruning || [])];
   el.hidden = lines.length === 0;
   el.replaceChildren(...lines.map(line => { const p = document.createElement('div'); p.textContent = line; return p; }));
 }
