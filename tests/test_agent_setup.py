@@ -140,7 +140,7 @@ def test_attempts_json_matches_its_schema_and_the_tsv(night):
     assert table.splitlines()[0].split()[:3] == ["trial", "status", "crash"] and "(the last 2 of 7)" in table
     bad = autoloop_in_process(night.repo, "attempts", "--status", "won", data_dir=night.repo)
     assert bad.returncode == 1 and bad.stderr.strip() == \
-        "autoloop: no status won: choose from keep, discard, crash, skip"
+        "autoloop: no status won: choose from keep, discard, crash, ended, skip, pruned"
 
 
 def test_status_and_verify_json_match_their_schemas(night):

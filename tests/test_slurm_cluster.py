@@ -456,7 +456,7 @@ def test_waiting_for_an_orphaned_job_ends_at_its_end_its_bound_or_a_stop(tmp_pat
     assert live in cluster.queue()   # waiting never cancels by itself
     cluster.run("scancel", live)
     assert wait_for_job(job, time.time() + 120)   # its end, whatever it was: the caller collects
-    assert not wait_for_job({**job, "executor": "ray"}, time.time() + 120)   # not this engine's
+    assert not wait_for_job({**job, "executor": "local"}, time.time() + 120)   # no engine of its own to wait for
     assert not wait_for_job({**job, "cluster": "local"}, time.time() + 120)   # submitit's local jobs: cancelled
 
 
