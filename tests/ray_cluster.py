@@ -230,17 +230,6 @@ except ImportError:   # run as a script without pytest
     pass
 
 if __name__ == "__main__":
-    def _end(*_: object) -> None:
-        raise KeyboardInterrupt
+    from helpers.cluster_night import serve_until_signal
 
-    signal.signal(signal.SIGTERM, _end)
-    signal.signal(signal.SIGINT, _end)
-    cluster = RayCluster().start()
-    print(f"export RAY_ADDRESS={cluster.address}   # Ctrl-C (or SIGTERM) ends the cluster", flush=True)
-    try:
-        signal.pause()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        cluster.stop()
-        shutil.rmtree(cluster.dir, ignore_errors=True)
+    serve_until_signal(lambda: RayCluster().start(), lambda cluster: f"export RAY_ADDRESS={cluster.address}")

@@ -271,19 +271,6 @@ except ImportError:   # run as a script without pytest
     pass
 
 if __name__ == "__main__":
-    # SIGTERM too, and SIGINT set explicitly: a shell's background job starts with SIGINT ignored.
-    def _end(*_: object) -> None:
-        raise KeyboardInterrupt
+    from helpers.cluster_night import serve_until_signal
 
-    signal.signal(signal.SIGTERM, _end)
-    signal.signal(signal.SIGINT, _end)
-    cluster = SlurmCluster().start()
-    print(f"export SLURM_CONF={cluster.conf}   # Ctrl-C (or SIGTERM) ends the cluster", flush=True)
-    try:
-        signal.pause()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        cluster.stop()
-        shutil.rmtree(cluster.dir, ignore_errors=True)
-
+    serve_until_signal(lambda: SlurmCluster().start(), lambda cluster: f"export SLURM_CONF={cluster.conf}")

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from helpers.cluster_night import wait_for
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, loop_env
-from test_slurm_cluster import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "skypilot.yaml"

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.cluster_night import fake_train, hang_train, releasable_train, start_autoloop, wait_for
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, autoloop, queue_file
 from slurm_cluster import GPU_PARTITION, slurm_cluster  # noqa: F401 - the session fixture
@@ -30,35 +31,14 @@ from autoloop.execution.executors.slurm import SlurmExecutor
 pytestmark = pytest.mark.xdist_group("slurm_cluster")
 
 
-def fake_train(value: float, action: str = "") -> str:
-    return f"VALUE = {value!r}\n" + action + 'print("---")\nprint(f"val_bpb: {VALUE:.6f}")\n'
-
-
-def hang_train(marker: Path) -> str:
-    return fake_train(0.8, f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\n"
-                           "print('step 00001 (1.0%) | loss: 9.0', flush=True)\ntime.sleep(300)\n")
-
-
 def night(*extra: str) -> list[str]:
     return ["run", "--budget", "2", "--timeout", "60", "--proposer", "queue", "--tag", "t", "--device", "cpu",
             "--command", f"{sys.executable} train.py", "--executor", "slurm", "--noise-runs", "0",
             "--sanity-bound", "0", *extra]
 
 
-def wait_for(what: str, ready, timeout: float = 120) -> None:
-    """Poll until ready() (a bound against hangs, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def start_night(repo: Path, data_dir: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu"}
-    return subprocess.Popen([sys.executable, "-m", "autoloop.cli", *night(*extra)], cwd=repo, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return start_autoloop(repo, data_dir, night(*extra))
 
 
 @pytest.fixture
@@ -295,15 +275,6 @@ def test_a_job_pending_too_long_is_cancelled_and_recorded(tmp_path, cluster):
     cluster.run("scancel", blocker)
 
 
-def releasable_train(value: float, marker: Path, release: Path) -> str:
-    """Starts (marker), waits for ``release``, then reports ``value`` as autoloop.evaluate does:
-    a result file with the trial's nonce, and the line on stdout."""
-    return fake_train(value, f"import json, os, pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\n"
-                             f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.2)\n"
-                             "pathlib.Path(os.environ['AUTOLOOP_RESULT']).write_text(json.dumps("
-                             "{'val_bpb': VALUE, 'nonce': os.environ['AUTOLOOP_NONCE']}))\n")
-
-
 def kill_9_while_running(repo: Path, data_dir: Path, marker: Path) -> dict:
     """Start a night, kill -9 it once its trial's job runs; the job recorded in state.json."""
     orchestrator = start_night(repo, data_dir)
@@ -353,10 +324,7 @@ def test_resume_does_not_trust_a_finished_orphan_whose_result_has_another_nonce(
 
 def resume_in_background(repo: Path, data_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
     """``autoloop run --resume`` with its output in ``out``, read while it runs."""
-    env = {**os.environ, "AUTOLOOP_DATA_DIR": str(data_dir), "AUTOLOOP_DEVICE": "cpu"}
-    with open(out, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "autoloop.cli", *night("--resume", *extra)], cwd=repo, env=env,
-                                stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return start_autoloop(repo, data_dir, night("--resume", *extra), out)
 
 
 def test_resume_after_kill_9_reattaches_to_the_running_job_and_takes_its_result(tmp_path, tiny_data_dir, cluster):

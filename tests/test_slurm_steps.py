@@ -18,10 +18,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.cluster_night import fake_train, hang_train, releasable_train, wait_for
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, loop_env, queue_file
 from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
-from test_slurm_cluster import TWO_NODE_TRAIN, fake_train, hang_train, releasable_train, together_train, wait_for
+from test_slurm_cluster import TWO_NODE_TRAIN, together_train
 
 from autoloop.config.settings import Settings
 from autoloop.execution.executors.slurm_steps import step_options, wants_steps
