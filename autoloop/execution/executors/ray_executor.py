@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.executors.node_trial import LogFollower, for_the_node, no_result_outcome, nonce_digest
 from autoloop.execution.executors.resubmit import BACKOFF_S, with_resubmission
-from autoloop.execution.executors.slurm import _for_the_node, _LogFollower, no_result_outcome, nonce_digest
 from autoloop.execution.procs import end_token_holders
 from autoloop.execution.runner import RunOutcome, RunSpec
 
@@ -239,10 +239,10 @@ class RayExecutor:
     def _run_actor(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
                    on_job: OnJob | None) -> RunOutcome:
         ray = _ray()
-        spec, token = _for_the_node(spec)
+        spec, token = for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         started_at, t0 = time.time(), time.monotonic()
-        follower = _LogFollower(spec.log_path)
+        follower = LogFollower(spec.log_path)
         name = f"{spec.name or 'trial'}-{token[:8]}"
         info: dict[str, Any] = {"executor": "ray", "job_id": name, "address": self.address,
                                 "namespace": self.namespace}
@@ -269,7 +269,7 @@ class RayExecutor:
             _kill(name)
 
     def _follow(self, actor: Any, spec: RunSpec, token: str, info: dict[str, Any], started_at: float, t0: float,
-                follower: _LogFollower, on_progress: OnProgress | None,
+                follower: LogFollower, on_progress: OnProgress | None,
                 stop_event: threading.Event | None) -> RunOutcome:
         ray = _ray()
         start_ref = actor.start.remote(spec.model_dump_json(), not self.shared)
@@ -314,7 +314,7 @@ class RayExecutor:
         return self.pending_timeout_s is not None and time.monotonic() - t0 > self.pending_timeout_s
 
     def _lost(self, exc: BaseException, spec: RunSpec, token: str, info: dict[str, Any],
-              where: dict[str, Any] | None, started_at: float, t0: float, follower: _LogFollower,
+              where: dict[str, Any] | None, started_at: float, t0: float, follower: LogFollower,
               stopped: bool) -> RunOutcome:
         """The actor died under the trial: its node died (the cluster's doing: submitted
         again), or the actor's process did (said as the job's error)."""
