@@ -32,6 +32,11 @@ GPUS_PER_WORKER = 4
 CPUS_PER_WORKER = 4
 OBJECT_STORE = str(80 * 1024 * 1024)   # Ray's default is 30% of memory per node: three nodes on a 24 GiB machine
 ROOT = Path(__file__).resolve().parents[1]   # this checkout: the nodes import its autoloop
+# Each node's worker processes take ports from a range of 100 given here: below the kernel's
+# ephemeral range (32768 and up), where the free ports above are picked, which they met once;
+# a block of 800 per test process, so that two runs rarely share one, and the ranges handed out
+# in this process (every cluster it starts) follow one another.
+_worker_ports = iter(range(10000 + (os.getpid() % 27) * 800, 32768, 100))
 
 
 def missing_reason() -> str | None:
@@ -68,10 +73,6 @@ class RayCluster:
         self.workers = workers
         self.procs: dict[str, subprocess.Popen] = {}
         self.address = ""
-        # Each node's worker processes take ports from a range of 100 given here: below the
-        # kernel's ephemeral range (32768 and up), where the free ports above are picked, which
-        # they met once; a block of 800 per test process, so that two runs rarely share one.
-        self._worker_port = 10000 + (os.getpid() % 27) * 800
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.env = {**os.environ, "PYTHONPATH": path,
                     "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
@@ -84,8 +85,7 @@ class RayCluster:
 
     def _node_args(self, name: str) -> list[str]:
         manager, objects, agent, agent_grpc, runtime_env, metrics = _free_ports(6)
-        low = self._worker_port
-        self._worker_port += 100
+        low = next(_worker_ports)
         return ["--temp-dir", str(self.dir / name), "--node-manager-port", str(manager),
                 "--object-manager-port", str(objects), "--dashboard-agent-listen-port", str(agent),
                 "--dashboard-agent-grpc-port", str(agent_grpc), "--runtime-env-agent-port", str(runtime_env),
@@ -114,13 +114,19 @@ class RayCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         (port,) = _free_ports(1)
         self.address = f"127.0.0.1:{port}"
-        self._spawn("head", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                    "--num-cpus", "1", "--num-gpus", "0", "--include-dashboard", "false")
-        self._wait(lambda: self.nodes() is not None, timeout, "the head")
+        self.start_head(timeout)
         for k in range(1, self.workers + 1):
             self.start_worker(f"worker{k}", wait=False)
         self._wait(lambda: self.gpu_nodes() == self.workers, timeout, f"{self.workers} worker node(s)")
         return self
+
+    def start_head(self, timeout: float = 180) -> None:
+        """The head at ``address``: the first, or a new one where the last was lost (a new
+        cluster: without GCS fault tolerance it knows nothing of the old one)."""
+        port = self.address.rsplit(":", 1)[1]
+        self._spawn("head", "--head", "--node-ip-address", "127.0.0.1", "--port", port,
+                    "--num-cpus", "1", "--num-gpus", "0", "--include-dashboard", "false")
+        self._wait(lambda: self.nodes() is not None, timeout, "the head")
 
     def start_worker(self, name: str, wait: bool = True, timeout: float = 180) -> None:
         before = self.gpu_nodes() or 0
@@ -160,6 +166,8 @@ class RayCluster:
 
     def kill_node(self, name: str) -> None:
         """The node lost at once, as a machine that dies: SIGKILL to its whole session."""
+        if name == "head":
+            self.leave()
         proc = self.procs.pop(name)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -181,7 +189,19 @@ class RayCluster:
         return "".join(f"\n--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
                        for p in sorted(self.dir.glob("*.out")))
 
+    def leave(self) -> None:
+        """This process's Ray driver disconnected, where it joined this cluster. A driver is
+        attached to the head's raylet (Ray picks the head among a host's nodes): killed under
+        it, Ray's core worker ends the whole process, here the pytest worker."""
+        with contextlib.suppress(Exception):
+            import ray
+
+            if ray.is_initialized() and str(ray.get_runtime_context().gcs_address).rsplit(":", 1)[1] == \
+                    self.address.rsplit(":", 1)[1]:
+                ray.shutdown()
+
     def stop(self) -> None:
+        self.leave()
         # Workers first, the head last: a worker outliving its head waits for it in vain.
         for name in sorted(self.procs, key=lambda n: n == "head"):
             proc = self.procs[name]
@@ -214,11 +234,7 @@ def _fixture():
             cluster.start()
             yield cluster
         finally:
-            with contextlib.suppress(Exception):
-                import ray
-
-                ray.shutdown()
-            cluster.stop()
+            cluster.stop()   # this process's driver leaves it first (RayCluster.leave)
             shutil.rmtree(cluster.dir, ignore_errors=True)
 
     return ray_cluster

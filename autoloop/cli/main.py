@@ -408,7 +408,7 @@ def _main(argv: list[str] | None) -> int:
         return _run_command(args)
     except AutoloopError as e:   # every error meant for the user (errors.py)
         print(f"autoloop: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     except KeyboardInterrupt:
         print("autoloop: interrupted", file=sys.stderr)
         return 130

@@ -14,6 +14,8 @@ from __future__ import annotations
 class AutoloopError(Exception):
     """A problem the user can act on; the message is one line."""
 
+    exit_status = 1   # the command's exit status; a subclass may name its own (the Ray head gone: 75)
+
 
 class ConfigError(AutoloopError):
     """A bad setting, naming where it came from: ``--budget: ...``, ``autoloop.toml: budget: ...``."""

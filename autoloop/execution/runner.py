@@ -71,7 +71,7 @@ PROGRESS_PREFIX = b"step "    # train.py (and autoresearch) progress lines
 # A line starts after \n or \r: autoresearch redraws its progress line with \r.
 _LINE_START = rb"(?:^|(?<=[\r\n]))"
 _NUMBER = rb"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
-_PROGRESS_RE = re.compile(_LINE_START + re.escape(PROGRESS_PREFIX) + rb"[^\r\n]*")
+PROGRESS_RE = re.compile(_LINE_START + re.escape(PROGRESS_PREFIX) + rb"[^\r\n]*")
 _EOL_RE = re.compile(rb"[\r\n]")
 _SUMMARY_LINE_RE = re.compile(r"^(\w+):\s*(" + _NUMBER.decode() + r")\s*$", re.IGNORECASE)
 
@@ -238,7 +238,7 @@ class _Reader(threading.Thread):
         if len(self._carry) > MAX_LINE:
             self._carry, self._skipping = b"", True
         if PROGRESS_PREFIX in lines:
-            progress = _last_match(_PROGRESS_RE, lines)
+            progress = _last_match(PROGRESS_RE, lines)
             if progress is not None:
                 self._report_progress(progress.group().decode(errors="replace").strip())
         if self._metric_key in lines:

@@ -36,13 +36,15 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.executors.node_trial import LogFollower, for_the_node, no_result_outcome, nonce_digest
+from autoloop.execution.executors.ray_head import HeadGone, leave, watch
 from autoloop.execution.executors.resubmit import BACKOFF_S, with_resubmission
-from autoloop.execution.executors.slurm import _for_the_node, _LogFollower, no_result_outcome, nonce_digest
 from autoloop.execution.procs import end_token_holders
 from autoloop.execution.runner import RunOutcome, RunSpec
 
@@ -208,6 +210,7 @@ class RayExecutor:
                  shared: bool | None = None):
         self.namespace = night_namespace(root)
         self.address = connect(address, self.namespace)
+        self.head = watch(self.address)   # the night stops, in one line, before Ray would end this process
         nodes = alive_nodes()
         check_fits(nodes, gpus, self.address)
         self.gpus, self.cpus = gpus, cpu_share(nodes, gpus)
@@ -239,10 +242,10 @@ class RayExecutor:
     def _run_actor(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
                    on_job: OnJob | None) -> RunOutcome:
         ray = _ray()
-        spec, token = _for_the_node(spec)
+        spec, token = for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         started_at, t0 = time.time(), time.monotonic()
-        follower = _LogFollower(spec.log_path)
+        follower = LogFollower(spec.log_path)
         name = f"{spec.name or 'trial'}-{token[:8]}"
         info: dict[str, Any] = {"executor": "ray", "job_id": name, "address": self.address,
                                 "namespace": self.namespace}
@@ -265,11 +268,17 @@ class RayExecutor:
                 on_job({**info, "nonce_sha256": nonce_digest(spec.env.get("AUTOLOOP_NONCE"))})
         try:
             return self._follow(actor, spec, token, info, started_at, t0, follower, on_progress, stop_event)
+        except Exception as exc:
+            gone = exc if isinstance(exc, HeadGone) else self.head.failed_without()
+            if gone is None:
+                raise
+            leave(_take_all())   # no Ray call below may wait on the dead head
+            raise gone from None
         finally:
             _kill(name)
 
     def _follow(self, actor: Any, spec: RunSpec, token: str, info: dict[str, Any], started_at: float, t0: float,
-                follower: _LogFollower, on_progress: OnProgress | None,
+                follower: LogFollower, on_progress: OnProgress | None,
                 stop_event: threading.Event | None) -> RunOutcome:
         ray = _ray()
         start_ref = actor.start.remote(spec.model_dump_json(), not self.shared)
@@ -277,6 +286,7 @@ class RayExecutor:
         stopped, data = False, None
         try:
             while data is None:
+                self.head.check()
                 if stop_event is not None and stop_event.is_set() and not stopped:
                     stopped = True
                     if where is None:   # not placed yet: nothing runs, nothing to wait for
@@ -314,12 +324,12 @@ class RayExecutor:
         return self.pending_timeout_s is not None and time.monotonic() - t0 > self.pending_timeout_s
 
     def _lost(self, exc: BaseException, spec: RunSpec, token: str, info: dict[str, Any],
-              where: dict[str, Any] | None, started_at: float, t0: float, follower: _LogFollower,
+              where: dict[str, Any] | None, started_at: float, t0: float, follower: LogFollower,
               stopped: bool) -> RunOutcome:
         """The actor died under the trial: its node died (the cluster's doing: submitted
         again), or the actor's process did (said as the job's error)."""
         said = _first_line(exc)
-        node_died = where is not None and _node_died(where.get("node_id"))
+        node_died = where is not None and _node_died(where.get("node_id"), self.head.check)
         state = "NODE_DIED" if node_died else "ACTOR_DIED"
         info.update({"job_state": f"{state} ({said})", "ray_reason": said})
         # Where the node shared this host (a workstation, the tests' cluster), the trial's
@@ -339,12 +349,14 @@ def _placement(where: dict[str, Any]) -> dict[str, Any]:
             "gpu_ids": where.get("gpu_ids") or [], "cuda_visible_devices": where.get("cuda_visible_devices", "")}
 
 
-def _node_died(node_id: str | None, wait_s: float = NODE_DEATH_WAIT_S) -> bool:
-    """Whether the cluster marks the node dead, waiting for its health checks to say so."""
+def _node_died(node_id: str | None, check_head: Callable[[], None], wait_s: float = NODE_DEATH_WAIT_S) -> bool:
+    """Whether the cluster marks the node dead, waiting for its health checks to say so (the head
+    checked meanwhile: a node lost with it is not waited for)."""
     if not node_id:
         return False
     deadline = time.monotonic() + wait_s
     while True:
+        check_head()
         with contextlib.suppress(Exception):
             found = [n for n in _ray().nodes() if n.get("NodeID") == node_id]
             if not found or not found[0].get("Alive"):
@@ -374,6 +386,14 @@ def _kill(name: str) -> None:
     if actor is not None:
         with contextlib.suppress(Exception):
             _ray().kill(actor, no_restart=True)
+
+
+def _take_all() -> list[Any]:
+    """The handles of every actor of this process, no longer killed by :func:`_kill`."""
+    with _live_lock:
+        taken = list(_live.values())
+        _live.clear()
+    return taken
 
 
 def _end_all() -> None:

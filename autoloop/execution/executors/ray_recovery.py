@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from autoloop.execution.executors import OnProgress
+from autoloop.execution.executors.node_trial import nonce_digest
 from autoloop.execution.executors.ray_executor import STOP_WAIT_S, _ray, connect
-from autoloop.execution.executors.slurm import nonce_digest
 from autoloop.execution.runner import RunOutcome
 
 _collected: dict[str, dict[str, Any]] = {}   # outcomes taken from ended actors, by actor name

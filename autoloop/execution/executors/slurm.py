@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import hashlib
 import math
 import os
 import shutil
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +44,7 @@ import psutil
 
 from autoloop.core.durations import format_duration
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.executors.node_trial import LogFollower, for_the_node, no_result_outcome, nonce_digest
 from autoloop.execution.executors.resubmit import BACKOFF_S, with_resubmission
 from autoloop.execution.executors.slurm_gpus import gpu_plan, multi_parameters, this_node
 from autoloop.execution.executors.slurm_site import site_job
@@ -59,8 +58,8 @@ from autoloop.execution.executors.slurm_state import (
     settled,
     wait_while_live,
 )
-from autoloop.execution.procs import TOKEN_VAR, end_token_holders
-from autoloop.execution.runner import _PROGRESS_RE, RunOutcome, RunSpec, default_timeout, run_process
+from autoloop.execution.procs import end_token_holders
+from autoloop.execution.runner import RunOutcome, RunSpec, run_process
 
 if TYPE_CHECKING:
     from submitit import Job
@@ -155,36 +154,6 @@ def run_on_node(spec_json: str, stop_event: threading.Event | None = None,
     return data
 
 
-class _LogFollower:
-    """Reads what the node appended to the trial's log since the last look, for progress lines."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.offset = 0
-        self.last: str | None = None
-
-    def poll(self, on_progress: OnProgress | None) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self.offset:   # a new log (the job restarted): read it from the start
-                    self.offset = 0
-                f.seek(self.offset)
-                data = f.read(size - self.offset)
-        except OSError:
-            return
-        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1   # whole lines only
-        self.offset += end
-        last = None
-        for found in _PROGRESS_RE.finditer(data[:end]):
-            last = found
-        if last is not None:
-            self.last = last.group().decode(errors="replace").strip()
-            if on_progress is not None:
-                with contextlib.suppress(Exception):   # a display bug must not lose the trial
-                    on_progress(self.last)
-
-
 _NO_SUBMITIT = "--executor slurm needs submitit: pip install 'autoloop[slurm]' (or pip install submitit)"
 
 
@@ -268,10 +237,10 @@ class SlurmExecutor:
 
     def _run_job(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
                  on_start: OnStart | None, on_job: OnJob | None) -> RunOutcome:
-        spec, token = _for_the_node(spec)
+        spec, token = for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         started_at, t0 = time.time(), time.monotonic()
-        follower = _LogFollower(spec.log_path)
+        follower = LogFollower(spec.log_path)
         if self.cluster == "debug":
             # In this process: the stop event and callbacks reach run_process directly.
             job = self.submitit.submit(run_on_node, spec.model_dump_json(), stop_event, on_progress, on_start)
@@ -306,7 +275,7 @@ class SlurmExecutor:
                                      stopped=end.stopped, timed_out=timed_out and not end.stopped, note=error)
         return _node_outcome(job, end.data, info, end.stopped)
 
-    def _wait(self, job: Job[Any], spec: RunSpec, t0: float, follower: _LogFollower,
+    def _wait(self, job: Job[Any], spec: RunSpec, t0: float, follower: LogFollower,
               stop_event: threading.Event | None, on_progress: OnProgress | None, end: _JobEnd) -> None:
         """Wait for the job, cancelling it on a stop request or past the pending limit, and
         take its result into ``end`` (filled as it goes: what was done stays on an error)."""
@@ -408,19 +377,6 @@ class _JobEnd:
     pending_expired: str | None = None      # it waited in the queue past the limit: why it was cancelled
 
 
-def _for_the_node(spec: RunSpec) -> tuple[RunSpec, str]:
-    """The spec with absolute paths (the node's working directory is not ours) and the
-    timeout in force, and its process token, chosen here so that the trial's processes can
-    be found from here."""
-    token = spec.env.get(TOKEN_VAR) or uuid.uuid4().hex
-    spec = spec.model_copy(update={
-        "env": {**spec.env, TOKEN_VAR: token},
-        "cwd": Path(spec.cwd).absolute(), "log_path": Path(spec.log_path).absolute(),
-        "result_path": Path(spec.cwd, spec.result_path).absolute() if spec.result_path else None,
-        "timeout_s": spec.timeout_s if spec.timeout_s is not None else default_timeout(spec.budget_s)})
-    return spec, token
-
-
 def _end_strays(job: Job[Any], token: str, log_path: Path) -> None:
     strays = end_token_holders(token)
     if strays:
@@ -447,26 +403,6 @@ def _no_outcome_error(job: Job[Any], failure: BaseException | None, data: object
     if timed_out:
         error = f"job {job.job_id} hit the scheduler's time limit (state {state}): {what}"
     return error, timed_out, state
-
-
-def no_result_outcome(spec: RunSpec, started_at: float, t0: float, follower: _LogFollower, info: dict[str, Any],
-                      job_error: str | None = None, launch_error: str | None = None, stopped: bool = False,
-                      timed_out: bool = False, note: str | None = None) -> RunOutcome:
-    """A RunOutcome for a job or a step (slurm_steps) that gave none; the evidence goes into
-    the trial's log too."""
-    note = note or launch_error
-    if note:
-        with contextlib.suppress(OSError), open(spec.log_path, "a") as f:
-            f.write(f"\n[autoloop] {note}\n")
-    tail = ""
-    with contextlib.suppress(OSError):
-        tail = "\n".join(spec.log_path.read_text(errors="replace").splitlines()[-200:])
-    return RunOutcome(
-        exit_code=126 if launch_error else None, launch_error=launch_error, job_error=job_error,
-        killed_reason="stopped" if stopped else ("timeout" if timed_out else None), timed_out=timed_out,
-        max_rss_gb=spec.max_rss_gb, metric_name=spec.metric, log_path=spec.log_path, log_tail=tail,
-        started_at=started_at, ended_at=time.time(), wall_seconds=time.monotonic() - t0,
-        timeout_s=spec.timeout_s, last_progress=follower.last, job=info)
 
 
 def _node_outcome(job: Job[Any], data: dict[str, Any], info: dict[str, Any], stopped: bool) -> RunOutcome:
@@ -585,11 +521,6 @@ def _scancel(job: dict[str, Any], job_id: str) -> str:
             return f"could not cancel slurm job {job_id} ({exc}); scancel it"
         return f"cancelled slurm job {job_id}"
     return f"slurm job {job_id} may still run: scancel not found here; scancel it"
-
-
-def nonce_digest(nonce: str | None) -> str | None:
-    """What state.json keeps of the trial's nonce: enough to check a result by, not to forge one."""
-    return hashlib.sha256(nonce.encode()).hexdigest() if nonce else None
 
 
 def collect_finished(job: dict[str, Any] | None) -> RunOutcome | None:

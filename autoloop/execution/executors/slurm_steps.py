@@ -38,14 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoloop.execution.executors import ExecutorError, OnJob, OnProgress, OnStart
+from autoloop.execution.executors.node_trial import LogFollower, for_the_node, no_result_outcome, nonce_digest
 from autoloop.execution.executors.resubmit import BACKOFF_S, backoff_s, set_aside_log
 from autoloop.execution.executors.slurm import (
     POLL_S,
-    _for_the_node,
-    _LogFollower,
     _quietly,
-    no_result_outcome,
-    nonce_digest,
     run_on_node,
     time_limit_minutes,
     trusted_outcome,
@@ -212,7 +209,7 @@ class SlurmStepExecutor:
 
     def _run_step(self, spec: RunSpec, on_progress: OnProgress | None, stop_event: threading.Event | None,
                   on_start: OnStart | None, on_job: OnJob | None) -> RunOutcome:
-        spec, _token = _for_the_node(spec)
+        spec, _token = for_the_node(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.folder.mkdir(parents=True, exist_ok=True)
         name = spec.log_path.stem                      # <trial>-<attempt>, unique in the night
@@ -224,7 +221,7 @@ class SlurmStepExecutor:
                 sys.executable, "-m", "autoloop.execution.executors.slurm_steps",
                 str(files["spec.json"]), str(files["outcome.json"]), str(files["step"]), str(self.nodes)]
         started_at, t0 = time.time(), time.monotonic()
-        follower = _LogFollower(spec.log_path)
+        follower = LogFollower(spec.log_path)
         info: dict[str, Any] = {"executor": self.name, "cluster": "steps", "job_id": self.job_id,
                                 "job_stdout": str(files["out"])}
         srun_said = files["out"].with_suffix(".srun")
