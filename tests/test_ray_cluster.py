@@ -289,12 +289,17 @@ def test_a_stop_ends_the_trial_and_its_actor(tmp_path, tiny_data_dir, cluster, h
     assert not alive(int(marker.read_text())) and not live_actors(cluster.address), out
 
 
-def kill_9_while_running(repo: Path, data_dir: Path, started: Path) -> dict:
-    """Start a night, kill -9 it once its trial runs; the job recorded in state.json."""
-    orchestrator = start_night(repo, data_dir, *night("--gpus-per-trial", "1"))
+def kill_9_while_running(repo: Path, data_dir: Path, started: Path, nodes: int = 1) -> dict:
+    """Start a night, kill -9 it once its trial runs (over ``nodes`` nodes: once each node's rank
+    marked ``started``, a folder); the job recorded in state.json."""
+    orchestrator = start_night(repo, data_dir, *night("--gpus-per-trial", "1", "--nodes-per-trial", str(nodes)))
+
+    def running() -> bool:
+        return len(list(started.iterdir())) == nodes if nodes > 1 else started.exists()
+
     try:
-        wait_for("the trial to run", lambda: started.exists() or orchestrator.poll() is not None)
-        assert started.exists(), orchestrator.communicate()[0]
+        wait_for("the trial to run", lambda: running() or orchestrator.poll() is not None)
+        assert running(), orchestrator.communicate()[0]
         job = json.loads((repo / "results" / "state.json").read_text())["job"]
         os.killpg(orchestrator.pid, signal.SIGKILL)
         orchestrator.wait(30)
@@ -309,20 +314,40 @@ def resume_in_background(repo: Path, data_dir: Path, out: Path, *extra: str) -> 
     return start_autoloop(repo, data_dir, night("--gpus-per-trial", "1", "--resume", *extra), out)
 
 
-def test_resume_after_kill_9_reattaches_to_the_running_actor_and_takes_its_result(tmp_path, tiny_data_dir, cluster):
-    """The orchestrator killed with -9 while its trial runs: the detached actor runs on, --resume
-    waits for it (not cancelled), and takes its result with the nonce recorded at submission."""
+def ranks_releasable_train(value: float, started: Path, release: Path) -> str:
+    """releasable_train for a trial over several nodes: each rank marks ``started/<rank>``, waits
+    for ``release``, then writes its node's result file (the first node's is the trial's)."""
+    return fake_train(value, f"import json, os, pathlib, time\n"
+                             f"pathlib.Path({str(started)!r}, os.environ['RANK']).write_text('x')\n"
+                             f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.1)\n"
+                             "pathlib.Path(os.environ['AUTOLOOP_RESULT']).write_text(json.dumps("
+                             "{'val_bpb': VALUE, 'nonce': os.environ['AUTOLOOP_NONCE']}))\n")
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_resume_after_kill_9_reattaches_to_the_running_actor_and_takes_its_result(tmp_path, tiny_data_dir, cluster,
+                                                                                  nodes):
+    """The orchestrator killed with -9 while its trial runs: the detached actor runs on (over two
+    nodes: both actors and their placement group), --resume waits for it (not cancelled), takes
+    its result with the nonce recorded at submission, and leaves no actor and no group."""
     started, release, out = tmp_path / "started", tmp_path / "release", tmp_path / "resume.out"
     repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
-    queue_file(repo, "01_waits.py", releasable_train(0.9, started, release), "waits")
-    job = kill_9_while_running(repo, tiny_data_dir, started)
+    if nodes > 1:
+        started.mkdir()
+    script = releasable_train(0.9, started, release) if nodes == 1 else ranks_releasable_train(0.9, started, release)
+    queue_file(repo, "01_waits.py", script, "waits")
+    job = kill_9_while_running(repo, tiny_data_dir, started, nodes)
     assert job["executor"] == "ray" and job["nonce_sha256"], job
-    assert live_actors(cluster.address) == [job["job_id"]]   # the trial runs on without its orchestrator
-    resumed = resume_in_background(repo, tiny_data_dir, out)
+    actors = job.get("actors") or [job["job_id"]]
+    assert len(actors) == nodes and actors[0] == job["job_id"], job
+    assert sorted(live_actors(cluster.address)) == sorted(actors)   # the trial runs on without its orchestrator
+    if nodes > 1:
+        assert job["placement_group"] in live_groups(cluster.address), job
+    resumed = resume_in_background(repo, tiny_data_dir, out, "--nodes-per-trial", str(nodes))
     try:
         wait_for("the resume to re-attach", lambda: "re-attached" in out.read_text() or resumed.poll() is not None)
         assert f"recovery: trial 1.1: re-attached to ray actor {job['job_id']}" in out.read_text(), out.read_text()
-        assert live_actors(cluster.address) == [job["job_id"]]   # waited for, not cancelled
+        assert sorted(live_actors(cluster.address)) == sorted(actors)   # waited for, not cancelled
         release.write_text("go")   # the trial ends while the resumed night waits for it
         assert resumed.wait(120) == 0, out.read_text()
     finally:
@@ -334,7 +359,7 @@ def test_resume_after_kill_9_reattaches_to_the_running_actor_and_takes_its_resul
     waited = [r for r in assert_invariants(repo) if r["description"] == "waits"]
     assert len(waited) == 1 and waited[0]["metric"] == 0.9 and waited[0]["extra"]["collected"], waited
     assert waited[0]["extra"]["job_id"] == job["job_id"]
-    assert not live_actors(cluster.address)
+    assert not live_actors(cluster.address) and not live_groups(cluster.address)
 
 
 def test_resume_does_not_trust_a_finished_actors_result_with_another_nonce(tmp_path, tiny_data_dir, cluster):
