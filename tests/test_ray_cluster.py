@@ -262,18 +262,23 @@ def test_a_node_lost_mid_trial_is_the_clusters_doing_and_the_trial_runs_again(tm
         cluster.start_worker(node)   # the session's cluster whole again for the next tests
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_a_stop_ends_the_trial_and_its_actor(tmp_path, tiny_data_dir, cluster, how):
+@pytest.mark.parametrize(("how", "nodes"), [("ctrl-c", 1), ("sigterm", 2)])
+def test_a_stop_ends_the_trial_and_its_actor(tmp_path, tiny_data_dir, cluster, how, nodes):
     """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to the orchestrator alone: the
-    trial's tree ended on its node, its actor killed, the attempt recorded interrupted."""
-    marker = tmp_path / "started"
+    trial's tree ended on its node (over two nodes: on each), its actors killed (and their
+    placement group removed), the attempt recorded interrupted."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
     repo = init_repo(tmp_path / "repo", {"train.py": fake_train(1.0)})
-    queue_file(repo, "01_hang.py", hang_train(marker), "hangs")
-    orchestrator = start_night(repo, tiny_data_dir, *night("--gpus-per-trial", "1"))
+    marker = pids / "0"
+    hangs = hang_train(marker) if nodes == 1 else two_node_hang_train(tmp_path / "attempts", pids)
+    queue_file(repo, "01_hang.py", hangs, "hangs")
+    orchestrator = start_night(repo, tiny_data_dir, *night("--gpus-per-trial", "1", "--nodes-per-trial", str(nodes)))
     try:
-        wait_for("the hanging trial to run", lambda: marker.exists() or orchestrator.poll() is not None)
-        assert marker.exists(), orchestrator.communicate()[0]
-        assert live_actors(cluster.address)
+        wait_for("the hanging trial to run",
+                 lambda: len(list(pids.iterdir())) == nodes or orchestrator.poll() is not None)
+        assert len(list(pids.iterdir())) == nodes, orchestrator.communicate()[0]
+        assert len(live_actors(cluster.address)) == nodes
         if how == "ctrl-c":
             os.killpg(orchestrator.pid, signal.SIGINT)   # as a terminal's Ctrl-C does
         else:
@@ -286,7 +291,8 @@ def test_a_stop_ends_the_trial_and_its_actor(tmp_path, tiny_data_dir, cluster, h
     assert orchestrator.returncode == (130 if how == "ctrl-c" else 143), out
     hung = [r for r in assert_invariants(repo) if r["description"] == "hangs"]
     assert hung and hung[0]["reason"] == f"interrupted ({name})", hung
-    assert not alive(int(marker.read_text())) and not live_actors(cluster.address), out
+    assert not any(alive(int(p.read_text())) for p in pids.iterdir()), out
+    assert not live_actors(cluster.address) and not live_groups(cluster.address), out
 
 
 def kill_9_while_running(repo: Path, data_dir: Path, started: Path, nodes: int = 1) -> dict:
