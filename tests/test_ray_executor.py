@@ -28,6 +28,17 @@ def test_a_trial_bigger_than_every_node_is_one_line():
         rx.check_fits([node(0, 8), node(4, 16)], 5, "head:6379")
 
 
+def test_a_trial_over_more_nodes_than_can_hold_a_share_is_one_line():
+    """STRICT_SPREAD needs M distinct nodes each with the GPUs and the CPU share of one node's
+    share; the head (no GPU) and a node short of CPUs do not count."""
+    nodes = [node(0, 8), node(4, 16), node(4, 16), node(4, 1)]
+    rx.check_fits(nodes, 2, "head:6379", count=2, cpus=8)
+    with pytest.raises(ExecutorError, match=r"^--nodes-per-trial 3: the Ray cluster at head:6379 has 2 node\(s\) "
+                                            r"of at least 2 GPU\(s\) and 8 CPU\(s\), and a trial needs 3 distinct "
+                                            r"ones \(one per node\)$"):
+        rx.check_fits(nodes, 2, "head:6379", count=3, cpus=8)
+
+
 def test_the_work_tree_over_rays_working_dir_limit_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "train.py").write_bytes(b"x" * 3000)
     (tmp_path / ".git").mkdir()

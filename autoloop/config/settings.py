@@ -328,7 +328,7 @@ class Settings(BaseModel):
     # -- where trials run (docs/clusters.md) --------------------------------
     executor: Literal["local", "slurm", "ray"] = setting(
         "local", "slurm", "where trials run: local, slurm (one job per trial through submitit), or ray (one "
-        "actor per trial on a Ray cluster, placed by Ray)")
+        "actor per trial, or per node of a trial, on a Ray cluster, placed by Ray)")
     ray_address: str | None = setting(
         None, "slurm", "the Ray cluster of --executor ray: its head's HOST:PORT, or ray://HOST:PORT",
         metavar="ADDRESS", default_text="RAY_ADDRESS of the environment, else a local Ray cluster started for "
@@ -344,8 +344,8 @@ class Settings(BaseModel):
         None, "slurm", "deprecated: the same as --gpus-per-trial", metavar="N", ge=0,
         default_text="--gpus-per-trial when given, else 1 where the partition has GPUs (sinfo's GRES), else 0")
     nodes_per_trial: int = setting(
-        1, "slurm", "nodes per trial (its job's, or its step's inside an allocation); above 1, torchrun on each node "
-        "meets at the first node's",
+        1, "slurm", "nodes per trial (Slurm: its job's, or its step's inside an allocation; Ray: a placement group "
+        "of one bundle per node, STRICT_SPREAD); above 1, torchrun on each node meets at the first node's",
         metavar="M", ge=1)
     slurm_time_limit: float | None = setting(
         None, "slurm", "the job's time limit, e.g. 20m", metavar="DURATION",

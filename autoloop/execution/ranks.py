@@ -12,10 +12,12 @@ Which devices the ranks see is the worker's environment (autoloop.execution.devi
 from __future__ import annotations
 
 import math
-from pathlib import PurePath
-from typing import TypedDict
+from pathlib import Path, PurePath
+from typing import Any, TypedDict
 
 from autoloop.core.errors import ConfigError
+from autoloop.execution.procs import TOKEN_VAR
+from autoloop.execution.runner import RunSpec
 
 LAUNCHER = ["-m", "torch.distributed.run", "--standalone"]
 # The launcher checks its ranks this often (seconds): a rank that died ends the trial at once.
@@ -47,6 +49,32 @@ def node_command(argv: list[str], nodes: int, node_rank: int, address: str, port
     options = ["-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(node_rank),
                "--nproc-per-node", str(ranks), "--master-addr", address, "--master-port", str(port), *_NO_RESTARTS]
     return _launched(plain, options, ranks)
+
+
+def node_share(spec: RunSpec, nodes: int, rank: int, address: str, port: int) -> RunSpec:
+    """Node ``rank``'s share of a trial spread over ``nodes`` nodes (a Slurm task per node, a Ray
+    actor per node): its launcher meets the others' at ``address:port`` (:func:`node_command`).
+    The first node's share is the trial (its log, its result file, its process token); the
+    others' logs and result files get a ``.node<k>`` name of their own, since the runner starts
+    each run by removing the result file it will read."""
+    update: dict[str, Any] = {"command": node_command(spec.command, nodes, rank, address, port)}
+    if rank:
+        # A token of its own: the runner ends every process carrying its token, and its cgroup
+        # is named by it, so two nodes on one host (the test clusters) would end each other's.
+        token = spec.env.get(TOKEN_VAR)
+        if token:
+            update["env"] = {**spec.env, TOKEN_VAR: node_token(token, rank)}
+        log = Path(spec.log_path)
+        update["log_path"] = log.with_name(f"{log.stem}.node{rank}{log.suffix}")
+        if spec.result_path is not None:
+            result = Path(spec.result_path)
+            update["result_path"] = result.with_name(f"{result.stem}.node{rank}{result.suffix}")
+    return spec.model_copy(update=update)
+
+
+def node_token(token: str, rank: int) -> str:
+    """The process token of node ``rank``'s share of a trial whose token is ``token``."""
+    return f"{token}n{rank}" if rank else token
 
 
 # A failed rank ends the trial (no restarts); the launcher looks at its ranks this often.

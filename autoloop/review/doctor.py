@@ -329,7 +329,7 @@ def _ray(settings: Settings) -> list[Check]:
         return [fail("ray", "--executor ray needs ray: pip install 'autoloop[ray]'")]
     from autoloop.execution.executors.ray_executor import cluster_report
 
-    good, lines = cluster_report(settings.ray_address, settings.gpus_per_trial)
+    good, lines = cluster_report(settings.ray_address, settings.gpus_per_trial, settings.nodes_per_trial)
     return [(ok if good else fail)("ray", line) for line in lines]
 
 

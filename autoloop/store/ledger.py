@@ -201,6 +201,7 @@ class Extra(TypedDict, total=False):
     job_id: str
     job_name: str                        # autoloop-<tag>-<trial>.<attempt>
     node: str                            # where the job ran (Slurm's NodeList)
+    nodes: list[dict[str, Any]]          # executor ray: every node of the trial (node, node_id, gpu_ids), first = node
     gpu_model: str                       # the GPU type Slurm bound (JOB_GRES gpu:<model>:N), where it names one
     tampered_before_run: list[str]       # protected inputs a proposer changed, restored
     tampered: list[str]                  # protected inputs changed by the run (core/keep.py, recovery)

@@ -6,6 +6,11 @@ the Ray branches of ``executors.wait_for_job``, ``cancel_job`` and ``collect_fin
 Whenever recovery learns that the trial ended (:func:`wait_recorded`, :func:`cancel_recorded`),
 its outcome is kept here and the actor killed at once, so that no actor is left whichever way
 recovery goes next; :func:`collect_recorded` takes the kept outcome with the nonce check.
+
+A trial over several nodes records every node's actor (``actors``, the first being ``job_id``,
+whose outcome is the trial's) and their placement group (``placement_group``): whenever the
+first one is done with, the others are stopped and killed and the group removed
+(:func:`_end_rest`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,31 @@ def _recorded_actor(job: dict[str, Any]) -> Any:
         return None
 
 
+def _end_rest(job: dict[str, Any]) -> None:
+    """A multi-node attempt's other actors stopped (their trees ended on their nodes), killed,
+    and its placement group removed; nothing for a one-node attempt."""
+    names = [str(n) for n in job.get("actors") or []][1:]
+    group = job.get("placement_group")
+    if not names and not group:
+        return
+    ray = _ray()
+    found = []
+    for name in names:
+        with contextlib.suppress(Exception):   # gone already (its node died, or killed)
+            found.append(ray.get_actor(name, namespace=str(job.get("namespace"))))
+    for actor in found:
+        with contextlib.suppress(Exception):
+            actor.stop.remote()
+    for actor in found:
+        with contextlib.suppress(Exception):
+            ray.get(actor.outcome.remote(STOP_WAIT_S), timeout=STOP_WAIT_S + 30)
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+    if group:
+        with contextlib.suppress(Exception):   # a group is found by name in the night's namespace
+            ray.util.remove_placement_group(ray.util.get_placement_group(str(group)))
+
+
 def wait_recorded(job: dict[str, Any], until: float, stop_event: threading.Event | None = None,
                   on_progress: OnProgress | None = None) -> bool:
     """Wait for the recorded actor's trial to end; True when it has (or the actor is gone).
@@ -42,6 +72,7 @@ def wait_recorded(job: dict[str, Any], until: float, stop_event: threading.Event
     ray = _ray()
     actor = _recorded_actor(job)
     if actor is None:
+        _end_rest(job)
         return True
     name = str(job.get("job_id"))
     if on_progress is not None:
@@ -53,6 +84,7 @@ def wait_recorded(job: dict[str, Any], until: float, stop_event: threading.Event
         try:
             data = ray.get(actor.outcome.remote(1.0), timeout=120)
         except ray.exceptions.RayActorError:
+            _end_rest(job)
             return True   # it died: nothing to collect, the attempt is recorded interrupted
         except ray.exceptions.GetTimeoutError:
             continue
@@ -60,6 +92,7 @@ def wait_recorded(job: dict[str, Any], until: float, stop_event: threading.Event
             _collected[name] = data
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
+            _end_rest(job)
             return True
     return False
 
@@ -71,6 +104,7 @@ def cancel_recorded(job: dict[str, Any]) -> str | None:
     actor = _recorded_actor(job)
     name = job.get("job_id")
     if actor is None:
+        _end_rest(job)
         return None
     try:
         data = ray.get(actor.outcome.remote(0.0), timeout=120)
@@ -86,6 +120,7 @@ def cancel_recorded(job: dict[str, Any]) -> str | None:
         said = f"cancelled ray actor {name} (its trial's tree ended on its node)"
     with contextlib.suppress(Exception):
         ray.kill(actor, no_restart=True)
+    _end_rest(job)
     return said
 
 
@@ -100,6 +135,7 @@ def collect_recorded(job: dict[str, Any]) -> RunOutcome | None:
         ray = _ray()
         actor = _recorded_actor(job)
         if actor is None:
+            _end_rest(job)
             return None
         try:
             data = ray.get(actor.outcome.remote(0.0), timeout=120)
@@ -108,9 +144,11 @@ def collect_recorded(job: dict[str, Any]) -> RunOutcome | None:
         with contextlib.suppress(Exception):
             if data is not None:
                 ray.kill(actor, no_restart=True)
+        if data is not None:
+            _end_rest(job)
     if not isinstance(data, dict) or "node_error" in data:
         return None
-    data = {k: v for k, v in data.items() if k != "log_text"}
+    data = {k: v for k, v in data.items() if k not in ("log_text", "log_rest")}
     try:
         outcome = RunOutcome.model_validate(data)
     except Exception:  # not an outcome: nothing to collect

@@ -17,12 +17,10 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from autoloop.execution.executors import ExecutorError
-from autoloop.execution.procs import TOKEN_VAR
-from autoloop.execution.ranks import node_command
+from autoloop.execution.ranks import node_share
 from autoloop.execution.runner import RunSpec
 
 # Rendezvous ports are this plus the job id modulo 10000: clear of torchrun's default 29500,
@@ -101,26 +99,13 @@ def rendezvous_port(job_id: str) -> int:
 
 def this_node(spec: RunSpec, nodes: int, environ: Mapping[str, str]) -> RunSpec:
     """This node's share of a trial whose job spans ``nodes`` nodes (one task per node): the
-    launcher meets the others' at the allocation's first node (``SLURM_JOB_NODELIST``). The
-    first node's share is the trial (its log, its result file, its process token); the others'
-    logs and result files get a ``.node<k>`` name of their own, since the runner starts each
-    run by removing the result file it will read."""
+    launcher meets the others' at the allocation's first node (``SLURM_JOB_NODELIST``); the
+    first node's share is the trial, the others' logs and result files are named apart
+    (ranks.node_share)."""
     rank = int(environ.get("SLURM_NODEID", "0"))
     job_id = environ.get("SLURM_JOB_ID", "0")
     address = node_address(first_node(environ.get("SLURM_JOB_NODELIST", "")))
-    update: dict[str, Any] = {"command": node_command(spec.command, nodes, rank, address, rendezvous_port(job_id))}
-    if rank:
-        # A token of its own: the runner ends every process carrying its token, and its cgroup
-        # is named by it, so two nodes on one host (the test cluster) would end each other's.
-        token = spec.env.get(TOKEN_VAR)
-        if token:
-            update["env"] = {**spec.env, TOKEN_VAR: f"{token}n{rank}"}
-        log = Path(spec.log_path)
-        update["log_path"] = log.with_name(f"{log.stem}.node{rank}{log.suffix}")
-        if spec.result_path is not None:
-            result = Path(spec.result_path)
-            update["result_path"] = result.with_name(f"{result.stem}.node{rank}{result.suffix}")
-    return spec.model_copy(update=update)
+    return node_share(spec, nodes, rank, address, rendezvous_port(job_id))
 
 
 def node_address(node: str) -> str:
