@@ -89,6 +89,7 @@ class Night:
     kept: list[Idea] = field(default_factory=list)
     pairs: list[tuple[float, float]] = field(default_factory=list)
     off_at: int | None = None        # the trial at which scouting switched itself off
+    best_runs: int = 3               # the runs the best's value is the mean of (the baseline's 3 first)
 
     def cost(self, scout: bool) -> float:
         return (self.scout_budget if scout else self.budget) + self.overhead
@@ -114,11 +115,13 @@ def full_trial(night: Night, idea: Idea, best: tuple[str, float], noise: float |
     if first is None:
         return None
     runs: tuple[float, ...] = (first,)
+    count = None   # the confirmation's count from power, as the engine carries it from run to run
     while True:
         d = decide(Facts(kind="candidate", commit=name, runs=runs, parent=best, current=best, noise=noise,
-                         can_confirm=len(runs) == 1, rules=RULES))
+                         can_confirm=len(runs) == 1, rules=RULES, best_runs=night.best_runs, confirmation=count))
         if d.action != "confirm":
             break
+        count = count or d.confirmation
         again = night.run(False, idea)
         if again is None:
             return best, first
@@ -127,6 +130,7 @@ def full_trial(night: Night, idea: Idea, best: tuple[str, float], noise: float |
         night.true_best += idea.full
         night.true_scout += idea.scout
         night.kept.append(idea)
+        night.best_runs = len(runs)
         assert d.best[1] is not None
         return (name, d.best[1]), first
     return best, first

@@ -3,8 +3,9 @@
 The baseline runs three times (seeds 42, 43, 44): the ledger carries the samples and
 their spread, the best is their mean, every judged row carries its confidence in
 sigma, and results.tsv has the confidence column. A huge --noise-z makes even a
-large gain "within noise": the candidate is re-run once (kind confirm, same commit)
-and discarded, and the branch ends at the baseline.
+large gain "within noise", and no count of runs could keep it at that bar: the candidate
+is confirmed with the most runs a confirmation makes (1 + MAX_CONFIRMATIONS, kind confirm,
+same commit), discarded on the mean of all, and the branch ends at the baseline.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from helpers.git import init_repo
 from helpers.loop import BUDGET, GOOD, SLOW, TIMEOUT, assert_invariants, autoloop, queue_file, read_ledger, read_tsv
 
+from autoloop.core.power import MAX_CONFIRMATIONS
 from autoloop.store.ledger import TSV_COLUMNS
 
 
@@ -27,8 +29,9 @@ def test_noise_runs_confidence_and_confirmation(tmp_path, tiny_data_dir):
     ledger = assert_invariants(repo)
     assert [(r["trial"], r["attempt"], r["kind"], r["status"]) for r in ledger] == [
         (0, 1, "baseline", "keep"), (0, 2, "confirm", "keep"), (0, 3, "confirm", "keep"),
-        (1, 1, "candidate", "discard"), (1, 2, "confirm", "discard")]
-    base, s1, s2, cand, conf = ledger
+        (1, 1, "candidate", "discard"), *((1, a, "confirm", "discard") for a in range(2, 2 + MAX_CONFIRMATIONS))]
+    base, s1, s2, cand, *confirms = ledger
+    conf = confirms[-1]
     # noise samples: other seeds, the running list of samples, their stdev, the best = their mean
     assert [base["seed"], s1["seed"], s2["seed"]] == [42, 43, 44]
     assert s1["reason"] == "noise sample 1/2" and s2["reason"] == "noise sample 2/2"
@@ -38,21 +41,25 @@ def test_noise_runs_confidence_and_confirmation(tmp_path, tiny_data_dir):
     assert s2["noise"] == pytest.approx(statistics.stdev(samples))
     assert s2["best_metric"] == pytest.approx(statistics.mean(samples))
     assert s2["noise"] > 0
-    # the candidate: confidence = gain over the mean / sigma, confirmed once, then within noise
+    # the candidate: confidence = gain over the mean / sigma, confirmed (no count reaches the
+    # power at that bar: capped, said so), then within noise on the mean of all its runs
     sigma = s2["noise"]
     assert cand["noise"] == pytest.approx(sigma)
     assert cand["confidence"] == pytest.approx((s2["best_metric"] - cand["metric"]) / sigma)
     assert cand["confidence"] > 3    # a real gain of several bits, far beyond the noise
-    assert "confirming" in cand["reason"]
-    assert conf["commit"] == cand["commit"] and conf["seed"] != cand["seed"]
-    assert conf["reason"].startswith("within noise (mean of 2 runs")
-    assert conf["extra"]["runs"] == pytest.approx([cand["metric"], conf["metric"]])
-    assert conf["best"] == base["commit"]
+    assert f"confirming with {MAX_CONFIRMATIONS} more runs" in cand["reason"]
+    assert cand["reason"].endswith(f"no count reaches 80%, capped at {MAX_CONFIRMATIONS} more)")
+    assert {r["commit"] for r in confirms} == {cand["commit"]}
+    assert [r["seed"] for r in [cand, *confirms]] == list(range(42, 43 + MAX_CONFIRMATIONS))
+    assert [r["next"] for r in [cand, *confirms]] == ["confirm"] * MAX_CONFIRMATIONS + [None]
+    assert conf["reason"].startswith(f"within noise (mean of {1 + MAX_CONFIRMATIONS} runs")
+    assert conf["extra"]["runs"] == pytest.approx([r["metric"] for r in [cand, *confirms]])
+    assert all(r["best"] == base["commit"] for r in confirms)
     # results.tsv: the confidence column (then the worker's), '-' where there is nothing to compare
     rows = read_tsv(repo)
     assert list(rows[0]) == TSV_COLUMNS and TSV_COLUMNS[-3:] == ["confidence", "worker", "hypothesis"]
     assert {r["worker"] for r in rows} == {"-"}
-    assert [r["trial"] for r in rows] == ["0", "0.2", "0.3", "1", "1.2"]
+    assert [r["trial"] for r in rows] == ["0", "0.2", "0.3", "1", *(f"1.{a}" for a in range(2, 2 + MAX_CONFIRMATIONS))]
     assert [r["confidence"] for r in rows[:3]] == ["-", "-", "-"]
     assert rows[3]["confidence"] == f"{cand['confidence']:.1f}"
     status = autoloop(repo, "status", data_dir=tiny_data_dir, check=True).stdout
@@ -107,7 +114,8 @@ def test_kill_during_a_confirmation_is_recovered(tmp_path, tiny_data_dir):
 
 def test_a_confirmation_cut_off_after_its_decision_runs_at_resume(tmp_path, tiny_data_dir):
     """kill -9 just after the record that says next: confirm (the window a Ctrl-C also
-    leaves: the night stops before the re-run): --resume runs the confirmation, once."""
+    leaves: the night stops before the re-run): --resume runs the confirmation, once.
+    (tests/test_confirm_power.py kills between two runs of a confirmation.)"""
     repo, args = killed_within_noise(tmp_path, tiny_data_dir, "recorded:1")
     first = read_ledger(repo)[-1]
     assert (first["trial"], first["attempt"], first["next"]) == (1, 1, "confirm")
@@ -118,13 +126,15 @@ def test_a_confirmation_cut_off_after_its_decision_runs_at_resume(tmp_path, tiny
     ledger = assert_invariants(repo)
     assert [(r["trial"], r["attempt"], r["kind"], r["status"]) for r in ledger] == [
         (0, 1, "baseline", "keep"), (0, 2, "confirm", "keep"), (1, 1, "candidate", "discard"),
-        (1, 2, "confirm", "discard")]
-    conf = ledger[-1]
-    # the same commit with the next seed, judged on the mean of both runs, as without the kill
-    assert conf["commit"] == first["commit"] and conf["seed"] == first["seed"] + 1
-    assert conf["reason"].startswith("within noise (mean of 2 runs")
-    assert conf["extra"]["runs"] == pytest.approx([first["metric"], conf["metric"]])
-    assert conf["best"] == ledger[0]["commit"]
+        *((1, a, "confirm", "discard") for a in range(2, 2 + MAX_CONFIRMATIONS))]
+    confirms = ledger[3:]
+    conf = confirms[-1]
+    # the same commit with the next seeds, judged on the mean of all runs, as without the kill
+    assert {r["commit"] for r in confirms} == {first["commit"]}
+    assert [r["seed"] for r in confirms] == [first["seed"] + k for k in range(1, 1 + MAX_CONFIRMATIONS)]
+    assert conf["reason"].startswith(f"within noise (mean of {1 + MAX_CONFIRMATIONS} runs")
+    assert conf["extra"]["runs"] == pytest.approx([first["metric"], *(r["metric"] for r in confirms)])
+    assert all(r["best"] == ledger[0]["commit"] for r in confirms)
     # Taken up once: a further start finds nothing decided and not run.
     again = autoloop(repo, *args, "--resume", data_dir=tiny_data_dir)
     assert again.returncode == 0 and "resuming its confirmation" not in again.stdout, again.stdout + again.stderr

@@ -45,6 +45,10 @@ def test_verdict_line_with_and_without_noise():
     assert format_verdict("#17", record(noise=0.00128), 1.0275) == \
         "#17 keep 1.0234 (-0.0041, 3.2σ) MATRIX_LR 0.04 -> 0.06"
     assert format_verdict("#17", record(), 1.0275) == "#17 keep 1.0234 (-0.0041) MATRIX_LR 0.04 -> 0.06"
+    # The last run of a confirmation: kept on the mean of its runs, which the line says beside the run's own.
+    assert format_verdict("#17.4", record(attempt=4, kind="confirm", metric=1.0300,
+                                          extra={"runs": [1.0220, 1.0230, 1.0250, 1.0300]}), 1.0275) == \
+        "#17.4 keep 1.0300 (+0.0025, mean of 4 runs 1.0250, -0.0025) MATRIX_LR 0.04 -> 0.06"
     assert format_verdict("#18", record(trial=18, status="discard", metric=1.0301, description="x"), 1.0234) \
         == "#18 discard 1.0301 (+0.0067) x"
     # A change too small for 4 decimals is shown with 6 rather than as (+0.0000).

@@ -204,8 +204,9 @@ class Settings(BaseModel):
         2, "noise", "extra runs of the baseline with seeds seed+1.. to estimate the noise (default {default}; 0: off)",
         metavar="N", ge=0)
     keep_rule: Literal["auto", "noise", "strict"] = setting(
-        "auto", "noise", "noise: keep only beyond max(min-delta, z x noise), confirm borderline gains with a "
-        "re-run; strict: keep any gain > min-delta (default {default}: noise once an estimate exists)")
+        "auto", "noise", "noise: keep only beyond max(min-delta, z x noise), confirm borderline gains with re-runs "
+        "(how many: from --power); strict: keep any gain > min-delta (default {default}: noise once an estimate "
+        "exists)")
     noise_z: float = setting(2.0, "noise", "z of the noise rule", metavar="Z", gt=0)
     remeasure: bool = setting(
         False, "noise", "re-run the best commit --noise-runs times first and re-estimate the noise", run_only=True)
@@ -521,8 +522,10 @@ class Settings(BaseModel):
         "gain with --power, 2 to 10; 3 where no noise was measured)", metavar="R", flag="--repeats",
         run_only=True, ge=1, le=100)
     verify_power: float = setting(
-        0.8, "verify", "the power the chosen repeats give to see the smallest kept gain at a two-sided 5% "
-        "(default {default}); the report names the kept changes the repeats run under-power", metavar="P",
+        0.8, "verify", "the power asked of a count of runs: the repeats a verification chooses to see the smallest "
+        "kept gain at a two-sided 5%, and the runs the keep rule's confirmation of a within-noise gain is judged on "
+        "(at most 3 more; default {default}); the report names the kept changes whose runs were under-powered",
+        metavar="P",
         flag="--power", run_only=True, gt=0.5, lt=1.0)
     verify_scale: dict[str, str] = setting(
         {}, "verify", "transfer: also run the baseline, the best and the best without each confirmed change with "

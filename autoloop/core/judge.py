@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from autoloop.core.power import ConfirmCount, confirm_runs
+
 Direction = Literal["min", "max"]
 
 
@@ -137,26 +139,39 @@ def effective_rule(rule: str, noise: float | None) -> KeepRule:
 
 @dataclass(frozen=True)
 class Judgement:
-    status: Literal["keep", "discard", "confirm"]   # confirm: re-run once with a new seed, then judge again
+    status: Literal["keep", "discard", "confirm"]   # confirm: run again with a new seed, then judge again
     reason: str
     delta: float | None          # improvement of the MEAN of the runs over the best
     mean: float | None           # mean of the runs: the candidate's value if kept
     confidence: float | None     # delta / noise, in sigma
     rule: KeepRule
+    count: ConfirmCount | None = None   # a confirmation chosen from power: the runs it asks for and why
 
 
 def judge_runs(runs: list[float], best: float | None, direction: Direction = "min", min_delta: float = 0.0,
                *, noise: float | None = None, z: float = 2.0, rule: str = "auto",
                can_confirm: bool = True,
-               sanity_bound: float = 0.0) -> Judgement:
+               sanity_bound: float = 0.0, power: float | None = None, best_runs: int = 1,
+               planned: int | None = None) -> Judgement:
     """Keep, discard or confirm a candidate from the metrics of its runs (one or more seeds).
 
     strict: keep when the mean improves on the best by more than min_delta (autoresearch).
     noise:  keep when it improves by more than max(min_delta, z x noise); an improvement
-            that is positive but not above that threshold is re-run once (``confirm``,
-            only while ``can_confirm`` and the candidate has a single run) and then kept
-            only if the mean of its n runs clears max(min_delta, z x noise / sqrt(n)),
-            else discarded as ``within noise``.
+            that is positive but not above that threshold is confirmed (``confirm``, only
+            while ``can_confirm`` and the candidate has a single run): run again with new
+            seeds and then kept only if the mean of its n runs clears
+            max(min_delta, z x noise / sqrt(n)), else discarded as ``within noise``.
+
+    How many runs a confirmation asks for: with ``power`` and a noise estimate, the count
+    core/power.confirm_runs chooses for the first run's gain against a best that is the
+    mean of ``best_runs`` runs (the Judgement's ``count``); otherwise one re-run (no noise
+    measured: nothing to choose a count from; ``power`` None: as before the count existed).
+
+    ``planned``: a confirmation under way asks for this many runs in all. Before the last
+    of them the mean is never kept (a keep at an interim look would be a second chance at
+    a lucky mean: more false keeps than the bar says); it is discarded early only when the
+    mean is no better than the best at all, which can only turn keeps into discards, never
+    add a false keep. Otherwise ``confirm`` again.
     """
     # Sanity bound, under any rule: a first run that beats the best by more than
     # sanity_bound x |best| is more often a broken measurement (a leak into the validation
@@ -192,12 +207,26 @@ def judge_runs(runs: list[float], best: float | None, direction: Direction = "mi
     else:
         d = judge_metric(mean, best, direction, min_delta, noise=mean_noise, z=z)
     conf = confidence(d.delta, noise)
+    if planned is not None and len(xs) < planned and d.delta is not None:
+        if d.delta <= 0:
+            return Judgement("discard", f"within noise (mean of {len(xs)} runs improves by {_num(d.delta)}: no "
+                             f"better than the best {_num(best) if best is not None else best}; stopped at "
+                             f"{len(xs)} of {planned} runs)", d.delta, mean, conf, used)
+        return Judgement("confirm", f"mean of {len(xs)} runs improves by {_num(d.delta)}: {len(xs)} of {planned} "
+                         "runs, confirming on (judged once, on the mean of all)", d.delta, mean, conf, used)
     if d.status == "keep" or d.delta is None or d.delta <= 0 or used == "strict":
         reason = d.reason if len(xs) < 2 or d.delta is None else f"mean of {len(xs)} runs: {d.reason}"
         return Judgement(d.status, reason, d.delta, mean, conf, used)
     threshold, label = required_improvement(min_delta, mean_noise, z)
     if can_confirm and len(xs) == 1:
-        return Judgement("confirm", f"within noise ({_num(d.delta)} <= {label}): confirming with a re-run",
-                         d.delta, mean, conf, used)
+        if power is None:
+            how = "confirming with a re-run"
+        elif noise is None or not math.isfinite(noise) or noise <= 0:
+            how = "confirming with a re-run (no noise measured: one re-run, not a count from --power)"
+        else:
+            count = confirm_runs(d.delta, noise, best_runs, power, z, min_delta)
+            return Judgement("confirm", f"within noise ({_num(d.delta)} <= {label}): {count.text()}",
+                             d.delta, mean, conf, used, count)
+        return Judgement("confirm", f"within noise ({_num(d.delta)} <= {label}): {how}", d.delta, mean, conf, used)
     return Judgement("discard", f"within noise (mean of {len(xs)} runs improves by {_num(d.delta)} <= {label})",
                      d.delta, mean, conf, used)

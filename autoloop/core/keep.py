@@ -7,7 +7,8 @@ decision, and the next action of the trial:
 
 * ``keep``     the candidate is the new best;
 * ``discard``  it is not (a crash is a discard too: the trial decides on a fix request);
-* ``confirm``  run the same commit again with another seed, then judge the mean;
+* ``confirm``  run the same commit again with another seed, then judge the mean (or, for a
+               confirmation that asks for several runs, confirm again until the last);
 * ``replay``   it beat the best it started from, but another worker moved the best
                meanwhile: merge its change onto the new best and run it there;
 * ``stale``    as replay, but the change no longer merges, is already in the new best,
@@ -36,6 +37,7 @@ from autoloop.core.classify import CrashClass
 from autoloop.core.guards import Guard, breaches, parse_guards
 from autoloop.core.judge import Direction, Judgement, judge_metric, judge_runs, noise_estimate
 from autoloop.core.machine_speed import Adjusted
+from autoloop.core.power import ConfirmCount
 from autoloop.core.scout import ScoutRef, judge_scout
 
 MAX_NAMED = 3   # paths named in a tampering reason before "+N more"
@@ -69,6 +71,8 @@ class RuleSettings(Protocol):
     def noise_z(self) -> float: ...
     @property
     def sanity_bound(self) -> float: ...
+    @property
+    def verify_power(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,12 @@ class Rules:
     noise_z: float = 2.0
     sanity_bound: float = 0.0
     guards: tuple[Guard, ...] = ()          # --guard: conditions on secondary metrics a keep must meet
+    power: float | None = 0.8               # --power: a confirmation's runs are chosen for it (None: one re-run)
 
     @classmethod
     def of(cls, settings: RuleSettings) -> Rules:
         return cls(settings.direction, settings.min_delta, settings.keep_rule, settings.noise_z, settings.sanity_bound,
-                   parse_guards(getattr(settings, "guards", None) or ()))
+                   parse_guards(getattr(settings, "guards", None) or ()), settings.verify_power)
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,9 @@ class Facts:
     current: Best = (None, None)            # the best now: another worker may have moved it
     noise: float | None = None              # the noise estimate in force
     noise_sample: tuple[int, int] | None = None   # (k, N): a run of the best to estimate the noise
-    can_confirm: bool = True                # a borderline gain may ask for one re-run
+    can_confirm: bool = True                # a borderline gain may ask for a confirmation
+    best_runs: int = 1                      # the runs the parent's value is the mean of
+    confirmation: ConfirmCount | None = None   # a confirmation under way: the runs it asks for and why
     replays: int = 0                        # how often this trial's change was replayed already
     merge: Literal["clean", "conflict", "already_in"] | None = None   # its change onto `current`
     rules: Rules = field(default_factory=Rules)
@@ -124,6 +131,7 @@ class Decision:
     confidence: float | None = None         # gain over the noise, in sigma
     extra: dict[str, object] = field(default_factory=dict)   # facts for the record's extra (never control flow)
     metric_valid: bool = True               # False: the run's number cannot be trusted (tampered inputs)
+    confirmation: ConfirmCount | None = None   # action confirm from power: the runs in all it asks for
 
 
 def decide(f: Facts) -> Decision:
@@ -208,6 +216,11 @@ def _invalid(f: Facts) -> Decision | None:
 def _judged(f: Facts) -> Decision:
     r = f.rules
     j, extra = _judge(f)
+    # The count of a confirmation, chosen at its first run and carried by each run of it: every
+    # record of the chain says it, the keep too (the report names a keep that got fewer than asked).
+    count = j.count or f.confirmation
+    if count is not None:
+        extra["confirmation"] = count.as_dict()
     if r.guards:   # the guards in force, as the record states them (status and the report read them)
         extra["guards"] = [g.text for g in r.guards]
     broken = breaches(r.guards, f.metrics, f.baseline_metrics)
@@ -226,7 +239,7 @@ def _judged(f: Facts) -> Decision:
                             confidence=j.confidence, extra=extra)
         # confirm: recorded as a discard of this run; the candidate stays checked out for the re-run.
         return Decision("discard", j.status, j.reason, _unmoved(f), noise=f.noise, confidence=j.confidence,
-                        extra=extra)
+                        extra=extra, confirmation=count if j.status == "confirm" else None)
     current = now[:7]
     if j.status == "discard":
         return Decision("discard", "discard", f"{j.reason} (best has moved to {current} meanwhile)", f.current,
@@ -252,13 +265,16 @@ def _judge(f: Facts) -> tuple[Judgement, dict[str, object]]:
     """judge_runs on the raw runs, or, when the night's machine-speed fit is used, on the
     runs and the best at the night's median speed; the raw verdict then goes into extra."""
     r, a = f.rules, f.adjusted
+    planned = f.confirmation.runs if f.confirmation is not None else None
     raw = judge_runs(list(f.runs), f.parent[1], r.direction, r.min_delta, noise=f.noise, z=r.noise_z,
-                     rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
+                     rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound, power=r.power,
+                     best_runs=f.best_runs, planned=planned)
     extra: dict[str, object] = {"runs": list(f.runs)} if len(f.runs) > 1 else {}
     if a is None or a.best is None:
         return raw, extra
     j = judge_runs(list(a.runs), a.best, r.direction, r.min_delta, noise=a.noise, z=r.noise_z,
-                   rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound)
+                   rule=r.keep_rule, can_confirm=f.can_confirm, sanity_bound=r.sanity_bound, power=r.power,
+                   best_runs=f.best_runs, planned=planned)
     extra["adjusted"] = {"runs": list(a.runs), "best": a.best, "noise": a.noise, "fit": a.note,
                          "raw": f"{raw.status}: {raw.reason}"}
     return replace(j, reason=f"at the night's median machine speed: {j.reason} (raw: {raw.status})"), extra

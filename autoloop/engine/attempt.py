@@ -33,6 +33,7 @@ from autoloop.core.durations import default_timeout, format_duration
 from autoloop.core.errors import NightError
 from autoloop.core.guards import finite_metrics
 from autoloop.core.keep import Decision, Facts, cluster_ended, tampered_reason
+from autoloop.core.power import ConfirmCount
 from autoloop.core.prune import Watch, thin
 from autoloop.engine import prune
 from autoloop.engine.candidate import Candidate
@@ -62,8 +63,9 @@ class AttemptPlan:
     seed: int
     prior_runs: tuple[float, ...] = ()            # metrics of earlier runs of the same commit
     noise_sample: tuple[int, int] | None = None   # (k, N): a run of the best to estimate the noise
-    can_confirm: bool = True                      # a borderline gain may ask for one re-run
+    can_confirm: bool = True                      # a borderline gain may ask for a confirmation
     replays: int = 0                              # how often the trial's change was replayed before
+    confirmation: ConfirmCount | None = None      # a confirmation's count: judged on the mean at its last run
 
     @property
     def label(self) -> str:
@@ -139,7 +141,7 @@ class AttemptRunner:
             else:
                 decision, merged = self.night.arbiter.decide(self._facts(plan, commit, outcome, verdict, after), ws)
             record = self.night.arbiter.record(draft, decision, self.slot.worker)
-            fault_point("recorded", plan.trial)
+            fault_point("recorded", plan.trial, plan.attempt)
         self._settle(plan, record, decision)
         if after.unrestorable:
             raise NightError(after.message)
@@ -374,6 +376,8 @@ class AttemptRunner:
                      other_data=other_data, tampered=(*self._checked.tampered, *after.paths),
                      parent=(cand.parent, cand.parent_metric), noise=noise,
                      noise_sample=plan.noise_sample, can_confirm=plan.can_confirm, replays=plan.replays,
+                     best_runs=max(1, len(queries.runs_of(records, cand.parent))) if cand.parent else 1,
+                     confirmation=plan.confirmation,
                      metrics=dict(outcome.summary), baseline_metrics=baseline.metrics if baseline else {},
                      scout=scout_ref(self.night.arbiter.records(), self.night.arbiter.best()[0])
                      if plan.kind == "scout" else None,

@@ -125,6 +125,10 @@ class Scheduler:
         best, metric = night.arbiter.best()
         night.console.line(f"stopped: {reason}. best {'-' if metric is None else f'{metric:.6f}'} "
                            f"at {best[:7] if best else '-'}")
+        weak = queries.under_powered_keeps(queries.of_night(night.arbiter.records()))
+        if weak:
+            night.console.line(f"under-powered keeps (confirmed on fewer runs than --power {s.verify_power:g} asked): "
+                               + ", ".join(queries.under_powered_text(r, c) for r, c in weak))
         if self.error is not None:
             raise self.error
         return reason

@@ -11,7 +11,8 @@ A trial is one idea and every attempt it takes. Its steps, each a value:
 
 After each attempt, :meth:`Trial.after` reads the decision (never the record's extra) and
 picks the next step, in this order: a stop request ends the trial; ``confirm`` re-runs the
-same commit with another seed; ``replay`` merges the change onto the best another worker
+same commit with another seed (as many times as the confirmation's count asks, one attempt
+each, judged once on the mean at the last); ``replay`` merges the change onto the best another worker
 set and runs it there; a trivial crash goes back as a fix request while fixes are left;
 anything else ends the trial. A confirm or replay that a stop or a kill cut off after its
 decision is taken up at the next start (:meth:`Trial.resume`). Proposing
@@ -33,6 +34,7 @@ from autoloop.config.settings import Settings
 from autoloop.core.errors import ConfigError, NightError
 from autoloop.core.guards import missing_in_baseline, parse_guards
 from autoloop.core.keep import skipped
+from autoloop.core.power import ConfirmCount
 from autoloop.engine import prune, scout
 from autoloop.engine.attempt import AttemptPlan, AttemptRunner, Recorded
 from autoloop.engine.candidate import Candidate, Claims, Skipped, fix_context, prepare, proposal_request
@@ -178,18 +180,22 @@ class Trial:
         return self.plan(kind, full, queries.next_attempt(self.night.arbiter.records(), self.number))
 
     def _confirmation(self, done: Recorded) -> AttemptPlan:
-        """A within-noise gain: the same commit once more with a new seed, judged on the mean."""
+        """A within-noise gain: the same commit once more with a new seed, judged with the runs
+        before it (at the last run the confirmation's count asks for: on the mean of all)."""
         again = replace(done.plan.candidate, commit=done.record.commit, outside_changes=(), git_events=(),
                         replay_of=None, extra=carried(done.record.extra))
-        return self._confirm_plan(done.record, again, done.plan.replays)
+        # keep.decide asks for a confirmation only of a measured run: it has a metric.
+        assert done.record.metric is not None, "a confirmation of an unmeasured run"
+        runs = (*done.plan.prior_runs, done.record.metric)
+        return self._confirm_plan(runs, done.decision.confirmation, again, done.plan.replays)
 
-    def _confirm_plan(self, first: LedgerRecord, again: Candidate, replays: int) -> AttemptPlan:
-        """``again`` (first's commit) run with the next seed, judged on the mean with first's run."""
+    def _confirm_plan(self, runs: tuple[float, ...], count: ConfirmCount | None, again: Candidate,
+                      replays: int) -> AttemptPlan:
+        """``again`` (the commit of ``runs``) run with the next seed, judged with ``runs``;
+        ``count``: the confirmation's count (None: this re-run is its last)."""
         attempt = queries.next_attempt(self.night.arbiter.records(), self.number)
-        # keep.decide asks for a confirmation only of a measured run: first has a metric.
-        assert first.metric is not None, "a confirmation of an unmeasured run"
         return AttemptPlan(self.number, attempt, "confirm", again, self.night.settings.seed + attempt - 1,
-                           prior_runs=(first.metric,), can_confirm=False, replays=replays)
+                           prior_runs=runs, can_confirm=False, replays=replays, confirmation=count)
 
     def _replay(self, done: Recorded) -> AttemptPlan:
         """Its change merged onto the best another worker set (the attempt left the work tree
@@ -261,10 +267,11 @@ class Trial:
         return self.finish(Run(self.plan(record.kind, again, attempt)))
 
     def resume_confirmation(self, record: LedgerRecord) -> str:
-        """A within-noise gain whose confirmation a stop or a kill cut off after the decision
-        (the ledger's last word on the trial is ``next: confirm``): the same commit once more
-        with a new seed, judged on the mean, as it would have been. If the best has moved
-        since, the mean is judged as any win on a moved best is: replayed or stale."""
+        """A within-noise gain whose confirmation a stop or a kill cut off after a decision
+        (the ledger's last word on the trial is ``next: confirm``): the same commit again
+        with a new seed, judged with the runs it has, until the count its first record chose
+        (``extra.confirmation``), as it would have been. If the best has moved since, the
+        mean is judged as any win on a moved best is: replayed or stale."""
         # A confirm decision leaves the best where the trial started: its record carries it.
         self.parent = (record.best, record.best_metric)
         (self.slot.console or self.night.console).line(
@@ -272,8 +279,11 @@ class Trial:
         again = Candidate(commit=record.commit, parent=record.best, parent_metric=record.best_metric,
                           description=record.description, proposer=record.proposer,
                           source=record.extra.get("source"), extra=carried(record.extra))
-        replays = queries.replays_of(self.night.arbiter.records(), self.number)
-        return self.finish(Run(self._confirm_plan(record, again, replays)))
+        records = self.night.arbiter.records()
+        assert record.commit is not None, "a confirmation of nothing"   # decided for a measured run
+        runs = tuple(queries.runs_of(records, record.commit))
+        count = ConfirmCount.of(record.extra.get("confirmation"))
+        return self.finish(Run(self._confirm_plan(runs, count, again, queries.replays_of(records, self.number))))
 
     def resume_replay(self, record: LedgerRecord) -> str:
         """A replay that a kill interrupted between its decision and its run (the ledger's

@@ -211,6 +211,11 @@ def format_verdict(label: str, record: LedgerRecord, reference: float | None) ->
         parts = [f"{delta:+.{digits}f}"]
         if record.noise is not None and math.isfinite(record.noise) and record.noise > 0:
             parts.append(f"{abs(delta) / record.noise:.1f}σ")
+        runs = record.extra.get("runs")
+        if isinstance(runs, list) and len(runs) > 1 and reference is not None:
+            # A confirmation's verdict is on the mean of its runs, not on this run alone.
+            mean = sum(runs) / len(runs)
+            parts.append(f"mean of {len(runs)} runs {mean:.{digits}f}, {mean - reference:+.{digits}f}")
         detail = f" ({', '.join(parts)})"
     return f"{label} {status} {record.metric:.{digits}f}{detail} {description}"
 

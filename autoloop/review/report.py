@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from autoloop.core import epochs
 from autoloop.core.errors import AutoloopError
 from autoloop.core.layout import Layout, branch_name
+from autoloop.core.power import MAX_CONFIRMATIONS
 from autoloop.observe.console import whole_seconds
 from autoloop.review import machine_speed, prune, scout, throughput
 from autoloop.review.status import integrity_lines, spend_data, spend_line
@@ -223,6 +224,12 @@ def kept_section(kept: list[tuple[LedgerRecord, float | None]], metric: str) -> 
                    f"{_fmt(r.metric, 6)} | {delta} | "
                    f"{'-' if r.confidence is None else f'{r.confidence:.1f}σ'} | {_md(r.description)}{joined} | "
                    f"{_md(r.extra.get('hypothesis') or '-')} |")
+    weak = queries.under_powered_keeps([r for r, _ in kept])
+    if weak:
+        out += ["", "**Under-powered**: kept on fewer runs than `--power` asked for (the confirmation's count was "
+                f"capped at {MAX_CONFIRMATIONS} more runs): "
+                + ", ".join(queries.under_powered_text(r, c) for r, c in weak)
+                + ". Their gain is less sure than the others'; `autoloop verify` measures it again."]
     return out + [""]
 
 

@@ -215,6 +215,7 @@ class Extra(TypedDict, total=False):
     noise_samples: list[float]
     noise_method: str
     runs: list[float]                    # the runs a confirmation judged
+    confirmation: dict[str, Any]         # a confirmation's count from power (core/power.ConfirmCount)
     scout_sample: bool
     scout: dict[str, Any]                # reference, margin, promoted
     invalid_metric: float

@@ -15,7 +15,7 @@ from typing import NamedTuple, TypedDict
 
 from autoloop.core.judge import noise_estimate
 from autoloop.core.keep import Best as Best  # re-exported: the engine names it queries.Best
-from autoloop.core.power import chosen_repeats
+from autoloop.core.power import ConfirmCount, chosen_repeats
 from autoloop.store.ledger import LedgerRecord
 
 
@@ -134,6 +134,25 @@ def verify_repeats(records: list[LedgerRecord], requested: int | None, power: fl
     if requested is not None:
         return requested, f"{requested} repeat{'' if requested == 1 else 's'} (--repeats)"
     return chosen_repeats(list(kept_gains(records).values()), noise(records), power)
+
+
+def under_powered_keeps(records: list[LedgerRecord]) -> list[tuple[LedgerRecord, ConfirmCount]]:
+    """Kept changes whose confirmation ran fewer runs than the power asked for needs (its count
+    capped): each with its count. A keep on a first run that cleared the bar had no confirmation."""
+    out = []
+    for r in records:
+        count = ConfirmCount.of(r.extra.get("confirmation")) if is_kept_change(r) else None
+        if count is not None and count.under_powered:
+            out.append((r, count))
+    return out
+
+
+def under_powered_text(record: LedgerRecord, count: ConfirmCount) -> str:
+    """'#3 (kept on 4 runs: power 53% for its first run's gain 0.0021; 80% needs 15)'."""
+    need = (f"{count.asked:.0%} needs {count.needs}" if count.needs is not None
+            else f"no count reaches {count.asked:.0%}")
+    return (f"#{record.trial} (kept on {count.runs} runs: power {count.power:.0%} for its first run's gain "
+            f"{count.gain:.4g} at σ {count.sigma:.4g}; {need})")
 
 
 def is_kept_change(record: LedgerRecord) -> bool:
