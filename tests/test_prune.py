@@ -5,7 +5,8 @@ chooses how a change trains: one behind the best's curve the whole way is stoppe
 as pruned (never kept, never a crash, nothing sent back for a fix), and the time it did not
 train is counted; a change of schedule that is behind mid-run and wins at the end trains to
 the end and is kept; a kill -9 of the orchestrator while a pruned run is being recorded is
-taken up by --resume with nothing lost.
+taken up by --resume with nothing lost; with the machine's speed probed, a run on a machine
+slowed for it is spared and a change that only makes steps slower is stopped.
 """
 
 from __future__ import annotations
@@ -83,6 +84,25 @@ def test_a_schedule_change_behind_mid_run_that_wins_at_the_end_is_not_pruned(tmp
     plain = Watch(best, project=False)
     assert any(plain.see(t, v) for t, v in mine) and plain.verdict is not None and plain.verdict.gap > 0.04
     assert not any(Watch(best).see(t, v) for t, v in mine)
+
+
+def test_the_machines_pace_spares_a_slowed_machine_and_stops_slower_steps(tmp_path, tiny_data_dir):
+    repo = curve_repo(tmp_path, ("nothing but a slower machine", {"BEHIND": "0.001"}),
+                      ("every step twice as long", {"STEP_COST": "2.0"}))
+    # the probe's knob, one factor per probed run: the baseline at 1, the first idea's machine
+    # at half the speed (the stand-in walks its curve at half the steps), the second's at 1
+    proc = autoloop(repo, *ARGS, "--machine-probe", data_dir=tiny_data_dir,
+                    env={"AUTOLOOP_PROBE_SCALE": "1,0.5,1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = assert_invariants(repo)
+    # both level with the best at the same step and behind it at the same time; the first was
+    # the machine's doing (trained to the end, worse for its lost steps: discarded by its
+    # metric), the second the change's (stopped: the step check alone would have spared it)
+    assert shape(ledger) == [(0, 1, "baseline", "keep", None), (1, 1, "candidate", "discard", None),
+                             (2, 1, "candidate", "pruned", None)]
+    assert [r["machine_speed"] for r in ledger] == [1e6, 5e5, 1e6]
+    assert ledger[1]["extra"]["curve"][-1][0] == 2.0
+    assert ledger[2]["reason"].startswith("pruned: train loss") and "pace" not in ledger[2]["reason"]
 
 
 def test_resume_after_kill_while_a_pruned_run_is_recorded(tmp_path, tiny_data_dir):

@@ -131,3 +131,21 @@ def test_a_run_behind_in_time_but_not_at_the_same_step_is_not_pruned():
     # worse at the same step too: stopped
     worse = Watch(best, share=0.3, z=1)
     assert any(worse.see(t, v + 0.5, s) for t, v, s in slow)
+
+
+def test_with_the_machines_speed_known_a_slower_machine_is_spared_and_slower_steps_are_not():
+    # the best took 10 steps a second at speed 2.0 (two CPUs free)
+    steps = tuple((10.0 * t, v) for t, v in BEST)
+    best = PruneRef(BEST, 0.01, 10.0, steps, speed=2.0)
+    slow = [(t, loss_at(steps, 5.0 * t), 5.0 * t) for t, _ in BEST]   # half the steps, the same loss per step
+    # the machine at half its speed (a neighbour took a CPU): spared, read at the best's 0.50 pace
+    assert not any(Watch(best, share=0.3, z=1).see(t, v, s, speed=1.0) for t, v, s in slow)
+    assert "0.50 of the best's pace" in judge_point(6.0, slow[6][1], best, 0.3, 1, slow[6][2], speed=1.0).reason
+    # the machine as fast as the best's: the change makes steps slower, which the budget counts
+    watch = Watch(best, share=0.3, z=1)
+    assert any(watch.see(t, v, s, speed=2.0) for t, v, s in slow)
+    assert watch.verdict is not None and "pace" not in watch.verdict.reason and watch.verdict.gap > 0.3
+    # a faster machine now is not held against the run (the pace is capped at 1)
+    assert best.pace(4.0) == 1.0 and best.pace(None) is None and PruneRef(BEST, 0.01, 10.0).pace(2.0) is None
+    # without a speed the step check decides as before: slower steps spared
+    assert not any(Watch(best, share=0.3, z=1).see(t, v, s) for t, v, s in slow)

@@ -8,6 +8,15 @@ more than ``BAND_Z`` noise sigmas (and by at least ``MIN_BAND`` of the loss), pa
 ``WARMUP_SHARE`` of the budget, on ``CONFIRM_LINES`` progress lines in a row, is stopped:
 it is recorded as pruned, neither a crash nor a discard by metric, and never kept.
 
+Elapsed time is the budget's own currency: a change that makes steps slower loses steps in a
+fixed budget, and is behind for it. What must not count against a change is the *machine*
+going slower (a neighbour's job). Where the machine's speed is measured beside the run and
+beside the best's (execution/machine_speed.py, local trials), the best's loss is read at the
+time the best needed for the work this machine allowed: ``t x speed / best's speed`` (never
+later than ``t``). Where it is not (a trial on a cluster's node), a run behind in time must
+also be behind at the same step: that spares a slower machine, and also spares a change that
+only makes steps slower (the safe side: it trains to the end).
+
 The danger is a change that is behind mid-run and wins at the end: a longer warmup, a later
 decay. The defaults come from real train.py curves of this project's CPU (benchmarks/data/
 prune_curves.json, replayed by benchmarks/prune.py); and the rule checks itself as the night
@@ -119,6 +128,20 @@ class PruneRef:
     sigma: float | None = None        # the curve noise; None: none measured
     budget_s: float = 0.0
     steps: Curve = ()
+    speed: float | None = None        # the machine's speed beside the best's runs; None: not measured
+
+    def pace(self, speed: float | None) -> float | None:
+        """The machine's pace for a run at ``speed`` against the best's, at most 1 (a faster
+        machine is not held against the run); None where either speed is unknown."""
+        if speed is None or self.speed is None or not speed > 0 or not self.speed > 0:
+            return None
+        return min(1.0, speed / self.speed)
+
+    def loss_at(self, t: float, speed: float | None = None) -> tuple[float | None, float | None]:
+        """(the best's loss a run at ``t`` s on a machine at ``speed`` is held against, the
+        pace it was read at; None where the speed is unknown)."""
+        pace = self.pace(speed)
+        return loss_at(self.curve, t * (pace or 1.0)), pace
 
     def band(self, loss: float, z: float = BAND_Z) -> float:
         """How far above the best's loss at a time a trial may be and still train on."""
@@ -133,21 +156,27 @@ class PruneVerdict:
 
 
 def judge_point(t: float, loss: float, ref: PruneRef, share: float = WARMUP_SHARE,
-                z: float = BAND_Z, step: float | None = None) -> PruneVerdict:
-    """One progress point of a running trial against the best's curve. Behind at the same
-    elapsed time is not enough where the step is known: the run must be behind the best at the
-    same step too. A run behind in time alone took fewer steps in that time: the machine got
-    slower (another job came), or the change makes steps slower, which the time comparison
-    alone would blame on the change. In the first real --prune night on this shared machine a
-    best measured in a quiet spell had every later trial stopped at 20 s of 40 this way."""
+                z: float = BAND_Z, step: float | None = None, speed: float | None = None) -> PruneVerdict:
+    """One progress point of a running trial against the best's curve (``speed``: the
+    machine's beside the run so far, where measured). With the machine's speed known, the
+    best's loss is read at the time the best needed for the work this machine allowed. Without
+    it, behind at the same elapsed time is not enough where the step is known: the run must be
+    behind the best at the same step too. Both guard against a slower machine: in the first
+    real --prune night on this shared machine a best measured in a quiet spell had every later
+    trial stopped at 20 s of 40 on elapsed time alone. Only the first also stops a change that
+    makes steps slower: on the third night (idle machine) the step check spared WIDTH 128 -> 256,
+    0.36 nats behind at 20 s, level at the same step, 0.25 bpb worse at the end."""
     if ref.budget_s <= 0 or t < share * ref.budget_s:
         return PruneVerdict(False, "before the warm-up share", None)
-    best = loss_at(ref.curve, t)
+    best, pace = ref.loss_at(t, speed)
     if best is None or not math.isfinite(loss):
         return PruneVerdict(False, "no point of the best's curve here", None)
     gap, band = loss - best, ref.band(best, z)
-    shown = (f"train loss {loss:.4f} at {t:.0f} s of {ref.budget_s:.0f} s vs the best's {best:.4f}: "
+    when = f"{t:.0f} s" if pace is None or pace >= 0.995 else f"{t:.0f} s (the machine at {pace:.2f} of the best's pace)"
+    shown = (f"train loss {loss:.4f} at {when} of {ref.budget_s:.0f} s vs the best's {best:.4f}: "
              f"{gap:+.4f}, band {band:.4f}")
+    if pace is not None:
+        return PruneVerdict(gap > band, shown, gap)
     at_step = loss_at(ref.steps, step) if step is not None and ref.steps else None
     if gap > band and at_step is not None and loss - at_step <= band:
         return PruneVerdict(False, f"{shown}; at step {step:.0f} {loss - at_step:+.4f}: fewer steps, not worse ones",
@@ -178,16 +207,17 @@ class Watch:
         self.run = 0
         self.verdict: PruneVerdict | None = None   # set once: the point that pruned it
 
-    def see(self, t: float, loss: float, step: float | None = None) -> bool:
-        """Add a point (``step``: the run's step count there, where known); True the first
-        time the trial is to be stopped."""
+    def see(self, t: float, loss: float, step: float | None = None, speed: float | None = None) -> bool:
+        """Add a point (``step``: the run's step count there, where known; ``speed``: the
+        machine's beside the run so far, where measured); True the first time the trial is to
+        be stopped."""
         self.points.append((t, loss))
-        best = loss_at(self.ref.curve, t)
+        best, _ = self.ref.loss_at(t, speed)
         if best is not None and math.isfinite(loss):
             self.gaps.append((t, loss - best))
         if self.verdict is not None:
             return False
-        v = judge_point(t, loss, self.ref, self.share, self.z, step)
+        v = judge_point(t, loss, self.ref, self.share, self.z, step, speed)
         if v.beyond and self.project and v.gap is not None:
             trend = slope(self.gaps[-TREND_LINES:])
             end = v.gap + (trend or 0.0) * max(0.0, self.ref.budget_s - t)

@@ -407,7 +407,7 @@ class AttemptRunner:
         if probe is not None:
             probe.mark()
         if self.settings.prune and budget is not None:
-            self._see(line, budget)
+            self._see(line, budget, probe)
         now, st = time.time(), self.slot.state.state
         elapsed = now - st.phase_started_at if st.phase_started_at else None
         self.console.status(live_line(
@@ -417,13 +417,15 @@ class AttemptRunner:
             self._progress_saved_at = now
             self.slot.state.update(progress=line)
 
-    def _see(self, line: str, budget: float) -> None:
-        """A progress point for the run's curve, and for the prune's watch: stopped when it says so."""
+    def _see(self, line: str, budget: float, probe: Probe | None = None) -> None:
+        """A progress point for the run's curve, and for the prune's watch (with the machine's
+        speed so far, where probed): stopped when it says so."""
         found = prune.point(line, budget)
         if found is None:
             return
         t, loss, step = found
         self._curve.append((t, loss) if step is None else (t, loss, step))
-        if self._watch is not None and self._watch.see(t, loss, step) and self._run_stop is not None:
+        speed = probe.speed_so_far() if probe is not None and self._watch is not None else None
+        if self._watch is not None and self._watch.see(t, loss, step, speed) and self._run_stop is not None:
             self.console.line(f"pruning the run: {self._watch.verdict.reason if self._watch.verdict else ''}")
             self._run_stop.set()

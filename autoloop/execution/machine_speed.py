@@ -201,7 +201,10 @@ class Probe:
     def _sample(self) -> None:
         t = read_times()
         if t is not None:
-            self._samples.append(Sample(t, _tree_cpu(self._pids)))
+            # A tree's CPU time only grows; read after the tree was ended (a pruned run's last
+            # sample) it is 0, which made the neighbours' share 0.87 on an idle machine.
+            last = self._samples[-1].trial if self._samples else 0.0
+            self._samples.append(Sample(t, max(last, _tree_cpu(self._pids))))
 
     def finish(self) -> dict[str, float | str] | None:
         """The record's ``extra.machine``: the kernel's rate before and after, the shares of
@@ -227,6 +230,20 @@ class Probe:
         if self._factor is not None:
             found |= {"measured_speed": found["speed"], "speed": _r(self._factor * NOMINAL)}
         return found
+
+    def speed_so_far(self) -> float | None:
+        """``speed`` over the training window so far, for a decision during the run (the
+        pruning rule); None before two progress lines and two samples inside them (the
+        whole-run window counts the trial's CPU only once it is reaped)."""
+        if self._factor is not None:
+            return _r(self._factor * NOMINAL)
+        shares = self._shares()
+        if shares is None or shares["window"] != "training":
+            return None
+        share = max(0.05, 1.0 - float(shares["others"]) - float(shares["steal"]))
+        if self.kernel.startswith("cuda"):
+            return None if self.before is None else _r(self.before * share)
+        return _r(share * cpu_count())
 
     def close(self) -> None:
         """End the sampling thread (finish does; call it alone when the run's figures are not wanted)."""

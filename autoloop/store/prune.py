@@ -63,7 +63,7 @@ def curves_by_commit(records: Sequence[LedgerRecord]) -> dict[str, list[Curve]]:
 def reference(records: Sequence[LedgerRecord], commit: str | None, budget_s: float,
               noise: float | None = None) -> PruneRef:
     """What a trial built on ``commit`` is held against: the mean curve of that commit's whole
-    runs, and the curve noise pooled over every commit run more than once (from the warm-up
+    runs (and the machine's mean speed beside them, where measured), and the curve noise pooled over every commit run more than once (from the warm-up
     share on); without repeats, the metric's noise in nats (``noise``, bits per byte), a
     stand-in: the train loss is smoothed and is not the held-out loss."""
     groups = curves_by_commit(records)
@@ -72,7 +72,10 @@ def reference(records: Sequence[LedgerRecord], commit: str | None, budget_s: flo
     if sigma is None and noise is not None:
         sigma = noise * NATS_PER_BIT
     steps = [c for r in records if r.commit == commit and commit and _full_run(r) and (c := steps_of(r))]
-    return PruneRef(mean_curve(curves), sigma, budget_s, mean_curve(steps))
+    speeds = [r.machine_speed for r in records if r.commit == commit and commit and _full_run(r)
+              and r.machine_speed is not None and curve_of(r)]
+    return PruneRef(mean_curve(curves), sigma, budget_s, mean_curve(steps),
+                    sum(speeds) / len(speeds) if speeds else None)
 
 
 def _metric_of(records: Sequence[LedgerRecord], commit: str | None) -> float | None:
