@@ -172,7 +172,9 @@ def judge_point(t: float, loss: float, ref: PruneRef, share: float = WARMUP_SHAR
     if best is None or not math.isfinite(loss):
         return PruneVerdict(False, "no point of the best's curve here", None)
     gap, band = loss - best, ref.band(best, z)
-    when = f"{t:.0f} s" if pace is None or pace >= 0.995 else f"{t:.0f} s (the machine at {pace:.2f} of the best's pace)"
+    when = f"{t:.0f} s"
+    if pace is not None and pace < 0.995:
+        when += f" (the machine at {pace:.2f} of the best's pace)"
     shown = (f"train loss {loss:.4f} at {when} of {ref.budget_s:.0f} s vs the best's {best:.4f}: "
              f"{gap:+.4f}, band {band:.4f}")
     if pace is not None:

@@ -63,8 +63,8 @@ def curves_by_commit(records: Sequence[LedgerRecord]) -> dict[str, list[Curve]]:
 def reference(records: Sequence[LedgerRecord], commit: str | None, budget_s: float,
               noise: float | None = None) -> PruneRef:
     """What a trial built on ``commit`` is held against: the mean curve of that commit's whole
-    runs (and the machine's mean speed beside them, where measured), and the curve noise pooled over every commit run more than once (from the warm-up
-    share on); without repeats, the metric's noise in nats (``noise``, bits per byte), a
+    runs (and the machine's mean speed beside them, where measured), and the curve noise
+    pooled over every commit run more than once (from the warm-up share on); without repeats, the metric's noise in nats (``noise``, bits per byte), a
     stand-in: the train loss is smoothed and is not the held-out loss."""
     groups = curves_by_commit(records)
     curves = groups.get(commit or "", [])
