@@ -65,7 +65,8 @@ def reference(records: Sequence[LedgerRecord], commit: str | None, budget_s: flo
     """What a trial built on ``commit`` is held against: the mean curve of that commit's whole
     runs (and the machine's mean speed beside them, where measured), and the curve noise
     pooled over every commit run more than once (from the warm-up share on); without
-    repeats, the metric's noise in nats (``noise``, bits per byte), a stand-in: the train loss is smoothed and is not the held-out loss."""
+    repeats, the metric's noise in nats (``noise``, bits per byte), a stand-in: the train
+    loss is smoothed and is not the held-out loss."""
     groups = curves_by_commit(records)
     curves = groups.get(commit or "", [])
     sigma = curve_noise(list(groups.values()), WARMUP_SHARE * budget_s)
