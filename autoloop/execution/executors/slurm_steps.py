@@ -256,9 +256,12 @@ class SlurmStepExecutor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 srun.wait(self.poll_s)   # back at once when the step ends, not at the next poll
         follower.poll(on_progress)
-        step = step or _read_step(files["step"])
-        if step is not None:
+        if step is None and (step := _read_step(files["step"])) is not None:
+            # A step that ran and ended between two looks (a loaded host's thread starved for
+            # longer than the step took): announced now, as every step is, once.
             info["job_id"] = step
+            if on_job is not None:
+                _quietly(on_job, {**info, "nonce_sha256": nonce_digest(spec.env.get("AUTOLOOP_NONCE"))})
         data = _read_outcome(files["outcome.json"])
         if data is None:
             last = _last_line(srun_said) or _last_line(files["out"])
