@@ -217,6 +217,17 @@ class RayCluster:
 
 
 # ------------------------------------------------------------------------------ the pytest fixture
+def require_ray() -> None:
+    """Skip the test where Ray cannot run here, or fail it where CI asked for Ray."""
+    import pytest
+
+    reason = missing_reason()
+    if reason:
+        if os.environ.get("AUTOLOOP_REQUIRE_RAY"):
+            pytest.fail(f"AUTOLOOP_REQUIRE_RAY is set but {reason}")
+        pytest.skip(reason)
+
+
 def _fixture():
     import pytest
 
@@ -224,11 +235,7 @@ def _fixture():
     def ray_cluster():
         """One cluster for the session (the Ray tests share one xdist group, so one worker
         holds it); skipped only where Ray is not installed and CI did not ask for it."""
-        reason = missing_reason()
-        if reason:
-            if os.environ.get("AUTOLOOP_REQUIRE_RAY"):
-                pytest.fail(f"AUTOLOOP_REQUIRE_RAY is set but {reason}")
-            pytest.skip(reason)
+        require_ray()
         cluster = RayCluster()
         try:
             cluster.start()

@@ -22,7 +22,7 @@ import pytest
 from helpers.cluster_night import fake_train, start_autoloop, wait_for
 from helpers.git import init_repo
 from helpers.loop import assert_invariants, autoloop, queue_file
-from ray_cluster import RayCluster, missing_reason
+from ray_cluster import RayCluster, require_ray
 
 from autoloop.execution.executors.ray_head import HeadGone, HeadWatch, ray_reconnect_s
 
@@ -34,11 +34,7 @@ RECONNECT_S = "15"   # Ray's own limit for the driver, here; the night waits a t
 @pytest.fixture
 def own_cluster():
     """A head and one worker node for this test alone (the test kills its head)."""
-    reason = missing_reason()
-    if reason:
-        if os.environ.get("AUTOLOOP_REQUIRE_RAY"):
-            pytest.fail(f"AUTOLOOP_REQUIRE_RAY is set but {reason}")
-        pytest.skip(reason)
+    require_ray()
     cluster = RayCluster(workers=1)   # its own short temp dir: Ray's socket paths have a length limit
     cluster.env["RAY_gcs_rpc_server_reconnect_timeout_s"] = RECONNECT_S
     try:
