@@ -25,7 +25,9 @@ def report_section(records: list[LedgerRecord]) -> list[str]:
             out.append(f"- #{r.trial}{f'.{r.attempt}' if r.attempt > 1 else ''} pruned "
                        f"({saved_seconds(r):.0f} s saved): {' '.join(r.description.split())[:100]}")
     return out + ["", f"A trial was stopped when its smoothed train loss sat above the best's curve at the same "
-                  f"elapsed time (and at the same step, where its lines said it) by more than {BAND_Z:g} x the "
+                  "elapsed time (read at the machine's pace where its speed was probed beside both runs, so that "
+                  "a slower machine is not held against the change; behind at the same step too where it was not) "
+                  f"by more than {BAND_Z:g} x the "
                   f"curve noise, past {WARMUP_SHARE:.0%} of the budget, on {CONFIRM_LINES} progress lines in a row, "
                   f"and was not closing the gap. The rule turns itself off once {MIN_PAIRS} completed "
                   f"trials rank with a Spearman below {RHO_FLOOR} between the early gap and the final one "
