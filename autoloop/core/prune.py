@@ -137,7 +137,7 @@ class PruneRef:
             return None
         return min(1.0, speed / self.speed)
 
-    def loss_at(self, t: float, speed: float | None = None) -> tuple[float | None, float | None]:
+    def best_at(self, t: float, speed: float | None = None) -> tuple[float | None, float | None]:
         """(the best's loss a run at ``t`` s on a machine at ``speed`` is held against, the
         pace it was read at; None where the speed is unknown)."""
         pace = self.pace(speed)
@@ -168,7 +168,7 @@ def judge_point(t: float, loss: float, ref: PruneRef, share: float = WARMUP_SHAR
     0.36 nats behind at 20 s, level at the same step, 0.25 bpb worse at the end."""
     if ref.budget_s <= 0 or t < share * ref.budget_s:
         return PruneVerdict(False, "before the warm-up share", None)
-    best, pace = ref.loss_at(t, speed)
+    best, pace = ref.best_at(t, speed)
     if best is None or not math.isfinite(loss):
         return PruneVerdict(False, "no point of the best's curve here", None)
     gap, band = loss - best, ref.band(best, z)
@@ -214,7 +214,7 @@ class Watch:
         machine's beside the run so far, where measured); True the first time the trial is to
         be stopped."""
         self.points.append((t, loss))
-        best, _ = self.ref.loss_at(t, speed)
+        best, _ = self.ref.best_at(t, speed)
         if best is not None and math.isfinite(loss):
             self.gaps.append((t, loss - best))
         if self.verdict is not None:

@@ -218,15 +218,10 @@ class Probe:
             return None
         found: dict[str, float | str] = {"kernel": self.kernel}
         found |= {k: _r(v) for k, v in (("probe_before", self.before), ("probe_after", after)) if v is not None}
-        share = 1.0
         shares = self._shares()
         if shares is not None:
             found |= shares
-            share = max(0.05, 1.0 - float(shares["others"]) - float(shares["steal"]))
-        if self.kernel.startswith("cuda"):   # the GPU's rate, times the host's share left (its input pipeline)
-            found["speed"] = _r(sum(rates) / len(rates) * share)
-        else:   # the CPUs left to the trial during training; the kernel around it is recorded, not used
-            found["speed"] = _r(share * cpu_count())
+        found["speed"] = self._speed(sum(rates) / len(rates), shares)
         if self._factor is not None:
             found |= {"measured_speed": found["speed"], "speed": _r(self._factor * NOMINAL)}
         return found
@@ -240,10 +235,16 @@ class Probe:
         shares = self._shares()
         if shares is None or shares["window"] != "training":
             return None
-        share = max(0.05, 1.0 - float(shares["others"]) - float(shares["steal"]))
-        if self.kernel.startswith("cuda"):
-            return None if self.before is None else _r(self.before * share)
-        return _r(share * cpu_count())
+        if self.kernel.startswith("cuda") and self.before is None:
+            return None
+        return self._speed(self.before or 0.0, shares)
+
+    def _speed(self, rate: float, shares: dict[str, float | str] | None) -> float:
+        """``speed`` from the kernel's ``rate`` and the shares the others took (none: all left)."""
+        share = 1.0 if shares is None else max(0.05, 1.0 - float(shares["others"]) - float(shares["steal"]))
+        if self.kernel.startswith("cuda"):   # the GPU's rate, times the host's share left (its input pipeline)
+            return _r(rate * share)
+        return _r(share * cpu_count())   # the CPUs left to the trial; the kernel around it is recorded, not used
 
     def close(self) -> None:
         """End the sampling thread (finish does; call it alone when the run's figures are not wanted)."""
